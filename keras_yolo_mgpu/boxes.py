@@ -1,0 +1,224 @@
+"""Box geometry shared by the loss, targets and inference.
+
+Conventions: `input_shape` is (height, width) of the network input in pixels;
+boxes are `xywh` (centre, size) relative to the input unless a docstring says
+otherwise; anchors are (width, height) in input pixels.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+# Which anchors each output scale predicts, coarsest grid first. The tiny
+# masks overlap on anchor 3 and skip anchor 0: that is keras-yolo3's choice,
+# kept so that weights trained with it decode identically here.
+_ANCHOR_MASKS = {
+    3: ((6, 7, 8), (3, 4, 5), (0, 1, 2)),
+    2: ((3, 4, 5), (1, 2, 3)),
+}
+# Downsampling factor of each output scale, same order as the masks.
+_STRIDES = {3: (32, 16, 8), 2: (32, 16)}
+
+
+def num_output_layers(num_anchors: int) -> int:
+    """3 output scales for 9 anchors (YOLOv3), 2 for 6 (tiny YOLOv3)."""
+    if num_anchors not in (6, 9):
+        raise ValueError(f"expected 9 anchors (YOLOv3) or 6 (tiny YOLOv3); got {num_anchors}")
+    return num_anchors // 3
+
+
+def anchor_masks(num_layers: int) -> list[list[int]]:
+    """Anchor indices per output scale, coarsest first."""
+    return [list(mask) for mask in _ANCHOR_MASKS[num_layers]]
+
+
+def output_strides(num_layers: int) -> tuple[int, ...]:
+    """Input pixels per grid cell for each output scale, coarsest first."""
+    return _STRIDES[num_layers]
+
+
+def yolo_head(feats, anchors, num_classes: int, input_shape, calc_loss: bool = False):
+    """Decodes one raw output scale into boxes, objectness and class scores.
+
+    Args:
+        feats: raw head output, (N, grid_h, grid_w, num_anchors * (5 + num_classes)).
+        anchors: (num_anchors, 2) anchors of this scale, (w, h) input pixels.
+        num_classes: number of classes.
+        input_shape: (height, width) of the network input, a tensor or pair.
+        calc_loss: also return what the loss needs.
+
+    Returns:
+        With `calc_loss=False`: `box_xy` (N, gh, gw, A, 2) relative centres,
+        `box_wh` (N, gh, gw, A, 2) relative sizes, `box_confidence`
+        (N, gh, gw, A, 1) and `box_class_probs` (N, gh, gw, A, C).
+        With `calc_loss=True`: `grid` (gh, gw, 1, 2), `feats` reshaped to
+        (N, gh, gw, A, 5 + C), `box_xy`, `box_wh`.
+    """
+    feats = tf.convert_to_tensor(feats)
+    dtype = feats.dtype
+    anchors = np.asarray(anchors, dtype=np.float32)
+    num_anchors = len(anchors)
+    anchors_tensor = tf.reshape(tf.constant(anchors, dtype=dtype), [1, 1, 1, num_anchors, 2])
+
+    grid_shape = tf.shape(feats)[1:3]  # (gh, gw)
+    grid_y = tf.tile(tf.reshape(tf.range(grid_shape[0]), [-1, 1, 1, 1]), [1, grid_shape[1], 1, 1])
+    grid_x = tf.tile(tf.reshape(tf.range(grid_shape[1]), [1, -1, 1, 1]), [grid_shape[0], 1, 1, 1])
+    grid = tf.cast(tf.concat([grid_x, grid_y], axis=-1), dtype)  # (gh, gw, 1, 2) as (x, y)
+
+    feats = tf.reshape(feats, [-1, grid_shape[0], grid_shape[1], num_anchors, num_classes + 5])
+    grid_wh = tf.cast(grid_shape[::-1], dtype)
+    input_wh = tf.cast(tf.convert_to_tensor(input_shape)[::-1], dtype)
+    box_xy = (tf.sigmoid(feats[..., :2]) + grid) / grid_wh
+    box_wh = tf.exp(feats[..., 2:4]) * anchors_tensor / input_wh
+    if calc_loss:
+        return grid, feats, box_xy, box_wh
+    box_confidence = tf.sigmoid(feats[..., 4:5])
+    box_class_probs = tf.sigmoid(feats[..., 5:])
+    return box_xy, box_wh, box_confidence, box_class_probs
+
+
+def _corners(xywh):
+    half = xywh[..., 2:4] / 2.0
+    return xywh[..., 0:2] - half, xywh[..., 0:2] + half
+
+
+def _iou_from_corners(b1_mins, b1_maxes, b1_wh, b2_mins, b2_maxes, b2_wh):
+    intersect_wh = tf.maximum(tf.minimum(b1_maxes, b2_maxes) - tf.maximum(b1_mins, b2_mins), 0.0)
+    intersect_area = intersect_wh[..., 0] * intersect_wh[..., 1]
+    b1_area = b1_wh[..., 0] * b1_wh[..., 1]
+    b2_area = b2_wh[..., 0] * b2_wh[..., 1]
+    return intersect_area / (b1_area + b2_area - intersect_area)
+
+
+def box_iou(b1, b2):
+    """IoU of every box in `b1` with every box in `b2`.
+
+    Args:
+        b1: (..., 4) xywh.
+        b2: (j, 4) xywh.
+
+    Returns:
+        (..., j) IoU.
+    """
+    b1 = tf.expand_dims(b1, -2)  # (..., 1, 4)
+    b1_mins, b1_maxes = _corners(b1)
+    b2 = tf.expand_dims(b2, 0)  # (1, j, 4)
+    b2_mins, b2_maxes = _corners(b2)
+    return _iou_from_corners(b1_mins, b1_maxes, b1[..., 2:4], b2_mins, b2_maxes, b2[..., 2:4])
+
+
+def batched_box_iou(pred_boxes, true_boxes):
+    """IoU of each sample's predicted boxes with that sample's true boxes.
+
+    Args:
+        pred_boxes: (N, gh, gw, A, 4) xywh.
+        true_boxes: (N, K, 4) xywh; all-zero rows are padding (IoU 0).
+
+    Returns:
+        (N, gh, gw, A, K) IoU.
+    """
+    b1 = tf.expand_dims(pred_boxes, -2)  # (N, gh, gw, A, 1, 4)
+    b2 = true_boxes[:, None, None, None, :, :]  # (N, 1, 1, 1, K, 4)
+    b1_mins, b1_maxes = _corners(b1)
+    b2_mins, b2_maxes = _corners(b2)
+    return _iou_from_corners(b1_mins, b1_maxes, b1[..., 2:4], b2_mins, b2_maxes, b2[..., 2:4])
+
+
+def yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape):
+    """Maps boxes from the letterboxed input back to the original image.
+
+    Args:
+        box_xy, box_wh: (..., 2) relative to the network input, (x, y) order.
+        input_shape: (height, width) of the network input.
+        image_shape: (height, width) of the original image.
+
+    Returns:
+        (..., 4) boxes as (y_min, x_min, y_max, x_max) in image pixels, the
+        order keras-yolo3 returns.
+    """
+    dtype = box_xy.dtype
+    box_yx = box_xy[..., ::-1]
+    box_hw = box_wh[..., ::-1]
+    input_shape = tf.cast(input_shape, dtype)
+    image_shape = tf.cast(image_shape, dtype)
+    new_shape = tf.round(image_shape * tf.reduce_min(input_shape / image_shape))
+    offset = (input_shape - new_shape) / 2.0 / input_shape
+    scale = input_shape / new_shape
+    box_yx = (box_yx - offset) * scale
+    box_hw *= scale
+    box_mins = box_yx - box_hw / 2.0
+    box_maxes = box_yx + box_hw / 2.0
+    boxes = tf.concat([box_mins[..., 0:1], box_mins[..., 1:2], box_maxes[..., 0:1], box_maxes[..., 1:2]], axis=-1)
+    return boxes * tf.concat([image_shape, image_shape], axis=-1)
+
+
+def yolo_boxes_and_scores(feats, anchors, num_classes: int, input_shape, image_shape):
+    """Boxes (K, 4) in image pixels and per-class scores (K, C) of one scale, one image."""
+    box_xy, box_wh, box_confidence, box_class_probs = yolo_head(feats, anchors, num_classes, input_shape)
+    boxes = tf.reshape(yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape), [-1, 4])
+    box_scores = tf.reshape(box_confidence * box_class_probs, [-1, num_classes])
+    return boxes, box_scores
+
+
+def yolo_eval(
+    yolo_outputs,
+    anchors,
+    num_classes: int,
+    image_shape,
+    max_boxes: int = 20,
+    score_threshold: float = 0.6,
+    iou_threshold: float = 0.5,
+):
+    """Per-class NMS over all scales of ONE image (keras-yolo3's `yolo_eval`).
+
+    Args:
+        yolo_outputs: list of raw outputs, each (1, gh, gw, A * (5 + C)).
+        anchors: (num_anchors, 2).
+        image_shape: (height, width) of the original image.
+
+    Returns:
+        `boxes` (K, 4) as (y_min, x_min, y_max, x_max) image pixels,
+        `scores` (K,), `classes` (K,) int32.
+    """
+    num_layers = num_output_layers(len(anchors))
+    masks = anchor_masks(num_layers)
+    anchors = np.asarray(anchors, dtype=np.float32)
+    input_shape = tf.shape(yolo_outputs[0])[1:3] * 32
+    boxes, box_scores = [], []
+    for layer in range(num_layers):
+        layer_boxes, layer_scores = yolo_boxes_and_scores(
+            yolo_outputs[layer], anchors[masks[layer]], num_classes, input_shape, image_shape
+        )
+        boxes.append(layer_boxes)
+        box_scores.append(layer_scores)
+    boxes = tf.concat(boxes, axis=0)
+    box_scores = tf.concat(box_scores, axis=0)
+
+    mask = box_scores >= score_threshold
+    boxes_, scores_, classes_ = [], [], []
+    for c in range(num_classes):
+        class_boxes = tf.boolean_mask(boxes, mask[:, c])
+        class_scores = tf.boolean_mask(box_scores[:, c], mask[:, c])
+        keep = tf.image.non_max_suppression(class_boxes, class_scores, max_boxes, iou_threshold=iou_threshold)
+        boxes_.append(tf.gather(class_boxes, keep))
+        scores_.append(tf.gather(class_scores, keep))
+        classes_.append(tf.fill(tf.shape(keep), c))
+    return tf.concat(boxes_, axis=0), tf.concat(scores_, axis=0), tf.concat(classes_, axis=0)
+
+
+def letterbox_image(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """Resizes keeping the aspect ratio and pads with grey (128) to `size`.
+
+    Args:
+        image: a PIL image.
+        size: (width, height) of the result, keras-yolo3's order.
+    """
+    iw, ih = image.size
+    w, h = size
+    scale = min(w / iw, h / ih)
+    nw, nh = int(iw * scale), int(ih * scale)
+    resized = image.convert("RGB").resize((nw, nh), Image.BICUBIC)
+    canvas = Image.new("RGB", (w, h), (128, 128, 128))
+    canvas.paste(resized, ((w - nw) // 2, (h - nh) // 2))
+    return canvas

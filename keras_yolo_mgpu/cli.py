@@ -1,0 +1,93 @@
+"""Command-line flags shared by every script, defined once.
+
+Scripts call the `add_*` functions and convert parsed arguments to library
+parameters explicitly; the library itself never reads argv.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from .model_data import default_anchors_path, get_anchors, get_classes
+
+
+def input_size(text: str) -> tuple[int, int]:
+    """`416` -> (416, 416); `320x416` -> (320, 416) as (height, width)."""
+    parts = text.lower().replace(",", "x").split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 416 or 320x416 (height x width), got {text!r}") from None
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or any(v <= 0 or v % 32 for v in values):
+        raise argparse.ArgumentTypeError(f"input size must be positive multiples of 32 (e.g. 416 or 320x416), got {text!r}")
+    return values[0], values[1]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def unit_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"file not found: {text}")
+    return text
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, weights_help: str = "weights file to load") -> None:
+    """--classes, --anchors, --tiny, --input-size, --weights."""
+    parser.add_argument("--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)")
+    parser.add_argument("--anchors", default=None, help="anchors file (default: model_data/yolo_anchors.txt, or tiny_yolo_anchors.txt with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (6 anchors) when --anchors is not given")
+    parser.add_argument("--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input, multiples of 32 (default: 416)")
+    parser.add_argument("--weights", default=None, help=weights_help)
+
+
+def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, iou: float = 0.45) -> None:
+    """--score, --iou."""
+    parser.add_argument("--score", type=unit_float, default=score, help=f"minimum detection score (default: {score})")
+    parser.add_argument("--iou", type=unit_float, default=iou, help=f"NMS IoU threshold (default: {iou})")
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """--gpus, --simulate-devices."""
+    parser.add_argument("--gpus", type=positive_int, default=None, help="number of GPUs (default: all visible GPUs, else the CPU)")
+    parser.add_argument(
+        "--simulate-devices",
+        action="store_true",
+        help="split the CPU (or the single GPU) into --gpus logical devices to rehearse a multi-GPU run",
+    )
+
+
+def resolve_classes(args: argparse.Namespace) -> list[str]:
+    from .model_data import model_data_path
+
+    return get_classes(args.classes or model_data_path("coco_classes.txt"))
+
+
+def resolve_anchors(args: argparse.Namespace):
+    return get_anchors(args.anchors or default_anchors_path(getattr(args, "tiny", False)))
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # TensorFlow's C++ start-up chatter hides our messages.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

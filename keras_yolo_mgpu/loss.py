@@ -1,0 +1,165 @@
+"""The YOLOv3 loss, per sample.
+
+keras-yolo3 summed its loss over the batch and divided by the batch size,
+returning a scalar. A scalar loss is what broke Keras 2 `multi_gpu_model`
+("Can't concatenate scalars") and, under `tf.distribute`, it skips Keras's
+1/replicas scaling so gradients are summed over replicas (NOTES.md). Here the
+loss is per sample, shape (N, 1): its batch mean equals the original scalar.
+"""
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from .boxes import anchor_masks, batched_box_iou, num_output_layers, yolo_head
+
+_SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
+
+
+def _true_boxes_per_sample(y_true_layer, object_mask):
+    """Gathers each sample's true boxes of one scale into a padded tensor.
+
+    Args:
+        y_true_layer: (N, gh, gw, A, 5 + C) targets.
+        object_mask: (N, gh, gw, A) bool, cells holding a box.
+
+    Returns:
+        (N, K, 4) xywh, K the most boxes any sample has at this scale; rows
+        past a sample's own boxes are zero and have IoU 0 with anything.
+    """
+    positions = tf.where(object_mask)  # (T, 4): sample, j, i, k
+    boxes = tf.gather_nd(y_true_layer[..., 0:4], positions)  # (T, 4)
+    ragged = tf.RaggedTensor.from_value_rowids(boxes, positions[:, 0], nrows=tf.shape(y_true_layer, out_type=tf.int64)[0])
+    return ragged.to_tensor(shape=[None, None, 4])
+
+
+def _ignore_mask(pred_box, y_true_layer, object_mask, ignore_thresh):
+    """1 where the best IoU of a prediction with any true box is below the threshold.
+
+    Vectorised over the batch (the original ran a tf.while_loop per sample);
+    the padding rows have IoU 0, and a sample without boxes gets max IoU
+    -inf (empty reduce) in the original and 0 here: both below any threshold.
+    """
+    true_boxes = _true_boxes_per_sample(y_true_layer, object_mask[..., 0] > 0)
+    iou = batched_box_iou(pred_box, true_boxes)  # (N, gh, gw, A, K)
+    # A sample with no boxes at this scale leaves K == 0: reduce_max gives
+    # -inf there, as in the original, which is below any threshold.
+    best_iou = tf.reduce_max(iou, axis=-1, keepdims=True)
+    return tf.cast(best_iou < ignore_thresh, pred_box.dtype)
+
+
+def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5):
+    """The four loss terms per sample, summed over scales.
+
+    Args:
+        args: `[*yolo_outputs, *y_true]`. Each output is (N, gh, gw, A*(5+C)),
+            each target (N, gh, gw, A, 5+C), coarsest scale first.
+        anchors: (num_anchors, 2), (w, h) in input pixels.
+
+    Returns:
+        A dict with `xy`, `wh`, `confidence` and `class`, each (N,) float32.
+    """
+    anchors = np.asarray(anchors, dtype=np.float32)
+    num_layers = num_output_layers(len(anchors))
+    masks = anchor_masks(num_layers)
+    # The loss is always computed in float32, also under mixed precision.
+    yolo_outputs = [tf.cast(t, tf.float32) for t in args[:num_layers]]
+    y_true = [tf.cast(t, tf.float32) for t in args[num_layers:]]
+    if len(y_true) != num_layers:
+        raise ValueError(f"yolo_loss expects {num_layers} outputs and {num_layers} targets; got {len(args)} tensors")
+
+    input_shape = tf.cast(tf.shape(yolo_outputs[0])[1:3] * 32, tf.float32)  # (h, w)
+    terms = {"xy": 0.0, "wh": 0.0, "confidence": 0.0, "class": 0.0}
+    bce = tf.nn.sigmoid_cross_entropy_with_logits
+    per_sample = lambda t: tf.reduce_sum(t, axis=[1, 2, 3, 4])  # noqa: E731  (N, gh, gw, A, k) -> (N,)
+    for layer in range(num_layers):
+        target = y_true[layer]
+        object_mask = target[..., 4:5]
+        true_class_probs = target[..., 5:]
+        layer_anchors = anchors[masks[layer]]
+        grid, raw_pred, pred_xy, pred_wh = yolo_head(
+            yolo_outputs[layer], layer_anchors, num_classes, input_shape, calc_loss=True
+        )
+        pred_box = tf.concat([pred_xy, pred_wh], axis=-1)
+        grid_wh = tf.cast(tf.shape(yolo_outputs[layer])[1:3][::-1], tf.float32)
+
+        # Targets in the raw output's space: cell offsets and log size ratios.
+        raw_true_xy = target[..., :2] * grid_wh - grid
+        raw_true_wh = tf.math.log(target[..., 2:4] / layer_anchors * input_shape[::-1])
+        # Empty cells have wh 0 -> log(0) = -inf; they are masked out anyway.
+        raw_true_wh = tf.where(object_mask > 0, raw_true_wh, tf.zeros_like(raw_true_wh))
+        # Small boxes weigh more: 2 - relative area.
+        box_loss_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
+
+        ignore_mask = _ignore_mask(pred_box, target, object_mask, ignore_thresh)
+        xy_loss = object_mask * box_loss_scale * bce(labels=raw_true_xy, logits=raw_pred[..., 0:2])
+        wh_loss = object_mask * box_loss_scale * 0.5 * tf.square(raw_true_wh - raw_pred[..., 2:4])
+        conf_bce = bce(labels=object_mask, logits=raw_pred[..., 4:5])
+        confidence_loss = object_mask * conf_bce + (1.0 - object_mask) * conf_bce * ignore_mask
+        class_loss = object_mask * bce(labels=true_class_probs, logits=raw_pred[..., 5:])
+
+        terms["xy"] += per_sample(xy_loss)
+        terms["wh"] += per_sample(wh_loss)
+        terms["confidence"] += per_sample(confidence_loss)
+        terms["class"] += per_sample(class_loss)
+    return terms
+
+
+def yolo_loss(args, anchors, num_classes: int, ignore_thresh: float = 0.5):
+    """YOLOv3 loss per sample (keras-yolo3's `yolo_loss`, not averaged).
+
+    Args:
+        args: `[*yolo_outputs, *y_true]`, see `yolo_loss_terms`.
+        anchors: (num_anchors, 2).
+        num_classes: number of classes.
+        ignore_thresh: predictions whose best IoU with a true box exceeds this
+            are not penalised as background.
+
+    Returns:
+        (N, 1) float32. `sum(loss) / N` equals the original's scalar.
+    """
+    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh)
+    total = terms["xy"] + terms["wh"] + terms["confidence"] + terms["class"]
+    return tf.expand_dims(total, -1)
+
+
+@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
+class YoloLoss(keras.layers.Layer):
+    """Layer computing `yolo_loss` from `[*yolo_outputs, *y_true]`; output (N, 1).
+
+    The layer always runs in float32 (mixed precision keeps the loss exact).
+    """
+
+    def __init__(self, anchors, num_classes: int, ignore_thresh: float = 0.5, **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        self.anchors = np.asarray(anchors, dtype=np.float32).reshape(-1, 2)
+        self.num_classes = int(num_classes)
+        self.ignore_thresh = float(ignore_thresh)
+        num_output_layers(len(self.anchors))  # validates the anchor count
+
+    def call(self, inputs):
+        return yolo_loss(list(inputs), self.anchors, self.num_classes, self.ignore_thresh)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0][0], 1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            anchors=self.anchors.tolist(), num_classes=self.num_classes, ignore_thresh=self.ignore_thresh
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
+def totalloss(y_true, y_pred):
+    """Compile loss for the training model: its per-sample output, shape (N,).
+
+    `y_true` is ignored (the targets are model inputs). Returning per-sample
+    values, not a scalar, lets Keras divide by the global batch size under
+    `tf.distribute`, so N replicas train exactly like one device.
+    """
+    del y_true
+    return y_pred[:, 0]

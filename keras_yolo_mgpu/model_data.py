@@ -1,0 +1,94 @@
+"""Class-name and anchor files in keras-yolo3's format, and where they live.
+
+`model_data/` sits at the repository root (where keras-yolo3 users look for
+it) and is also installed as package data, so installed commands find the
+default files without a checkout.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# Installed wheel: keras_yolo_mgpu/model_data; checkout or editable install:
+# the repository's model_data/ next to the package.
+_MODEL_DATA_DIRS = (_PACKAGE_DIR / "model_data", _PACKAGE_DIR.parent / "model_data")
+
+
+def model_data_path(name: str) -> str:
+    """Path of a file shipped in `model_data/`, e.g. `"coco_classes.txt"`.
+
+    Raises:
+        FileNotFoundError: when no `model_data/` folder holds `name`.
+    """
+    for folder in _MODEL_DATA_DIRS:
+        candidate = folder / name
+        if candidate.is_file():
+            return str(candidate)
+    raise FileNotFoundError(
+        f"{name} is not in model_data/ (looked in {', '.join(map(str, _MODEL_DATA_DIRS))})"
+    )
+
+
+def default_anchors_path(tiny: bool) -> str:
+    """The standard anchors for tiny YOLOv3 (6 anchors) or YOLOv3 (9)."""
+    return model_data_path("tiny_yolo_anchors.txt" if tiny else "yolo_anchors.txt")
+
+
+def get_classes(classes_path: str | os.PathLike) -> list[str]:
+    """Reads class names, one per line; blank lines are ignored.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file names no class, or names one twice.
+    """
+    path = Path(classes_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"classes file not found: {path}")
+    names = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines()]
+    names = [name for name in names if name]
+    if not names:
+        raise ValueError(f"{path}: no class names (expected one name per line)")
+    seen: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name in seen:
+            raise ValueError(f"{path}: class {name!r} is listed twice (entries {seen[name] + 1} and {index + 1})")
+        seen[name] = index
+    return names
+
+
+def parse_anchors(text: str, source: str = "<string>") -> np.ndarray:
+    """Parses `"10,13,  16,30, ..."` into a float32 array of shape (num_anchors, 2).
+
+    Anchors are (width, height) in pixels of the network input.
+    """
+    tokens = [token.strip() for token in text.replace("\n", ",").split(",") if token.strip()]
+    try:
+        values = [float(token) for token in tokens]
+    except ValueError as error:
+        raise ValueError(f"{source}: anchors must be comma-separated numbers ({error})") from None
+    if len(values) % 2:
+        raise ValueError(f"{source}: anchors need an even count of numbers (width,height pairs); got {len(values)}")
+    anchors = np.array(values, dtype=np.float32).reshape(-1, 2)
+    if len(anchors) not in (6, 9):
+        raise ValueError(
+            f"{source}: expected 9 anchors (YOLOv3) or 6 (tiny YOLOv3); got {len(anchors)}"
+        )
+    if (anchors <= 0).any():
+        raise ValueError(f"{source}: anchor widths and heights must be positive")
+    return anchors
+
+
+def get_anchors(anchors_path: str | os.PathLike) -> np.ndarray:
+    """Reads an anchors file; returns float32 (num_anchors, 2) as (width, height)."""
+    path = Path(anchors_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"anchors file not found: {path}")
+    return parse_anchors(path.read_text(encoding="utf-8-sig"), source=str(path))
+
+
+def format_anchors(anchors: np.ndarray) -> str:
+    """Inverse of `parse_anchors`: one line, keras-yolo3 spacing."""
+    return ",  ".join(f"{int(round(w))},{int(round(h))}" for w, h in np.asarray(anchors).reshape(-1, 2))

@@ -1,0 +1,82 @@
+"""Ground-truth targets in keras-yolo3's layout (numpy reference).
+
+The tf.data pipeline builds the same targets with vectorised TF ops
+(`data.py`); this function is the faithful reference it is tested against,
+and what keras-yolo3 users call directly.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .boxes import anchor_masks, num_output_layers, output_strides
+
+
+def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int):
+    """Assigns each box to its best anchor's grid cell.
+
+    Args:
+        true_boxes: (N, T, 5) x_min, y_min, x_max, y_max, class_id in input
+            pixels; rows with zero width are padding.
+        input_shape: (height, width), multiples of 32.
+        anchors: (num_anchors, 2), (w, h) in input pixels.
+        num_classes: number of classes.
+
+    Returns:
+        A list with one float32 array per output scale, coarsest first, of
+        shape (N, height/stride, width/stride, 3, 5 + num_classes) holding
+        xywh relative to the input, objectness 1 and a one-hot class.
+
+    Quirks kept from keras-yolo3 so targets are identical: the centre is
+    `(x_min + x_max) // 2` (floor division); a later box in the same cell
+    and anchor overwrites xywh but the class one-hot bits accumulate; with
+    the tiny masks a box whose best anchor is 0 gets no target and one whose
+    best anchor is 3 gets one at both scales.
+    """
+    true_boxes = np.array(true_boxes, dtype=np.float32)
+    if true_boxes.ndim != 3 or true_boxes.shape[-1] != 5:
+        raise ValueError(f"true_boxes must be (N, T, 5); got shape {true_boxes.shape}")
+    class_ids = true_boxes[..., 4]
+    if (class_ids >= num_classes).any() or (class_ids < 0).any():
+        raise ValueError(f"class ids must be in [0, {num_classes}); got {np.unique(class_ids).tolist()}")
+    anchors = np.asarray(anchors, dtype=np.float32)
+    num_layers = num_output_layers(len(anchors))
+    masks = anchor_masks(num_layers)
+    input_shape = np.array(input_shape, dtype=np.int32)  # (h, w)
+
+    boxes_xy = (true_boxes[..., 0:2] + true_boxes[..., 2:4]) // 2
+    boxes_wh = true_boxes[..., 2:4] - true_boxes[..., 0:2]
+    true_boxes[..., 0:2] = boxes_xy / input_shape[::-1]
+    true_boxes[..., 2:4] = boxes_wh / input_shape[::-1]
+
+    batch = true_boxes.shape[0]
+    grid_shapes = [input_shape // stride for stride in output_strides(num_layers)]
+    y_true = [
+        np.zeros((batch, grid[0], grid[1], len(masks[layer]), 5 + num_classes), dtype=np.float32)
+        for layer, grid in enumerate(grid_shapes)
+    ]
+
+    anchor_maxes = anchors[None] / 2.0  # (1, A, 2), boxes centred on 0
+    anchor_area = anchors[:, 0] * anchors[:, 1]
+    valid_mask = boxes_wh[..., 0] > 0
+    for b in range(batch):
+        valid = np.nonzero(valid_mask[b])[0]
+        if len(valid) == 0:
+            continue
+        wh = boxes_wh[b, valid][:, None, :]  # (T', 1, 2)
+        intersect_wh = np.maximum(np.minimum(wh / 2.0, anchor_maxes) - np.maximum(-wh / 2.0, -anchor_maxes), 0.0)
+        intersect_area = intersect_wh[..., 0] * intersect_wh[..., 1]
+        box_area = wh[..., 0] * wh[..., 1]
+        iou = intersect_area / (box_area + anchor_area - intersect_area)  # (T', A)
+        best_anchor = np.argmax(iou, axis=-1)
+        for t, n in zip(valid, best_anchor):
+            for layer in range(num_layers):
+                if n not in masks[layer]:
+                    continue
+                i = np.floor(true_boxes[b, t, 0] * grid_shapes[layer][1]).astype(np.int32)
+                j = np.floor(true_boxes[b, t, 1] * grid_shapes[layer][0]).astype(np.int32)
+                k = masks[layer].index(n)
+                c = true_boxes[b, t, 4].astype(np.int32)
+                y_true[layer][b, j, i, k, 0:4] = true_boxes[b, t, 0:4]
+                y_true[layer][b, j, i, k, 4] = 1
+                y_true[layer][b, j, i, k, 5 + c] = 1
+    return y_true
