@@ -1,32 +1,50 @@
 """keras-yolo-mgpu: YOLOv3 for Keras 3 with multi-GPU training that equals one GPU.
 
-The public names follow keras-yolo3 so its users find their way.
+The public names follow keras-yolo3 so its users find their way. They are
+imported lazily, so tools that need no TensorFlow (annotation converters,
+k-means, the dataset checker's help) start instantly.
 """
-from .boxes import anchor_masks, box_iou, letterbox_image, yolo_correct_boxes, yolo_eval, yolo_head
-from .loss import YoloLoss, totalloss, yolo_loss
-from .model import create_model, darknet_body, freeze_layers, tiny_yolo_body, yolo_body
-from .model_data import get_anchors, get_classes, model_data_path
-from .targets import preprocess_true_boxes
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "YoloLoss",
-    "anchor_masks",
-    "box_iou",
-    "create_model",
-    "darknet_body",
-    "freeze_layers",
-    "get_anchors",
-    "get_classes",
-    "letterbox_image",
-    "model_data_path",
-    "preprocess_true_boxes",
-    "tiny_yolo_body",
-    "totalloss",
-    "yolo_body",
-    "yolo_correct_boxes",
-    "yolo_eval",
-    "yolo_head",
-    "yolo_loss",
-]
+_EXPORTS = {
+    "anchor_masks": "boxes",
+    "box_iou": "boxes",
+    "letterbox_image": "boxes",
+    "yolo_correct_boxes": "boxes",
+    "yolo_eval": "boxes",
+    "yolo_head": "boxes",
+    "YoloLoss": "loss",
+    "totalloss": "loss",
+    "yolo_loss": "loss",
+    "create_model": "model",
+    "darknet_body": "model",
+    "freeze_layers": "model",
+    "tiny_yolo_body": "model",
+    "yolo_body": "model",
+    "get_anchors": "model_data",
+    "get_classes": "model_data",
+    "model_data_path": "model_data",
+    "preprocess_true_boxes": "targets",
+    "multi_gpu_model": "parallel",
+    "TemplateModelCheckpoint": "checkpoints",
+    "load_weights": "checkpoints",
+    "YOLO": "detector",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'keras_yolo_mgpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

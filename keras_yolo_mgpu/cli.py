@@ -91,3 +91,28 @@ def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # TensorFlow's C++ start-up chatter hides our messages.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that refuses abbreviations and suggests the flag meant on a typo."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        import difflib
+
+        if message.startswith("unrecognized arguments:"):
+            known = [opt for action in self._actions for opt in action.option_strings]
+            hints = []
+            for token in message.split(":", 1)[1].split():
+                flag = token.split("=", 1)[0]
+                if flag.startswith("-"):
+                    close = difflib.get_close_matches(flag, known, n=1)
+                    if close:
+                        hints.append(f"{flag} -> did you mean {close[0]}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        super().error(message)

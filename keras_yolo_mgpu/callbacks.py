@@ -1,0 +1,110 @@
+"""Training callbacks: throughput in the progress bar and a loss plot."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import keras
+
+logger = logging.getLogger(__name__)
+
+
+class Throughput(keras.callbacks.Callback):
+    """Adds `images_per_sec` (global batch / step time) to the logs.
+
+    The first step of every epoch includes tracing and data warm-up, so it
+    is left out of the epoch average.
+    """
+
+    def __init__(self, global_batch_size: int):
+        super().__init__()
+        self.global_batch_size = global_batch_size
+        self._epoch_start = None
+        self._steps_after_first = 0
+        self._last = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = None
+        self._steps_after_first = 0
+        self._last = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self._epoch_start is None:
+            self._epoch_start = now  # end of the warm-up step
+        else:
+            self._steps_after_first += 1
+        if logs is not None and self._steps_after_first:
+            logs["images_per_sec"] = self._rate(now)
+        self._last = now
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self._steps_after_first:
+            logs["images_per_sec"] = self._rate(self._last)
+
+    def _rate(self, now):
+        elapsed = max(now - self._epoch_start, 1e-9)
+        return self._steps_after_first * self.global_batch_size / elapsed
+
+
+class LossPlot(keras.callbacks.Callback):
+    """Writes a PNG of training and validation loss per epoch after each epoch.
+
+    Reads the CSV history (so a resumed run plots all its epochs).
+    """
+
+    def __init__(self, history_csv: str, output_png: str):
+        super().__init__()
+        self.history_csv = history_csv
+        self.output_png = output_png
+
+    def on_epoch_end(self, epoch, logs=None):
+        try:
+            plot_history(self.history_csv, self.output_png)
+        except (OSError, ValueError) as error:  # a plot must never stop training
+            logger.warning("could not plot %s: %s", self.history_csv, error)
+
+
+def read_history(history_csv: str) -> dict[str, list[float]]:
+    """Columns of a Keras CSVLogger file as float lists."""
+    import csv
+
+    with open(history_csv, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    columns: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            try:
+                columns.setdefault(key, []).append(float(value))
+            except (TypeError, ValueError):
+                columns.setdefault(key, []).append(float("nan"))
+    return columns
+
+
+def plot_history(history_csv: str, output_png: str) -> None:
+    """Plots `loss` and `val_loss` against epoch (1-based) into `output_png`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = read_history(history_csv)
+    if not history.get("epoch"):
+        return
+    epochs = [e + 1 for e in history["epoch"]]
+    figure, axis = plt.subplots(figsize=(6, 4), dpi=100)
+    for key, label in (("loss", "training"), ("val_loss", "validation")):
+        if key in history:
+            axis.plot(epochs, history[key], marker="o", markersize=3, label=label)
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("loss (per image)")
+    axis.set_yscale("log")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    axis.set_title(os.path.basename(os.path.dirname(os.path.abspath(output_png))) or "training")
+    figure.tight_layout()
+    temporary = output_png + ".tmp.png"
+    figure.savefig(temporary)
+    plt.close(figure)
+    os.replace(temporary, output_png)

@@ -1,0 +1,623 @@
+"""Checkpoints that any machine can load, and a loader for every weight format.
+
+Two halves:
+
+* `TemplateModelCheckpoint` saves the *template* (the single-device
+  `yolo_body`) during training, whatever wraps it for several devices or for
+  the loss, so a checkpoint written on a 4-GPU box loads on a CPU-only one.
+  Saves are atomic: an interrupted save never destroys the previous file.
+* `load_weights` loads this project's `.weights.h5` and `.keras` files and the
+  Keras 2 HDF5 files keras-yolo3 users have: `model_body.save_weights`, its
+  train.py checkpoints (the training model with the `yolo_loss` Lambda),
+  convert.py's full `model.save`, and files saved from a Keras 2
+  `multi_gpu_model`, where the template is nested as ONE layer (the
+  "weight file containing 1 layers into a model with N layers" error).
+
+How files are matched to a model:
+
+* Keras 3 files by layer name (recorded in the file; this project names
+  every layer deterministically in `model.py`), found wherever the template
+  sits in the saved model (the body itself, a training model, a multi-device
+  wrapper); files of models with other names but the same layers fall back
+  to Keras's own positional keys (`conv2d_3`: the 4th Conv2D).
+* Keras 2 files by order: keras-yolo3's layers have auto-generated names
+  (`conv2d_57`) that say nothing about role, but `model.py` builds the layers
+  in keras-yolo3's order, so the file's weight-bearing layers in `layer_names`
+  order correspond one to one to the model's weight-bearing layers in
+  `model.layers` order. Every pair's array shapes are checked.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import shutil
+import zipfile
+from collections import defaultdict
+
+import h5py
+import keras
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+_WEIGHTS_SUFFIX = ".weights.h5"
+_OUTPUT_PREFIX = "yolo_output_"  # kept in sync with model.OUTPUT_PREFIX
+# Weight-bearing layer counts of keras-yolo3's networks, for error hints.
+_KNOWN_LAYER_COUNTS = {147: "YOLOv3 (yolo_body)", 24: "tiny YOLOv3 (tiny_yolo_body)"}
+
+
+# --------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------
+
+
+def is_chief(strategy=None) -> bool:
+    """Whether this worker writes checkpoints to their real path.
+
+    Single-machine strategies (default, `MirroredStrategy`) always write. In
+    multi-worker training (`MultiWorkerMirroredStrategy`, `TF_CONFIG`) only
+    the chief does; `StrategyExtended.should_checkpoint` is TensorFlow's own
+    answer to that question (chief, or worker 0 when no chief is listed).
+    """
+    if strategy is None:
+        return True
+    return bool(getattr(strategy.extended, "should_checkpoint", True))
+
+
+def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None]:
+    """Where this worker writes `filepath`, and a temporary folder to delete after.
+
+    Every worker saves (saving is part of the same program on all of them),
+    but a non-chief worker writes into `<dir>/workertemp_<task_id>/`, which
+    the caller deletes, so only the chief's file lands at `filepath`. This is
+    the scheme Keras 2's `distributed_file_utils` used.
+
+    Returns:
+        `(write_path, temp_dir)`; `temp_dir` is None on the chief.
+    """
+    if is_chief(strategy):
+        return filepath, None
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_id = getattr(resolver, "task_id", None)
+    if task_id is None:
+        task_id = getattr(strategy.extended, "_task_id", 0)
+    temp_dir = os.path.join(os.path.dirname(filepath), f"workertemp_{task_id}")
+    return os.path.join(temp_dir, os.path.basename(filepath)), temp_dir
+
+
+def save_weights_atomic(model: keras.Model, filepath: str) -> None:
+    """`model.save_weights(filepath)`, but the old file survives any failure.
+
+    The weights go to `<dir>/.<name>.tmp.weights.h5` (Keras insists on the
+    `.weights.h5` ending), are flushed to disk, and replace `filepath` with
+    one `os.replace`, which is atomic on POSIX and Windows. If anything fails
+    before that, the temporary file is removed and `filepath` is untouched.
+    """
+    filepath = os.fspath(filepath)
+    if not filepath.endswith(_WEIGHTS_SUFFIX):
+        raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
+    dirname, basename = os.path.split(filepath)
+    if dirname:
+        os.makedirs(dirname, exist_ok=True)
+    temp_path = os.path.join(dirname, f".{basename[: -len(_WEIGHTS_SUFFIX)]}.tmp{_WEIGHTS_SUFFIX}")
+    try:
+        model.save_weights(temp_path, overwrite=True)
+        with open(temp_path, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temp_path, filepath)
+    except BaseException:
+        # BaseException: a KeyboardInterrupt mid-save must not leave the
+        # half-written temporary file behind either.
+        if os.path.exists(temp_path):
+            os.remove(temp_path)
+        raise
+
+
+class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`ModelCheckpoint` that saves the template's weights, not the trained wrapper's.
+
+    Multi-device training (`parallel.py`) and the loss (`create_model`) wrap
+    the network, and the wrapper is what `fit` sees as `self.model`. Saving
+    the wrapper gives files that only an identical wrapper can load (Keras
+    2's "weight file containing 1 layers" problem); this callback saves the
+    plain body, which `load_weights` (or `body.load_weights`) reads on any
+    machine, with any number of devices.
+
+    Args:
+        filepath: where to save; must end in `.weights.h5`; may contain
+            `{epoch:03d}` and logged metrics, e.g.
+            `"ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"`.
+        template_model: the single-device model whose weights are saved
+            (the `body` returned by `create_model`).
+        monitor: metric for `save_best_only`.
+        save_best_only: only save when `monitor` improves; the best file is
+            never overwritten by a worse one.
+        period: save every `period` epochs (Keras 2's argument, gone in
+            Keras 3), counted from the first epoch this callback sees, as
+            Keras 2 did. Exclusive with an integer `save_freq`.
+        **kwargs: `verbose`, `mode`, `save_freq`, `initial_value_threshold`
+            of `keras.callbacks.ModelCheckpoint`. `save_weights_only` is
+            always True.
+
+    Saves are atomic (`save_weights_atomic`). In multi-worker training only
+    the chief writes to `filepath` (`checkpoint_write_path`).
+    """
+
+    def __init__(self, filepath, template_model, monitor="val_loss", save_best_only=False, period=None, **kwargs):
+        filepath = os.fspath(filepath)
+        if not filepath.endswith(_WEIGHTS_SUFFIX):
+            raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
+        if not isinstance(template_model, keras.Model):
+            raise ValueError(
+                f"`template_model` must be a keras.Model (the single-device body). "
+                f"Received: template_model={template_model!r}"
+            )
+        if not kwargs.pop("save_weights_only", True):
+            raise ValueError(
+                "TemplateModelCheckpoint always saves weights only. Received: save_weights_only=False"
+            )
+        if period is not None:
+            if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+                raise ValueError(f"`period` must be a positive integer (epochs). Received: period={period!r}")
+            if kwargs.get("save_freq", "epoch") != "epoch":
+                raise ValueError(
+                    "`period` counts epochs and cannot be combined with a batch-based `save_freq`. "
+                    f"Received: period={period}, save_freq={kwargs['save_freq']!r}"
+                )
+        super().__init__(
+            filepath, monitor=monitor, save_best_only=save_best_only, save_weights_only=True, **kwargs
+        )
+        self.template_model = template_model
+        self.period = period
+        self._epochs_since_last_save = 0
+
+    def _save_model(self, epoch, batch, logs):
+        # Overrides ModelCheckpoint's single save routine: the decision logic
+        # (`_should_save_model`, `_get_file_path`) is reused as is; only what
+        # is saved, and how, changes.
+        if batch is None and self.period is not None:
+            self._epochs_since_last_save += 1
+            if self._epochs_since_last_save < self.period:
+                return
+            self._epochs_since_last_save = 0
+        filepath = self._get_file_path(epoch, batch, logs)
+        if os.path.isdir(filepath):
+            raise IsADirectoryError(
+                f"TemplateModelCheckpoint needs a file path; {filepath} is an existing directory"
+            )
+        if not self._should_save_model(epoch, batch, logs, filepath):
+            return
+        write_path, temp_dir = checkpoint_write_path(filepath, self._strategy())
+        try:
+            save_weights_atomic(self.template_model, write_path)
+        finally:
+            if temp_dir is not None:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+        if self.verbose > 0 and temp_dir is None:
+            logger.info("Epoch %d: saved template weights to %s", epoch + 1, filepath)
+
+    def _strategy(self):
+        strategy = getattr(self.model, "distribute_strategy", None)
+        if strategy is None:
+            import tensorflow as tf
+
+            strategy = tf.distribute.get_strategy()
+        return strategy
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SkippedLayer:
+    """A model layer `load_weights` left untouched, and why."""
+
+    layer: str
+    source: str
+    reason: str
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What `load_weights` did.
+
+    Attributes:
+        path: the file read.
+        format: `"keras3-weights"` (`.weights.h5`), `"keras3-archive"`
+            (`.keras`), `"keras2-weights"` (`save_weights` HDF5) or
+            `"keras2-model"` (full `model.save` HDF5); `"+nested"` is appended
+            when the template was a nested layer of the saved model.
+        loaded: number of model layers whose weights were set.
+        skipped: layers left as they were (`skip_mismatch=True`).
+    """
+
+    path: str
+    format: str
+    loaded: int = 0
+    skipped: list[SkippedLayer] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _SourceLayer:
+    """One weight-bearing layer as stored in a file: its name and arrays in layer order."""
+
+    name: str
+    arrays: list[np.ndarray]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(a.shape) for a in self.arrays]
+
+
+def load_weights(model: keras.Model, path: str, skip_mismatch: bool = False) -> LoadReport:
+    """Loads weights from any file this project or keras-yolo3 writes into `model`.
+
+    Args:
+        model: a `yolo_body` / `tiny_yolo_body`, or a model that contains
+            one (the training model of `create_model`, a multi-device
+            wrapper): weights go to its weight-bearing layers.
+        path: a `.weights.h5` or `.keras` file of this project, or a Keras 2
+            HDF5 file (`save_weights` or `model.save`, keras-yolo3's body,
+            training model or `multi_gpu_model`). The format is detected
+            from the content, not the extension. The file is only read.
+        skip_mismatch: leave layers whose weight shapes differ from the
+            file's at their current values instead of raising: transfer to
+            another class count, where only the output convolutions
+            (`yolo_output_*`) differ. Each skip is logged.
+
+    Returns:
+        A `LoadReport`.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: unknown format; the file holds another network (layer
+            counts differ); a layer's shapes differ (without
+            `skip_mismatch`), naming the model layer, the file layer and both
+            shapes.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path}")
+    targets = weight_layers(model)
+    if not targets:
+        raise ValueError(f"model {model.name!r} has no weights to load (is it built?)")
+
+    if zipfile.is_zipfile(path):
+        return _load_keras_archive(targets, path, skip_mismatch)
+    if not h5py.is_hdf5(path):
+        hint = ""
+        if path.endswith(".weights") and not path.endswith(_WEIGHTS_SUFFIX):
+            hint = " It looks like a Darknet .weights file: convert it with convert.py first."
+        raise ValueError(f"{path} is neither an HDF5 weights file nor a .keras archive.{hint}")
+    with h5py.File(path, "r") as handle:
+        if _attr_list(handle, "layer_names"):
+            return _load_keras2(targets, handle, path, "keras2-weights", skip_mismatch)
+        if "model_weights" in handle and _attr_list(handle["model_weights"], "layer_names"):
+            return _load_keras2(targets, handle["model_weights"], path, "keras2-model", skip_mismatch)
+        if "layers" in handle or "vars" in handle:
+            return _load_keras3(targets, handle, path, "keras3-weights", skip_mismatch)
+        raise ValueError(
+            f"{path} is an HDF5 file but not a Keras weights file "
+            f"(top-level entries: {sorted(handle.keys())[:10]}, attributes: {sorted(handle.attrs.keys())[:10]})"
+        )
+
+
+def weight_layers(model) -> list:
+    """The layers that own weights, in order, looking inside nested models.
+
+    Models and wrapper layers that only contain other layers are descended
+    into, so a training model or a multi-device wrapper yields its template's
+    layers. Shared layers are listed once.
+    """
+    leaves, seen = [], set()
+
+    def visit(layer):
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        if isinstance(layer, keras.Model):
+            children = layer.layers
+        else:
+            children = list(layer._flatten_layers(include_self=False, recursive=False))
+        if children:
+            for child in children:
+                visit(child)
+        elif layer.weights:
+            leaves.append(layer)
+
+    visit(model)
+    return leaves
+
+
+# ---- Keras 2 HDF5 ---------------------------------------------------------
+
+
+def _attr_list(group, name: str) -> list[str]:
+    """A string-list attribute, also when Keras split it into `name0`, `name1`, ... chunks."""
+    if name in group.attrs:
+        values = group.attrs[name]
+    else:
+        values, chunk = [], 0
+        while f"{name}{chunk}" in group.attrs:
+            values.extend(group.attrs[f"{name}{chunk}"])
+            chunk += 1
+    if isinstance(values, (str, bytes)):  # an attribute that is one string, not a list
+        values = [values]
+    return [v.decode("utf8") if isinstance(v, bytes) else str(v) for v in values]
+
+
+def _owner(weight_name: str) -> str:
+    """`conv2d_3/kernel:0` (or `scope/conv2d_3/kernel:0`) -> `conv2d_3`."""
+    parts = weight_name.split("/")
+    return parts[-2] if len(parts) >= 2 else ""
+
+
+def _keras2_entries(group) -> tuple[list[_SourceLayer], bool, list[list[_SourceLayer]]]:
+    """The weight-bearing layers of a Keras 2 weights group, in file order.
+
+    A `layer_names` entry whose weights belong to other layers
+    (`conv2d_1/kernel:0` under `model_1`) is a nested model, the template of
+    a `multi_gpu_model`: it is expanded into its own layers.
+
+    Returns:
+        `(layers, nested, nested_groups)`: the flattened layers, whether any
+        entry was nested, and each nested entry's layers.
+    """
+    layers, nested_groups = [], []
+    for name in _attr_list(group, "layer_names"):
+        layer_group = group[name]
+        weight_names = _attr_list(layer_group, "weight_names")
+        if not weight_names:
+            continue
+        owners = [_owner(w) for w in weight_names]
+        if len(set(owners)) == 1 or not all(owners):
+            layers.append(_SourceLayer(name, [np.asarray(layer_group[w]) for w in weight_names]))
+            continue
+        # A nested model lists model.trainable_weights + non_trainable_weights:
+        # a layer's arrays keep their order, split across both halves.
+        by_owner: dict[str, list[np.ndarray]] = defaultdict(list)
+        for weight_name, owner in zip(weight_names, owners):
+            by_owner[owner].append(np.asarray(layer_group[weight_name]))
+        inner = [_SourceLayer(owner, arrays) for owner, arrays in by_owner.items()]
+        nested_groups.append(inner)
+        layers.extend(inner)
+    return layers, bool(nested_groups), nested_groups
+
+
+def _load_keras2(targets, group, path, format_name, skip_mismatch) -> LoadReport:
+    sources, nested, nested_groups = _keras2_entries(group)
+    if nested:
+        format_name += "+nested"
+    if len(sources) != len(targets):
+        raise ValueError(_count_mismatch_message(path, targets, sources, nested))
+    if nested and len(nested_groups) == 1 and len(nested_groups[0]) == len(sources):
+        sources = _order_nested(targets, sources)
+    return _assign_in_order(targets, sources, path, format_name, skip_mismatch)
+
+
+_AUTO_NAME = re.compile(r"^(?P<kind>.*?)(?:_(?P<n>\d+))?$")
+
+
+def _order_nested(targets, sources: list[_SourceLayer]) -> list[_SourceLayer]:
+    """Orders a nested template's layers like the model's.
+
+    Keras 2 stored a nested model's weights as all trainable weights, then
+    all non-trainable ones, each in layer order. With every layer trainable
+    the order of first appearance is the layer order. A template saved with
+    frozen layers (keras-yolo3's stage 1) lists them after the trainable
+    ones; then layers are matched within groups of identical weight shapes,
+    ranked by Keras 2's auto-name counters (the 12 of `conv2d_12` counts
+    Conv2D layers in creation order). keras-yolo3 creates same-shaped layers
+    in dependency order, so that rank is their topological order. (Creation
+    order in general is not: tiny YOLOv3 creates `conv2d_8` before
+    `conv2d_10`, but `conv2d_10` comes first in `model.layers`.) Custom
+    names keep their order of first appearance.
+    """
+    target_shapes = [[tuple(w.shape) for w in layer.weights] for layer in targets]
+    if [s.shapes for s in sources] == target_shapes:
+        return sources
+    by_shapes: dict[tuple, list[int]] = defaultdict(list)
+    for index, source in enumerate(sources):
+        by_shapes[tuple(source.shapes)].append(index)
+    for shapes, members in by_shapes.items():
+        names = [_AUTO_NAME.match(sources[i].name) for i in members]
+        if len({m["kind"] for m in names}) == 1:  # auto names of one class: creation order
+            by_shapes[shapes] = [i for _, i in sorted(zip((int(m["n"] or 0) for m in names), members))]
+    ordered: list[_SourceLayer | None] = []
+    for shapes in target_shapes:
+        members = by_shapes.get(tuple(shapes))
+        ordered.append(sources[members.pop(0)] if members else None)
+    # Layers of the model with no same-shaped layer left in the file (the
+    # output convs of another class count) get the leftover file layers in
+    # file order, so the mismatch is reported against a concrete layer.
+    leftovers = sorted(index for members in by_shapes.values() for index in members)
+    resolved = [s if s is not None else sources[leftovers.pop(0)] for s in ordered]
+    mismatches_first = sum(s.shapes != t for s, t in zip(sources, target_shapes))
+    mismatches_matched = sum(s.shapes != t for s, t in zip(resolved, target_shapes))
+    return resolved if mismatches_matched < mismatches_first else sources
+
+
+def _count_mismatch_message(path, targets, sources, nested) -> str:
+    def describe(count):
+        return f" = {_KNOWN_LAYER_COUNTS[count]}" if count in _KNOWN_LAYER_COUNTS else ""
+
+    where = " (inside its nested model)" if nested else ""
+    return (
+        f"Cannot load {path}: the file has {len(sources)} layers with weights{describe(len(sources))}{where}, "
+        f"the model has {len(targets)}{describe(len(targets))}. The file holds another network "
+        f"(YOLOv3 vs tiny YOLOv3, or not a YOLO model at all). "
+        f"First file layers: {[s.name for s in sources[:3]]}; first model layers: {[t.name for t in targets[:3]]}."
+    )
+
+
+# ---- Keras 3 --------------------------------------------------------------
+
+
+def _snake_case(name: str) -> str:
+    """Keras's `naming.to_snake_case`: `BatchNormalization` -> `batch_normalization`."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def _keras3_layer_groups(handle) -> dict[str, dict[str, h5py.Group]]:
+    """Every `<root>/layers/<key>/vars` group holding arrays, as {root: {key: vars}}.
+
+    Keras 3 keys a model's layers by class and position (`conv2d`,
+    `conv2d_1`, ...: the n-th Conv2D of that model's `layers`), and records
+    the layer's own name in the `vars` group's `name` attribute.
+    """
+    found: dict[str, dict[str, h5py.Group]] = defaultdict(dict)
+
+    def visit(name, obj):
+        parts = name.split("/")
+        if (
+            isinstance(obj, h5py.Group)
+            and len(parts) >= 3
+            and parts[-1] == "vars"
+            and parts[-3] == "layers"
+            and len(obj.keys())
+        ):
+            found["/".join(parts[:-3])][parts[-2]] = obj
+
+    handle.visititems(visit)
+    return found
+
+
+def _positional_keys(targets) -> list[str]:
+    """The keys Keras 3 gives `targets` when they are one model's layers, in order."""
+    counts: dict[str, int] = defaultdict(int)
+    keys = []
+    for layer in targets:
+        base = _snake_case(layer.__class__.__name__)
+        keys.append(base if counts[base] == 0 else f"{base}_{counts[base]}")
+        counts[base] += 1
+    return keys
+
+
+def _load_keras3(targets, handle, path, format_name, skip_mismatch) -> LoadReport:
+    roots = _keras3_layer_groups(handle)
+    if not roots:
+        raise ValueError(f"{path}: a Keras 3 weights file without layer weights")
+    names = [t.name for t in targets]
+    positional = _positional_keys(targets)
+    by_name = {
+        root: {str(group.attrs["name"]): group for group in groups.values() if "name" in group.attrs}
+        for root, groups in roots.items()
+    }
+
+    def coverage(root):
+        # The template can sit anywhere in the saved model (the body itself,
+        # a training model, a multi-device wrapper): take the sub-tree that
+        # holds the model's layers, by name, else by Keras's positional keys
+        # (files from models with other layer names but the same structure;
+        # what `model.load_weights` itself does), the shallowest on a tie.
+        named = sum(n in by_name[root] for n in names)
+        placed = sum(k in roots[root] for k in positional)
+        return (named == len(names), placed == len(names), named, -root.count("/") - (root != ""))
+
+    root = max(roots, key=coverage)
+    if all(n in by_name[root] for n in names):
+        groups, how = [by_name[root][n] for n in names], "by name"
+    elif all(k in roots[root] for k in positional):
+        groups, how = [roots[root][k] for k in positional], "by position"
+    else:
+        missing = [n for n in names if n not in by_name[root]]
+        raise ValueError(
+            f"Cannot load {path}: {len(missing)} of the model's {len(names)} layers with weights are not in it "
+            f"(missing e.g. {missing[:3]}; the file has e.g. {sorted(by_name[root])[:3]}), nor layers of the "
+            f"same classes in the same order. It was saved from another network."
+        )
+    if root:
+        format_name += "+nested"
+    logger.debug("%s: Keras 3 layers under %r matched %s", path, root or "/", how)
+    sources = [
+        _SourceLayer(
+            str(group.attrs.get("name", group.name.rsplit("/", 2)[-2])),
+            [np.asarray(group[str(i)]) for i in range(len(group))],
+        )
+        for group in groups
+    ]
+    return _assign_in_order(targets, sources, path, format_name, skip_mismatch)
+
+
+def _load_keras_archive(targets, path, skip_mismatch) -> LoadReport:
+    with zipfile.ZipFile(path) as archive:
+        if "model.weights.h5" not in archive.namelist():
+            raise ValueError(f"{path} is a zip file but not a .keras archive with HDF5 weights")
+        with archive.open("model.weights.h5") as weights, h5py.File(weights, "r") as handle:
+            try:
+                return _load_keras3(targets, handle, path, "keras3-archive", skip_mismatch)
+            except ValueError as error:
+                if "saved from another network" not in str(error):
+                    raise
+    # Other layer names: rebuild the saved model with Keras's own loader and
+    # copy its weight-bearing layers in order (the archive has the config).
+    saved = keras.saving.load_model(path, compile=False)
+    sources = [_SourceLayer(layer.name, [np.asarray(w) for w in layer.get_weights()]) for layer in weight_layers(saved)]
+    if len(sources) != len(targets):
+        raise ValueError(_count_mismatch_message(path, targets, sources, nested=False))
+    return _assign_in_order(targets, sources, path, "keras3-archive", skip_mismatch)
+
+
+# ---- Shared ---------------------------------------------------------------
+
+
+def _assign_in_order(targets, sources, path, format_name, skip_mismatch) -> LoadReport:
+    """Sets `targets[i]` from `sources[i]`, after checking every pair's shapes."""
+    report = LoadReport(path=path, format=format_name)
+    plan, mismatches = [], []
+    for layer, source in zip(targets, sources):
+        expected = [tuple(w.shape) for w in layer.weights]
+        if source.shapes == expected:
+            plan.append((layer, source))
+        else:
+            mismatches.append((layer, source, expected))
+    if mismatches and not skip_mismatch:
+        raise ValueError(_shape_mismatch_message(path, mismatches))
+    for layer, source, expected in mismatches:
+        reason = f"file shapes {source.shapes} != model shapes {expected}"
+        report.skipped.append(SkippedLayer(layer.name, source.name, reason))
+        # Expected for the output convs when the class count changes; any
+        # other skipped layer deserves a warning.
+        log = logger.info if layer.name.startswith(_OUTPUT_PREFIX) else logger.warning
+        log("load_weights(%s): skipping layer %r (file layer %r): %s", path, layer.name, source.name, reason)
+    if not plan:
+        raise ValueError(f"Cannot load {path}: no layer of the model matches the file's shapes")
+    # Nothing is assigned before every layer was checked, so a failed load
+    # leaves the model as it was.
+    for layer, source in plan:
+        layer.set_weights(source.arrays)
+    report.loaded = len(plan)
+    logger.info(
+        "Loaded %d layers from %s (%s)%s",
+        report.loaded,
+        path,
+        format_name,
+        f", skipped {len(report.skipped)}" if report.skipped else "",
+    )
+    return report
+
+
+def _shape_mismatch_message(path, mismatches) -> str:
+    lines = [
+        f"model layer {layer.name!r} has weight shapes {expected}, "
+        f"but the file's layer {source.name!r} has {source.shapes}"
+        for layer, source, expected in mismatches[:5]
+    ]
+    if len(mismatches) > 5:
+        lines.append(f"... and {len(mismatches) - 5} more")
+    message = f"Cannot load {path}: " + "; ".join(lines) + "."
+    if all(layer.name.startswith(_OUTPUT_PREFIX) for layer, _, _ in mismatches):
+        layer, source, expected = mismatches[0]
+        message += (
+            " The output convolutions have num_anchors * (5 + num_classes) channels: the file was trained "
+            f"for another class or anchor count ({source.shapes[0][-1]} channels, the model has "
+            f"{expected[0][-1]}). Pass skip_mismatch=True to load everything else and keep the model's "
+            "own output convolutions (transfer to a new class count)."
+        )
+    return message

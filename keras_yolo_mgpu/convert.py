@@ -1,0 +1,354 @@
+"""Convert a Darknet ``.cfg`` + ``.weights`` pair into a Keras 3 file.
+
+    python convert.py yolov3.cfg yolov3.weights model_data/yolo.weights.h5
+    python convert.py yolov3-tiny.cfg yolov3-tiny.weights model_data/tiny_yolo.weights.h5
+    python convert.py darknet53.cfg darknet53.conv.74 model_data/darknet53.keras
+
+What is saved:
+
+- When the cfg describes exactly our ``yolo_body`` (3 ``[yolo]`` sections)
+  or ``tiny_yolo_body`` (2) for the class count of its ``[yolo]`` sections
+  (same sequence of weight shapes, and the same outputs on a test image),
+  the weights are copied into a fresh ``yolo_body`` / ``tiny_yolo_body`` and
+  *that* model is saved. A ``.weights.h5`` output then loads with
+  ``body.load_weights(path)`` (or ``--weights`` of the other scripts).
+- Any other cfg (``darknet53.cfg`` alone, an SPP variant, ...) is saved as
+  the generic cfg-built model (layers named ``conv_<darknet index>``,
+  ``bn_<i>``, ...). ``.keras`` is the natural output for those: it loads
+  with ``keras.saving.load_model`` and needs no code. A ``.weights.h5``
+  output only loads into the same generic model, so a copy of the cfg is
+  written next to it as ``<output>.cfg`` and :func:`load_converted` rebuilds
+  the model from that copy.
+
+Outputs are written to a temporary file in the output folder and renamed at
+the end, so a failed conversion never leaves a partial file behind.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+from typing import Sequence
+
+import numpy as np
+
+from . import darknet
+from .darknet import DarknetError
+
+logger = logging.getLogger(__name__)
+
+_OUTPUT_SUFFIXES = (".weights.h5", ".keras")
+
+
+@dataclasses.dataclass
+class ConversionResult:
+    """What :func:`convert` did.
+
+    Attributes:
+        model: the saved Keras model (a ``yolo_body`` / ``tiny_yolo_body``
+            or the generic cfg-built model).
+        architecture: ``"yolo_body"``, ``"tiny_yolo_body"`` or ``"generic"``.
+        output_path: the written file.
+        cfg_copy_path: ``<output>.cfg`` for a generic ``.weights.h5``, else None.
+        header: the ``.weights`` header.
+        num_floats: float32 values read (all of them, by construction).
+        anchors: ``(N, 2)`` anchors of the ``[yolo]`` sections, or None.
+        masks: anchor indices per output, coarsest first, or None.
+        num_classes: classes of the ``[yolo]`` sections, or None.
+    """
+
+    model: object
+    architecture: str
+    output_path: str
+    cfg_copy_path: str | None
+    header: darknet.DarknetHeader
+    num_floats: int
+    anchors: np.ndarray | None
+    masks: list | None
+    num_classes: int | None
+
+
+def check_output_path(output_path: str) -> None:
+    """Raises ``ValueError`` unless the path ends in ``.weights.h5`` or ``.keras``."""
+    if not str(output_path).endswith(_OUTPUT_SUFFIXES):
+        hint = ""
+        if str(output_path).endswith(".h5"):
+            hint = f" (Keras 3 weights files end in .weights.h5: try {str(output_path)[:-3]}.weights.h5)"
+        raise ValueError(
+            f"`output_path` must end in `.weights.h5` (weights for yolo_body) or `.keras` "
+            f"(whole model){hint}. Received: output_path={output_path}"
+        )
+
+
+def _yolo_heads(yolos: Sequence[darknet.YoloSpec]):
+    """(anchors, masks, num_classes, anchors_per_scale) of consistent [yolo] sections, else None."""
+    if not yolos:
+        return None
+    classes = {y.classes for y in yolos}
+    per_scale = {len(y.mask) for y in yolos}
+    anchor_sets = {tuple(y.anchors) for y in yolos}
+    if len(classes) != 1 or len(per_scale) != 1 or len(anchor_sets) != 1:
+        logger.warning(
+            "[yolo] sections disagree on classes, mask length or anchors "
+            "(classes %s, mask lengths %s); not a yolo_body",
+            sorted(classes),
+            sorted(per_scale),
+        )
+        return None
+    anchors = np.array(yolos[0].anchors, dtype=np.float32).reshape(-1, 2)
+    return anchors, [list(y.mask) for y in yolos], classes.pop(), per_scale.pop()
+
+
+def _compare_outputs(a, b, size: int = 64, seed: int = 0) -> float:
+    """Max abs difference of two models' outputs on one random image, relative to the output scale."""
+    rng = np.random.default_rng(seed)
+    image = rng.uniform(0.0, 1.0, (1, size, size, a.inputs[0].shape[-1])).astype(np.float32)
+    out_a = a(image, training=False)
+    out_b = b(image, training=False)
+    out_a = out_a if isinstance(out_a, (list, tuple)) else [out_a]
+    out_b = out_b if isinstance(out_b, (list, tuple)) else [out_b]
+    if len(out_a) != len(out_b):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(out_a, out_b):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape:
+            return float("inf")
+        worst = max(worst, float(np.max(np.abs(x - y))) / max(1.0, float(np.max(np.abs(x)))))
+    return worst
+
+
+def build_matching_body(generic, yolos: Sequence[darknet.YoloSpec], *, check: bool = True):
+    """Copies the generic model's weights into ``yolo_body``/``tiny_yolo_body`` when it is the same network.
+
+    Args:
+        generic: model from :func:`darknet.build_model`, with weights.
+        yolos: the cfg's ``[yolo]`` specs.
+        check: also require equal outputs on a random 64x64 image (guards
+            against a network with the same weight shapes wired differently).
+
+    Returns:
+        ``(model, architecture name)``, or ``(None, reason)`` when the cfg is
+        not one of those networks.
+    """
+    import keras
+
+    from .model import tiny_yolo_body, yolo_body
+
+    heads = _yolo_heads(yolos)
+    if heads is None:
+        return None, "no consistent [yolo] sections"
+    _, _, num_classes, per_scale = heads
+    builders = {3: ("yolo_body", yolo_body), 2: ("tiny_yolo_body", tiny_yolo_body)}
+    if len(yolos) not in builders or generic.inputs[0].shape[-1] != 3:
+        return None, f"{len(yolos)} [yolo] sections on {generic.inputs[0].shape[-1]} input channels"
+    name, builder = builders[len(yolos)]
+    body = builder(keras.Input(shape=(None, None, 3), name="image"), per_scale, num_classes)
+    shapes = [tuple(w.shape) for w in generic.weights]
+    if shapes != [tuple(w.shape) for w in body.weights]:
+        return None, f"weight shapes differ from {name}({per_scale} anchors, {num_classes} classes)"
+    body.set_weights(generic.get_weights())
+    if check:
+        diff = _compare_outputs(generic, body)
+        if not diff <= 1e-4:
+            logger.warning(
+                "%s has the cfg's weight shapes but different outputs (relative difference %.3g); "
+                "saving the generic model instead",
+                name,
+                diff,
+            )
+            return None, f"same weight shapes as {name} but different outputs"
+    return body, name
+
+
+def convert(
+    cfg_path: str | os.PathLike,
+    weights_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    *,
+    generic: bool = False,
+    check: bool = True,
+) -> ConversionResult:
+    """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
+
+    Args:
+        cfg_path: Darknet ``.cfg``.
+        weights_path: Darknet ``.weights`` (every float must be used).
+        output_path: ``.weights.h5`` or ``.keras``; its folder is created.
+        generic: always save the generic cfg-built model, even when the cfg
+            is a ``yolo_body``.
+        check: verify the ``yolo_body`` copy on a test image (see
+            :func:`build_matching_body`).
+
+    Returns:
+        A :class:`ConversionResult`.
+
+    Raises:
+        ValueError: bad output suffix.
+        DarknetError: unsupported cfg, or weights that do not match the cfg
+            (too few floats, naming the layer; or floats left over).
+    """
+    output_path = str(output_path)
+    check_output_path(output_path)
+    sections = darknet.parse_cfg(cfg_path)
+    convs, yolos = darknet.infer_layers(sections)
+    header, weights = darknet.read_weights(weights_path, convs)
+    num_floats = sum(c.num_floats for c in convs)
+    model = darknet.build_model(sections, weights, name=os.path.splitext(os.path.basename(str(cfg_path)))[0])
+    logger.info("Built %s: %d layers, %d parameters", cfg_path, len(model.layers), model.count_params())
+
+    heads = _yolo_heads(yolos)
+    architecture = "generic"
+    if not generic:
+        body, why = build_matching_body(model, yolos, check=check)
+        if body is not None:
+            model, architecture = body, why
+        else:
+            logger.info("Not a yolo_body/tiny_yolo_body (%s): saving the generic cfg-built model", why)
+    if heads is not None:
+        anchors, masks, num_classes, _ = heads
+        from .boxes import anchor_masks
+
+        if architecture != "generic" and masks != anchor_masks(len(masks)):
+            logger.warning(
+                "The cfg's anchor masks %s differ from the masks %s that yolo_body's decoding uses; "
+                "detections will use the wrong anchors unless the masks are changed",
+                masks,
+                anchor_masks(len(masks)),
+            )
+    else:
+        anchors, masks, num_classes = None, None, None
+
+    cfg_copy_path = None
+    if architecture == "generic" and output_path.endswith(".weights.h5"):
+        cfg_copy_path = output_path + ".cfg"
+        logger.warning(
+            "%s holds weights of the generic cfg-built model, not of yolo_body: load it with "
+            "keras_yolo_mgpu.convert.load_converted(%r) (which rebuilds the model from %s), "
+            "or convert to .keras instead",
+            output_path,
+            output_path,
+            cfg_copy_path,
+        )
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg_text = f.read()
+        _atomic_write(cfg_copy_path, lambda tmp: _write_text(tmp, cfg_text))
+    if output_path.endswith(".keras"):
+        _atomic_write(output_path, model.save)
+    else:
+        _atomic_write(output_path, model.save_weights)
+    logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
+    if anchors is not None:
+        from .model_data import format_anchors
+
+        logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
+    return ConversionResult(model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _atomic_write(path: str, write) -> None:
+    """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it to ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.basename(path)
+    # Keep the suffix: Keras checks it (.weights.h5 / .keras).
+    suffix = next((s for s in (*_OUTPUT_SUFFIXES, ".cfg") if base.endswith(s)), "")
+    fd, tmp = tempfile.mkstemp(prefix=f".{base[: len(base) - len(suffix)]}.", suffix=f".tmp{suffix}", dir=folder)
+    os.close(fd)
+    try:
+        write(tmp)
+        # mkstemp creates the file 0600; give it the permissions a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_converted(path: str | os.PathLike):
+    """Loads a file written by :func:`convert` without knowing which kind it is.
+
+    ``.keras`` loads as a whole model. A ``.weights.h5`` with a
+    ``<path>.cfg`` beside it is a generic model: rebuilt from that cfg, then
+    its weights loaded. A ``.weights.h5`` without one holds ``yolo_body`` /
+    ``tiny_yolo_body`` weights: build that network with your class count and
+    call ``load_weights`` (this function raises, saying so).
+    """
+    import keras
+
+    path = str(path)
+    if path.endswith(".keras"):
+        return keras.saving.load_model(path)
+    if not path.endswith(".weights.h5"):
+        check_output_path(path)
+    cfg_copy = path + ".cfg"
+    if not os.path.isfile(cfg_copy):
+        raise ValueError(
+            f"{path} has no {os.path.basename(cfg_copy)} beside it, so it holds yolo_body/tiny_yolo_body "
+            "weights: build the network (keras_yolo_mgpu.model.yolo_body) and call load_weights"
+        )
+    model = darknet.build_model(darknet.parse_cfg(cfg_copy))
+    model.load_weights(path)
+    return model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Convert Darknet .cfg + .weights to a Keras 3 model file.",
+        epilog="A yolov3/yolov3-tiny cfg is saved as yolo_body/tiny_yolo_body weights; other cfgs as the "
+        "generic cfg-built model (prefer .keras for those).",
+    )
+    parser.add_argument("config_path", help="Darknet .cfg file")
+    parser.add_argument("weights_path", help="Darknet .weights file")
+    parser.add_argument("output_path", help="output: .weights.h5 (weights) or .keras (whole model)")
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
+    )
+    parser.add_argument("--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .cli import setup_logging
+
+    setup_logging(args.verbose)
+    try:
+        check_output_path(args.output_path)
+    except ValueError as error:
+        parser.error(str(error))
+    for label, path in (("config", args.config_path), ("weights", args.weights_path)):
+        if not os.path.isfile(path):
+            parser.error(f"{label} file not found: {path}")
+    try:
+        result = convert(args.config_path, args.weights_path, args.output_path, generic=args.generic)
+    except (DarknetError, OSError) as error:
+        print(f"convert.py: error: {error}", file=sys.stderr)
+        return 1
+    if args.anchors_output:
+        if result.anchors is None:
+            print("convert.py: error: the cfg has no [yolo] anchors to write", file=sys.stderr)
+            return 1
+        from .model_data import format_anchors
+
+        _atomic_write(args.anchors_output, lambda tmp: _write_text(tmp, format_anchors(result.anchors) + "\n"))
+    print(
+        f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
+        f"as {result.architecture}"
+        + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
+    )
+    return 0

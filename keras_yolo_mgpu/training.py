@@ -1,0 +1,362 @@
+"""The training recipe: keras-yolo3's two stages on one or several devices.
+
+Stage 1 trains with the body frozen (`freeze_body`), stage 2 unfreezes
+everything with a lower learning rate, ReduceLROnPlateau and EarlyStopping.
+Each run writes into one log directory: `args.json`, best checkpoints of the
+template (single-device) weights, `history.csv`, `loss.png`, TensorBoard
+logs and `trained_weights_final.weights.h5`.
+
+Devices: `parallel="strategy"` (default) uses MirroredStrategy over the
+selected GPUs (or MultiWorkerMirroredStrategy), `parallel="multi_gpu_model"`
+the in-graph replica model. Either way the global batch must divide by the
+number of replicas, so that every replica sees the same batch size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+FINAL_WEIGHTS = "trained_weights_final.weights.h5"
+STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
+CHECKPOINT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"
+CHECKPOINT_PATTERN_NO_VAL = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; `train.py` flags map onto these 1:1."""
+
+    annotations: str
+    classes: str
+    anchors: str | None = None
+    tiny: bool = False
+    input_shape: tuple[int, int] = (416, 416)
+    weights: str | None = None
+    val_annotations: str | None = None
+    val_split: float = 0.1
+    batch_size: int = 32
+    batch_size2: int | None = None
+    freeze_epochs: int = 50
+    epochs: int = 100
+    freeze_body: int = 2
+    optimizer: str = "adam"
+    lr1: float = 1e-3
+    lr2: float = 1e-4
+    seed: int = 0
+    augment: bool = True
+    log_dir: str = "logs/000"
+    gpus: int | None = None
+    simulate_devices: bool = False
+    strategy: str = "mirrored"
+    parallel: str = "strategy"
+    sync_bn: bool = True
+    mixed_precision: bool = False
+    jit: bool = False
+    resume: bool = False
+    strict: bool = False
+    cache: str | None = None
+    steps_per_epoch: int | None = None
+    reduce_lr_patience: int = 3
+    early_stopping_patience: int = 10
+    verbose: int = 1
+
+    def validate(self) -> None:
+        """Raises ValueError naming the bad setting; checks nothing on disk."""
+        if self.epochs < 1 or self.freeze_epochs < 0 or self.freeze_epochs > self.epochs:
+            raise ValueError(
+                f"need 0 <= freeze_epochs <= epochs and epochs >= 1. "
+                f"Received: freeze_epochs={self.freeze_epochs}, epochs={self.epochs}"
+            )
+        for name in ("batch_size", "batch_size2", "steps_per_epoch", "gpus"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1. Received: {name}={value}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd'. Received: optimizer={self.optimizer!r}")
+        if self.parallel not in ("strategy", "multi_gpu_model"):
+            raise ValueError(f"parallel must be 'strategy' or 'multi_gpu_model'. Received: parallel={self.parallel!r}")
+        if self.strategy not in ("mirrored", "multiworker"):
+            raise ValueError(f"strategy must be 'mirrored' or 'multiworker'. Received: strategy={self.strategy!r}")
+        if self.parallel == "multi_gpu_model" and self.strategy == "multiworker":
+            raise ValueError("multi_gpu_model replicates inside one process; use it with strategy='mirrored'")
+        if not 0.0 <= self.val_split < 1.0:
+            raise ValueError(f"val_split must be in [0, 1). Received: val_split={self.val_split}")
+        if self.freeze_body not in (0, 1, 2):
+            raise ValueError(f"freeze_body must be 0, 1 or 2. Received: freeze_body={self.freeze_body}")
+        if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
+            raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainConfig":
+        values = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"args.json has unknown settings {unknown}")
+        if "input_shape" in values:
+            values["input_shape"] = tuple(values["input_shape"])
+        return cls(**values)
+
+
+@dataclass
+class TrainResult:
+    log_dir: str
+    final_weights: str
+    history: dict[str, list[float]] = field(default_factory=dict)
+    epochs_run: int = 0
+    replicas: int = 1
+
+
+def _is_chief() -> bool:
+    """True unless TF_CONFIG names this process a non-chief worker."""
+    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    task = config.get("task", {})
+    cluster = config.get("cluster", {})
+    if not task:
+        return True
+    if task.get("type") == "chief":
+        return True
+    return task.get("type") == "worker" and task.get("index", 0) == 0 and "chief" not in cluster
+
+
+def _prepare_log_dir(config: TrainConfig) -> None:
+    args_path = os.path.join(config.log_dir, "args.json")
+    if config.resume:
+        if not os.path.isfile(args_path):
+            raise FileNotFoundError(f"--resume: {args_path} not found; nothing to resume in {config.log_dir}")
+        return
+    if os.path.isdir(config.log_dir) and os.listdir(config.log_dir):
+        raise FileExistsError(
+            f"log dir {config.log_dir} already holds a run. Pass --resume to continue it, "
+            "or choose another --log-dir (nothing was changed)."
+        )
+    os.makedirs(config.log_dir, exist_ok=True)
+    with open(args_path, "w", encoding="utf-8") as handle:
+        handle.write(config.to_json() + "\n")
+
+
+def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
+    """Checks the annotation files; returns (train, val) annotation lists."""
+    from .check_dataset import check_annotations
+
+    def checked(path):
+        report = check_annotations(path, num_classes)
+        if report.problems:
+            listing = os.path.join(run_dir, f"skipped_lines_{os.path.basename(path)}.txt")
+            with open(listing, "w", encoding="utf-8") as handle:
+                handle.write("\n".join(str(p) for p in report.problems) + "\n")
+            if config.strict:
+                raise ValueError(
+                    f"{path}: {len(report.problems)} problem(s), --strict refuses to start. "
+                    f"First: {report.problems[0]}. Full list: {listing}"
+                )
+            logger.warning(
+                "%s: skipping %d bad line(s) (%s); list in %s",
+                path, len({(p.source, p.line_number) for p in report.problems}),
+                report.problems[0], listing,
+            )
+        if not report.annotations:
+            raise ValueError(f"{path}: no usable annotation lines")
+        return report.annotations
+
+    annotations = checked(config.annotations)
+    if config.val_annotations:
+        return annotations, checked(config.val_annotations)
+    order = np.random.default_rng(config.seed).permutation(len(annotations))
+    num_val = int(round(len(annotations) * config.val_split))
+    if config.val_split > 0 and num_val == 0 and len(annotations) > 1:
+        num_val = 1
+    if num_val >= len(annotations):
+        raise ValueError(f"{config.annotations}: {len(annotations)} image(s) leave nothing to train on with val_split={config.val_split}")
+    val = [annotations[i] for i in sorted(order[:num_val])]
+    train = [annotations[i] for i in order[num_val:]]
+    return train, val
+
+
+def _make_optimizer(name: str, learning_rate: float):
+    import keras
+
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
+    return keras.optimizers.Adam(learning_rate=learning_rate)
+
+
+def _setup_devices(config: TrainConfig):
+    """Selects devices and builds the strategy. Runs before any TF op."""
+    from . import parallel
+
+    if config.strategy == "multiworker":
+        if config.simulate_devices:
+            parallel.simulate_devices(config.gpus)
+        strategy = parallel.make_strategy([], "multiworker")
+        return strategy, [], strategy.num_replicas_in_sync
+    devices = parallel.select_devices(config.gpus, simulate=config.simulate_devices)
+    if config.parallel == "multi_gpu_model":
+        import tensorflow as tf
+
+        return tf.distribute.get_strategy(), devices, len(devices)
+    strategy = parallel.make_strategy(devices, "mirrored")
+    return strategy, devices, strategy.num_replicas_in_sync
+
+
+def _configure_precision(config: TrainConfig) -> None:
+    import keras
+    import tensorflow as tf
+
+    if not config.mixed_precision:
+        return
+    if not tf.config.list_physical_devices("GPU"):
+        logger.warning("--mixed-precision: no GPU visible, float16 on the CPU is slow; training in float32")
+        return
+    keras.mixed_precision.set_global_policy("mixed_float16")
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Runs both stages; see the module docstring for what is written."""
+    config.validate()
+    strategy, devices, replicas = _setup_devices(config)  # before any TF op
+    import keras
+
+    from .callbacks import LossPlot, Throughput
+    from .checkpoints import TemplateModelCheckpoint, save_weights_atomic
+    from .data import make_dataset, steps_per_epoch
+    from .model import create_model, freeze_layers
+    from .model_data import default_anchors_path, get_anchors, get_classes
+    from .parallel import multi_gpu_model
+
+    batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
+    for batch in batch_sizes:
+        if batch % replicas:
+            raise ValueError(
+                f"global batch size {batch} does not divide over {replicas} replicas; every replica must get "
+                f"the same batch. Use a multiple of {replicas}, e.g. {max(replicas, batch - batch % replicas)} or "
+                f"{batch + replicas - batch % replicas}."
+            )
+
+    chief = _is_chief()
+    # Non-chief multi-worker processes write their logs to a scratch folder.
+    run_dir = config.log_dir if chief else tempfile.mkdtemp(prefix="yolo_worker_")
+    if chief:
+        _prepare_log_dir(config)
+    _configure_precision(config)
+
+    class_names = get_classes(config.classes)
+    anchors = get_anchors(config.anchors or default_anchors_path(config.tiny))
+    train_annotations, val_annotations = _load_annotations(config, len(class_names), run_dir)
+    logger.info(
+        "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
+        len(train_annotations), len(val_annotations), len(class_names), len(anchors), replicas,
+        ", ".join(devices) or "the cluster",
+    )
+
+    def datasets(batch):
+        train_ds = make_dataset(
+            train_annotations, config.input_shape, anchors, len(class_names), batch,
+            training=True, augment=config.augment, seed=config.seed, cache=config.cache,
+        )
+        val_ds = None
+        if val_annotations:
+            val_ds = make_dataset(
+                val_annotations, config.input_shape, anchors, len(class_names), batch,
+                training=False, seed=config.seed, cache=config.cache,
+            )
+        steps = config.steps_per_epoch or steps_per_epoch(len(train_annotations), batch)
+        return train_ds, val_ds, steps
+
+    stage1_path = os.path.join(config.log_dir, STAGE1_WEIGHTS)
+    stage1_done = config.resume and os.path.isfile(stage1_path)
+    use_sync_bn = config.sync_bn and replicas > 1 and config.parallel == "strategy"
+    with strategy.scope():
+        body, train_model = create_model(
+            config.input_shape, anchors, len(class_names),
+            freeze_body=config.freeze_body if config.freeze_epochs > 0 and not stage1_done else 0,
+            weights_path=None if stage1_done else config.weights,
+            sync_bn=use_sync_bn,
+        )
+        if stage1_done:
+            body.load_weights(stage1_path)
+            logger.info("resume: stage 1 already finished, loaded %s", stage1_path)
+        fit_model = multi_gpu_model(train_model, devices=devices) if config.parallel == "multi_gpu_model" else train_model
+
+    history_csv = os.path.join(run_dir, "history.csv")
+    common_callbacks = [
+        Throughput(batch_sizes[0]),
+        keras.callbacks.CSVLogger(history_csv, append=config.resume and os.path.isfile(history_csv)),
+        LossPlot(history_csv, os.path.join(run_dir, "loss.png")),
+        keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
+        TemplateModelCheckpoint(
+            os.path.join(run_dir, CHECKPOINT_PATTERN if val_annotations else CHECKPOINT_PATTERN_NO_VAL),
+            body, monitor="val_loss" if val_annotations else "loss",
+            save_best_only=True,
+        ),
+    ]
+
+    def fit(stage, learning_rate, batch, initial_epoch, end_epoch, extra_callbacks):
+        train_ds, val_ds, steps = datasets(batch)
+        common_callbacks[0].global_batch_size = batch
+        with strategy.scope():
+            fit_model.compile(
+                optimizer=_make_optimizer(config.optimizer, learning_rate),
+                loss=_totalloss(),
+                jit_compile=bool(config.jit),
+            )
+        backup = keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup", f"stage{stage}"), delete_checkpoint=True)
+        logger.info(
+            "stage %d: epochs %d-%d, lr %g, global batch %d (%d per replica), %d steps/epoch, %d trainable weights",
+            stage, initial_epoch + 1, end_epoch, learning_rate, batch, batch // replicas, steps,
+            len(fit_model.trainable_weights),
+        )
+        result = fit_model.fit(
+            train_ds, steps_per_epoch=steps, validation_data=val_ds, epochs=end_epoch,
+            initial_epoch=initial_epoch, callbacks=[backup, *common_callbacks, *extra_callbacks],
+            verbose=config.verbose,
+        )
+        return result.history
+
+    history: dict[str, list[float]] = {}
+    if config.freeze_epochs > 0 and not stage1_done:
+        for key, values in fit(1, config.lr1, batch_sizes[0], 0, config.freeze_epochs, []).items():
+            history.setdefault(key, []).extend(values)
+        if chief:
+            save_weights_atomic(body, stage1_path)
+
+    if config.epochs > config.freeze_epochs:
+        freeze_layers(body, 0)
+        monitor = "val_loss" if val_annotations else "loss"
+        stage2_callbacks = [
+            keras.callbacks.ReduceLROnPlateau(monitor=monitor, factor=0.1, patience=config.reduce_lr_patience, verbose=1),
+            keras.callbacks.EarlyStopping(monitor=monitor, min_delta=0, patience=config.early_stopping_patience, verbose=1),
+        ]
+        for key, values in fit(2, config.lr2, batch_sizes[1], config.freeze_epochs, config.epochs, stage2_callbacks).items():
+            history.setdefault(key, []).extend(values)
+
+    final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)
+    if chief:
+        save_weights_atomic(body, final_path)
+        logger.info("final weights (single-device template): %s", final_path)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    epochs_run = len(history.get("loss", []))
+    if chief and os.path.isfile(history_csv):
+        from .callbacks import read_history
+
+        epochs_run = len(read_history(history_csv).get("epoch", []))
+    return TrainResult(config.log_dir, final_path, history, epochs_run, replicas)
+
+
+def _totalloss():
+    from .loss import totalloss
+
+    return totalloss

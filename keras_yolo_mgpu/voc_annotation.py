@@ -1,0 +1,238 @@
+"""Pascal VOC XML annotations to keras-yolo3 annotation lines.
+
+Two ways in:
+
+    # A VOCdevkit: one output file per set, named like keras-yolo3's (2007_train.txt, ...)
+    python voc_annotation.py --devkit VOCdevkit --sets 2007_train 2007_val 2007_test
+
+    # Any folder of VOC-style XML files (LabelImg and most labelling tools write them)
+    python voc_annotation.py --xml-dir labels --image-dir images --classes my_classes.txt --output train.txt
+
+Objects marked ``<difficult>1</difficult>`` are skipped by default, as in
+keras-yolo3 (``--keep-difficult`` keeps them); objects whose class is not in
+the classes file are skipped and counted. An image left with no box is
+still written (a background image). Image paths are written as the given
+folder joined with the file name, so an absolute ``--devkit`` gives absolute
+paths and a relative one paths relative to where training runs.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import logging
+import os
+import sys
+import xml.etree.ElementTree as ET
+from typing import Sequence
+
+import numpy as np
+
+from .annotations import format_annotation_line
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SETS = ("2007_train", "2007_val", "2007_test")
+
+
+@dataclasses.dataclass
+class VocImage:
+    """Boxes of one XML file.
+
+    Attributes:
+        filename: the ``<filename>`` element, or None when absent.
+        boxes: ``(K, 5)`` float array x_min, y_min, x_max, y_max, class index.
+        difficult_skipped: objects dropped for being difficult.
+        unknown: names of objects dropped for a class not in the list.
+    """
+
+    filename: str | None
+    boxes: np.ndarray
+    difficult_skipped: int = 0
+    unknown: list = dataclasses.field(default_factory=list)
+
+
+def _number(obj, tag: str, xml_path: str) -> float:
+    element = obj.find(tag)
+    if element is None or element.text is None:
+        raise ValueError(f"{xml_path}: object without <{tag}>")
+    try:
+        return float(element.text.strip())
+    except ValueError:
+        raise ValueError(f"{xml_path}: <{tag}> is not a number: {element.text!r}") from None
+
+
+def parse_voc_xml(xml_path: str, class_names: Sequence[str], *, keep_difficult: bool = False) -> VocImage:
+    """Reads the boxes of one VOC XML file.
+
+    Args:
+        xml_path: the ``.xml`` file.
+        class_names: class list; an object's index in it is its class id.
+        keep_difficult: keep objects marked difficult.
+
+    Returns:
+        A :class:`VocImage` (coordinates as written in the XML: VOC's own
+        1-based pixels, unchanged as keras-yolo3 did).
+
+    Raises:
+        ValueError: malformed XML or a box without its coordinates.
+    """
+    try:
+        root = ET.parse(xml_path).getroot()
+    except ET.ParseError as error:
+        raise ValueError(f"{xml_path}: not valid XML ({error})") from None
+    index = {name: i for i, name in enumerate(class_names)}
+    filename = root.findtext("filename")
+    boxes, unknown, difficult_skipped = [], [], 0
+    for obj in root.iter("object"):
+        name = (obj.findtext("name") or "").strip()
+        difficult = (obj.findtext("difficult") or "0").strip()
+        if difficult not in ("", "0") and not keep_difficult:
+            difficult_skipped += 1
+            continue
+        if name not in index:
+            unknown.append(name)
+            continue
+        box = obj.find("bndbox")
+        if box is None:
+            raise ValueError(f"{xml_path}: object {name!r} has no <bndbox>")
+        boxes.append([_number(box, tag, xml_path) for tag in ("xmin", "ymin", "xmax", "ymax")] + [index[name]])
+    return VocImage(
+        filename.strip() if filename else None,
+        np.array(boxes, dtype=np.float64).reshape(-1, 5),
+        difficult_skipped,
+        unknown,
+    )
+
+
+class _Tally:
+    """Counts what was skipped, for one summary log line per output file."""
+
+    def __init__(self):
+        self.images = self.boxes = self.difficult = 0
+        self.unknown = collections.Counter()
+
+    def add(self, image: VocImage):
+        self.images += 1
+        self.boxes += len(image.boxes)
+        self.difficult += image.difficult_skipped
+        self.unknown.update(image.unknown)
+
+    def log(self, output: str):
+        logger.info(
+            "%s: %d images, %d boxes, %d difficult objects skipped", output, self.images, self.boxes, self.difficult
+        )
+        if self.unknown:
+            logger.warning(
+                "%s: skipped %d objects of classes not in the class list: %s",
+                output,
+                sum(self.unknown.values()),
+                ", ".join(f"{name!r} x{count}" for name, count in self.unknown.most_common()),
+            )
+
+
+def voc_set_lines(
+    devkit: str, year: str, image_set: str, class_names: Sequence[str], *, keep_difficult: bool = False
+) -> list[str]:
+    """Annotation lines for ``VOCdevkit/VOC<year>/ImageSets/Main/<image_set>.txt``."""
+    voc = os.path.join(devkit, f"VOC{year}")
+    list_path = os.path.join(voc, "ImageSets", "Main", f"{image_set}.txt")
+    with open(list_path, encoding="utf-8") as f:
+        image_ids = [line.strip().split()[0] for line in f if line.strip()]
+    tally = _Tally()
+    lines = []
+    for image_id in image_ids:
+        image = parse_voc_xml(os.path.join(voc, "Annotations", f"{image_id}.xml"), class_names, keep_difficult=keep_difficult)
+        tally.add(image)
+        lines.append(format_annotation_line(os.path.join(voc, "JPEGImages", f"{image_id}.jpg"), image.boxes))
+    tally.log(f"{year}_{image_set}")
+    return lines
+
+
+def xml_dir_lines(
+    xml_dir: str, image_dir: str, class_names: Sequence[str], *, keep_difficult: bool = False
+) -> list[str]:
+    """Annotation lines for every ``*.xml`` in ``xml_dir`` (sorted by name).
+
+    The image is ``image_dir/<filename>`` from the XML, or the XML's stem
+    with ``.jpg`` when it has no ``<filename>``.
+    """
+    tally = _Tally()
+    lines = []
+    missing = 0
+    for name in sorted(os.listdir(xml_dir)):
+        if not name.lower().endswith(".xml"):
+            continue
+        image = parse_voc_xml(os.path.join(xml_dir, name), class_names, keep_difficult=keep_difficult)
+        tally.add(image)
+        image_path = os.path.join(image_dir, image.filename or os.path.splitext(name)[0] + ".jpg")
+        missing += not os.path.exists(image_path)
+        lines.append(format_annotation_line(image_path, image.boxes))
+    if not lines:
+        raise ValueError(f"no .xml files in {xml_dir}")
+    if missing:
+        logger.warning("%d of %d images named by the XML files do not exist under %s", missing, len(lines), image_dir)
+    tally.log(xml_dir)
+    return lines
+
+
+def write_lines(path: str, lines: Sequence[str]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def _parse_set(text: str) -> tuple[str, str]:
+    year, sep, image_set = text.partition("_")
+    if not sep or not year or not image_set:
+        raise argparse.ArgumentTypeError(f"expected YEAR_SET like 2007_train, got {text!r}")
+    return year, image_set
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Pascal VOC XML to keras-yolo3 annotation lines.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--devkit", help="VOCdevkit folder (holds VOC2007/, VOC2012/)")
+    source.add_argument("--xml-dir", help="folder of VOC-style .xml files (needs --image-dir and --output)")
+    parser.add_argument(
+        "--sets",
+        nargs="+",
+        type=_parse_set,
+        default=[_parse_set(s) for s in DEFAULT_SETS],
+        metavar="YEAR_SET",
+        help=f"with --devkit: sets to convert (default: {' '.join(DEFAULT_SETS)})",
+    )
+    parser.add_argument("--output-dir", default=".", help="with --devkit: folder for <YEAR>_<SET>.txt (default: .)")
+    parser.add_argument("--image-dir", help="with --xml-dir: folder of the images")
+    parser.add_argument("--output", help="with --xml-dir: annotation file to write")
+    parser.add_argument("--classes", default=None, help="class names file (default: model_data/voc_classes.txt)")
+    parser.add_argument("--keep-difficult", action="store_true", help="keep objects marked difficult (skipped by default)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .cli import setup_logging
+    from .model_data import get_classes, model_data_path
+
+    setup_logging(args.verbose)
+    if args.xml_dir and not (args.image_dir and args.output):
+        parser.error("--xml-dir needs --image-dir and --output")
+    try:
+        class_names = get_classes(args.classes or model_data_path("voc_classes.txt"))
+        if args.xml_dir:
+            write_lines(args.output, xml_dir_lines(args.xml_dir, args.image_dir, class_names, keep_difficult=args.keep_difficult))
+            print(f"Wrote {args.output}")
+            return 0
+        for year, image_set in args.sets:
+            lines = voc_set_lines(args.devkit, year, image_set, class_names, keep_difficult=args.keep_difficult)
+            output = os.path.join(args.output_dir, f"{year}_{image_set}.txt")
+            write_lines(output, lines)
+            print(f"Wrote {output} ({len(lines)} images)")
+    except (ValueError, OSError) as error:
+        print(f"voc_annotation.py: error: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,521 @@
+"""Darknet cfg/weights conversion against a literal numpy Darknet forward pass.
+
+The reference below re-implements Darknet's layers from their definitions
+(symmetric conv padding, maxpool padding of ``size - 1`` with offset
+``-padding // 2``, nearest upsampling) and reads the ``.weights`` bytes on
+its own, so it checks both the Keras layer choices (top-left padding for
+stride 2, 'same' max pooling) and the reader's float bookkeeping. Its one
+deliberate borrowing from Keras is batch norm's ``sqrt(var + 1e-3)``
+(Darknet uses ``sqrt(var) + 1e-6``), which the converter keeps on purpose.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from keras_yolo_mgpu import darknet
+from keras_yolo_mgpu.convert import build_matching_body, check_output_path, convert, load_converted, main
+from keras_yolo_mgpu.darknet import DarknetError, DarknetHeader
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DARKNET = os.path.join(REPO, "..", "shared", "darknet")
+KERAS_BN_EPSILON = 1e-3
+
+
+def shared_cfg(name: str) -> str:
+    path = os.path.join(SHARED_DARKNET, name)
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} not available")
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Literal numpy Darknet
+# ---------------------------------------------------------------------------
+
+
+def _leaky(x):
+    return np.where(x > 0, x, 0.1 * x)
+
+
+def _activate(x, name):
+    return {
+        "leaky": _leaky,
+        "linear": lambda v: v,
+        "relu": lambda v: np.maximum(v, 0),
+        "logistic": lambda v: 1 / (1 + np.exp(-v)),
+    }[name](x)
+
+
+def _conv(x, kernel, stride, pad):
+    """Darknet convolution: zero pad `pad` on every side. x (H, W, C), kernel (out, in, k, k)."""
+    k = kernel.shape[-1]
+    padded = np.pad(x, ((pad, pad), (pad, pad), (0, 0)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (k, k), axis=(0, 1))[::stride, ::stride]
+    return np.tensordot(windows, kernel.astype(np.float64), axes=([2, 3, 4], [1, 2, 3]))
+
+
+def _maxpool(x, size, stride, padding):
+    """Darknet maxpool: out = (n + padding - size) / stride + 1, windows start at -padding / 2."""
+    height, width = x.shape[:2]
+    out_h = (height + padding - size) // stride + 1
+    out_w = (width + padding - size) // stride + 1
+    before = padding // 2
+    after_h = max(0, (out_h - 1) * stride + size - height - before)
+    after_w = max(0, (out_w - 1) * stride + size - width - before)
+    padded = np.pad(x, ((before, after_h), (before, after_w), (0, 0)), constant_values=-np.inf)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (size, size), axis=(0, 1))[::stride, ::stride]
+    return windows[:out_h, :out_w].max(axis=(-1, -2))
+
+
+def darknet_forward(cfg_path, weights_path, image):
+    """Runs Darknet's layers in float64.
+
+    Args:
+        image: (H, W, C) float array.
+
+    Returns:
+        (outputs, header_bytes, floats_read): the inputs of the [yolo] layers
+        (or the last layer's output), each (h, w, c).
+    """
+    with open(weights_path, "rb") as f:
+        raw = f.read()
+    major, minor = struct.unpack("<ii", raw[:8])
+    header_bytes = 20 if major * 10 + minor >= 2 else 16
+    values = np.frombuffer(raw[header_bytes:], "<f4")
+    position = 0
+
+    def take(shape):
+        nonlocal position
+        n = int(np.prod(shape))
+        assert position + n <= values.size, "weights file too short"
+        out = values[position : position + n].reshape(shape).astype(np.float64)
+        position += n
+        return out
+
+    x = image.astype(np.float64)
+    layer_outputs, yolo_inputs = [], []
+    for section in darknet.parse_cfg(cfg_path):
+        if section.index < 0:
+            continue
+        opt = section.options
+        kind = section.kind
+        if kind == "convolutional":
+            filters, size = int(opt["filters"]), int(opt.get("size", 1))
+            stride, pad = int(opt.get("stride", 1)), (size // 2 if int(opt.get("pad", 0)) else 0)
+            if int(opt.get("batch_normalize", 0)):
+                beta, gamma, mean, var = take((filters,)), take((filters,)), take((filters,)), take((filters,))
+                kernel = take((filters, x.shape[-1], size, size))
+                x = _conv(x, kernel, stride, pad)
+                x = (x - mean) / np.sqrt(var + KERAS_BN_EPSILON) * gamma + beta
+            else:
+                bias = take((filters,))
+                kernel = take((filters, x.shape[-1], size, size))
+                x = _conv(x, kernel, stride, pad) + bias
+            x = _activate(x, opt.get("activation", "logistic"))
+        elif kind == "maxpool":
+            size, stride = int(opt.get("size", opt.get("stride", 1))), int(opt.get("stride", 1))
+            x = _maxpool(x, size, stride, int(opt.get("padding", size - 1)))
+        elif kind == "route":
+            refs = [int(v) for v in opt["layers"].split(",")]
+            x = np.concatenate([layer_outputs[r if r >= 0 else section.index + r] for r in refs], axis=-1)
+        elif kind == "shortcut":
+            x = x + layer_outputs[section.index + int(opt["from"])]
+        elif kind == "upsample":
+            stride = int(opt.get("stride", 2))
+            x = x.repeat(stride, axis=0).repeat(stride, axis=1)
+        elif kind == "yolo":
+            yolo_inputs.append(x)
+        elif kind == "avgpool":
+            x = x.mean(axis=(0, 1), keepdims=True)
+        elif kind == "softmax":
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            x = e / e.sum(axis=-1, keepdims=True)
+        elif kind == "cost":
+            pass
+        else:
+            raise AssertionError(f"reference does not know [{kind}]")
+        layer_outputs.append(x)
+    assert header_bytes + 4 * position == len(raw), "reference left floats unread"
+    return (yolo_inputs or [x]), header_bytes, position
+
+
+def keras_outputs(model, image):
+    out = model(image[None].astype(np.float32), training=False)
+    return [np.asarray(o)[0] for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def max_abs_error(model, reference):
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(model, reference))
+
+
+def random_weights_file(cfg_path, weights_path, seed=0, header=None):
+    convs, _ = darknet.infer_layers(darknet.parse_cfg(cfg_path))
+    return darknet.write_weights(weights_path, darknet.random_weights(convs, seed), header)
+
+
+def random_image(size, seed=1, channels=3):
+    return np.random.default_rng(seed).uniform(0, 1, (size, size, channels)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Generated cfgs
+# ---------------------------------------------------------------------------
+
+
+def conv(filters, size=3, stride=1, bn=True, activation="leaky", pad=1):
+    lines = ["[convolutional]"]
+    if bn:
+        lines.append("batch_normalize=1")
+    lines += [f"filters={filters}", f"size={size}", f"stride={stride}", f"pad={pad}", f"activation={activation}"]
+    return "\n".join(lines)
+
+
+def yolo(mask, classes=2):
+    return textwrap.dedent(
+        f"""\
+        [yolo]
+        mask = {mask}
+        anchors = 10,13,  16,30,  33,23,  30,61,  62,45,  59,119
+        classes={classes}
+        num=6
+        jitter=.3"""
+    )
+
+
+NET = "[net]\n# Testing\nbatch=1\nwidth=64\nheight=64\nchannels=3\ndecay=0.0005\n"
+
+# Residual block, 3x3 and 5x5 stride-2 convs, relu/logistic, a biased linear
+# head, route by relative and absolute index, upsample, two [yolo] outputs.
+MINI_YOLO = "\n\n".join(
+    [
+        NET,
+        conv(8),  # 0
+        conv(16, stride=2),  # 1
+        conv(8, size=1),  # 2
+        conv(16),  # 3
+        "[shortcut]\nfrom=-3\nactivation=linear",  # 4
+        conv(24, size=5, stride=2, activation="relu"),  # 5
+        conv(21, size=1, bn=False, activation="linear"),  # 6
+        yolo("3,4,5"),  # 7
+        "[route]\nlayers = -3",  # 8 -> 5
+        conv(8, size=1, activation="logistic"),  # 9
+        "[upsample]\nstride=2",  # 10
+        "[route]\nlayers = -1, 4",  # 11
+        conv(21, size=3, bn=False, activation="linear"),  # 12
+        yolo("0,1,2"),  # 13
+    ]
+)
+
+# yolov3-spp's block: stride-1 max pools of 5/9/13 concatenated with their input.
+MINI_SPP = "\n\n".join(
+    [
+        NET,
+        conv(8),  # 0
+        conv(16, stride=2),  # 1
+        conv(8, size=1),  # 2
+        "[maxpool]\nstride=1\nsize=5",  # 3
+        "[route]\nlayers=-2",  # 4
+        "[maxpool]\nstride=1\nsize=9",  # 5
+        "[route]\nlayers=-4",  # 6
+        "[maxpool]\nstride=1\nsize=13",  # 7
+        "[route]\nlayers=-1,-3,-5,-6",  # 8
+        conv(16, size=1),  # 9
+        conv(21, size=1, bn=False, activation="linear"),  # 10
+        yolo("0,1,2"),  # 11
+    ]
+)
+
+# yolov3-tiny's pools: size 2 stride 2, and size 2 stride 1 (pads bottom-right).
+MINI_TINY = "\n\n".join(
+    [
+        NET,
+        conv(8),
+        "[maxpool]\nsize=2\nstride=2",
+        conv(16),
+        "[maxpool]\nsize=2\nstride=1",
+        conv(16, size=1),
+        conv(21, size=1, bn=False, activation="linear"),
+        yolo("0,1,2"),
+    ]
+)
+
+# Darknet classifier tail.
+MINI_CLASSIFIER = "\n\n".join(
+    [
+        NET,
+        conv(8),
+        conv(16, stride=2),
+        "[avgpool]",
+        conv(10, size=1, bn=False, activation="linear"),
+        "[softmax]\ngroups=1",
+        "[cost]\ntype=sse",
+    ]
+)
+
+GENERATED = {"mini_yolo": MINI_YOLO, "mini_spp": MINI_SPP, "mini_tiny": MINI_TINY, "mini_classifier": MINI_CLASSIFIER}
+
+
+def write_cfg(tmp_path, name, text):
+    path = tmp_path / f"{name}.cfg"
+    path.write_text(text)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------
+
+
+def test_parse_cfg_follows_darknet_conventions(tmp_path):
+    cfg = write_cfg(
+        tmp_path,
+        "t",
+        "# comment\n[net]\nwidth = 416\n\n[convolutional]\n; comment\nfilters=4\nfilters=8\n"
+        "size = 3\n\n[yolo]\nanchors = 10,13,  16,30\n",
+    )
+    net, conv_, yolo_ = darknet.parse_cfg(cfg)
+    assert (net.index, net.line, net.get_int("width")) == (-1, 2, 416)
+    assert (conv_.index, conv_.line) == (0, 5)
+    assert conv_.get_int("filters") == 4  # first occurrence wins, as in Darknet
+    assert yolo_.get_ints("anchors") == [10, 13, 16, 30]
+    spec = darknet.yolo_spec(yolo_)
+    assert spec.mask == [0, 1] and spec.anchors == [(10, 13), (16, 30)]
+
+
+def test_header_layout_and_seen_width(tmp_path):
+    convs, _ = darknet.infer_layers(darknet.parse_cfg(write_cfg(tmp_path, "m", MINI_TINY)))
+    weights = darknet.random_weights(convs)
+    n = sum(c.num_floats for c in convs)
+    for header, header_bytes in ((DarknetHeader(0, 2, 0, 2**40), 20), (DarknetHeader(0, 1, 0, 7), 16)):
+        path = tmp_path / "w.weights"
+        assert darknet.write_weights(path, weights, header) == n
+        raw = path.read_bytes()
+        assert len(raw) == header_bytes + 4 * n
+        assert struct.unpack("<iii", raw[:12]) == (header.major, header.minor, header.revision)
+        assert darknet.read_header(path) == header
+        _, back = darknet.read_weights(path, convs)
+        for a, b in zip(weights, back):
+            for x, y in zip(a.arrays(), b.arrays()):
+                np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED))
+def test_generated_cfg_matches_numpy_darknet(tmp_path, name):
+    cfg = write_cfg(tmp_path, name, GENERATED[name])
+    weights = str(tmp_path / f"{name}.weights")
+    n = random_weights_file(cfg, weights, seed=3)
+    model, _, _ = darknet.load_darknet(cfg, weights)
+    image = random_image(64)
+    reference, header_bytes, floats_read = darknet_forward(cfg, weights, image)
+    assert floats_read == n and header_bytes + 4 * n == os.path.getsize(weights)
+    outputs = keras_outputs(model, image)
+    assert [o.shape for o in outputs] == [r.shape for r in reference]
+    assert max_abs_error(outputs, reference) < 1e-4
+
+
+def test_stride2_padding_is_keras_yolo3s_top_left():
+    assert darknet._stride_padding(3, 2, 1) == (1, 0)
+    assert darknet._stride_padding(5, 2, 2) == (2, 1)
+    assert darknet._stride_padding(1, 2, 0) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["yolov3-tiny.cfg", "darknet53.cfg"])
+def test_real_cfg_matches_numpy_darknet(tmp_path, name):
+    cfg = shared_cfg(name)
+    weights = str(tmp_path / "random.weights")
+    n = random_weights_file(cfg, weights, seed=5)
+    model, _, _ = darknet.load_darknet(cfg, weights)
+    assert model.count_params() == n  # both count BN's 4 vectors per channel
+    image = random_image(64)
+    reference, header_bytes, floats_read = darknet_forward(cfg, weights, image)
+    assert header_bytes + 4 * floats_read == os.path.getsize(weights)
+    assert max_abs_error(keras_outputs(model, image), reference) < 1e-4
+
+
+def test_parameter_counts_of_real_cfgs():
+    # keras-yolo3's numbers for 80 classes (NOTES.md).
+    for name, expected in (("yolov3.cfg", 62_001_757), ("yolov3-tiny.cfg", 8_858_734)):
+        convs, _ = darknet.infer_layers(darknet.parse_cfg(shared_cfg(name)))
+        assert sum(c.num_floats for c in convs) == expected
+
+
+def test_tiny_converts_into_tiny_yolo_body(tmp_path):
+    import keras
+
+    from keras_yolo_mgpu.model import tiny_yolo_body
+
+    cfg = shared_cfg("yolov3-tiny.cfg")
+    weights = str(tmp_path / "tiny.weights")
+    random_weights_file(cfg, weights, seed=7)
+    result = convert(cfg, weights, tmp_path / "out" / "tiny.weights.h5")
+    assert result.architecture == "tiny_yolo_body"
+    assert result.num_classes == 80 and result.masks == [[3, 4, 5], [1, 2, 3]]
+    assert os.listdir(tmp_path / "out") == ["tiny.weights.h5"]  # no temp or cfg copy left
+
+    body = tiny_yolo_body(keras.Input((None, None, 3)), 3, 80)
+    body.load_weights(str(tmp_path / "out" / "tiny.weights.h5"))
+    generic, _, _ = darknet.load_darknet(cfg, weights)
+    image = random_image(64, seed=2)
+    reference, _, _ = darknet_forward(cfg, weights, image)
+    from_body = keras_outputs(body, image)
+    np.testing.assert_allclose(np.concatenate([o.ravel() for o in from_body]),
+                               np.concatenate([o.ravel() for o in keras_outputs(generic, image)]), atol=1e-5)
+    assert max_abs_error(from_body, reference) < 1e-4
+
+    # .keras holds the whole tiny_yolo_body; --generic keeps the cfg-built model.
+    convert(cfg, weights, tmp_path / "tiny.keras")
+    loaded = load_converted(tmp_path / "tiny.keras")
+    assert loaded.name == "tiny_yolo_body"
+    assert max_abs_error(keras_outputs(loaded, image), reference) < 1e-4
+    result = convert(cfg, weights, tmp_path / "generic.weights.h5", generic=True)
+    assert result.architecture == "generic" and os.path.isfile(result.cfg_copy_path)
+
+
+def test_same_weight_shapes_but_different_wiring_stays_generic(tmp_path):
+    # Swapping the route's concat order keeps every weight shape of
+    # tiny_yolo_body but changes the network: the output check must notice.
+    text = open(shared_cfg("yolov3-tiny.cfg")).read().replace("layers = -1, 8", "layers = 8, -1")
+    cfg = write_cfg(tmp_path, "swapped", text)
+    weights = str(tmp_path / "w.weights")
+    random_weights_file(cfg, weights)
+    sections = darknet.parse_cfg(cfg)
+    convs, yolos = darknet.infer_layers(sections)
+    model = darknet.build_model(sections, darknet.read_weights(weights, convs)[1])
+    body, why = build_matching_body(model, yolos)
+    assert body is None and "different outputs" in why
+
+
+def test_generic_outputs_keras_and_weights_h5(tmp_path):
+    cfg = write_cfg(tmp_path, "spp", MINI_SPP)
+    weights = str(tmp_path / "spp.weights")
+    random_weights_file(cfg, weights, seed=11)
+    image = random_image(64, seed=4)
+    reference, _, _ = darknet_forward(cfg, weights, image)
+
+    result = convert(cfg, weights, tmp_path / "spp.keras")
+    assert result.architecture == "generic" and result.cfg_copy_path is None
+    loaded = load_converted(tmp_path / "spp.keras")
+    assert max_abs_error(keras_outputs(loaded, image), reference) < 1e-4
+
+    result = convert(cfg, weights, tmp_path / "spp.weights.h5")
+    assert result.cfg_copy_path == str(tmp_path / "spp.weights.h5") + ".cfg"
+    assert open(result.cfg_copy_path).read() == MINI_SPP
+    loaded = load_converted(tmp_path / "spp.weights.h5")
+    assert max_abs_error(keras_outputs(loaded, image), reference) < 1e-4
+
+
+def test_short_file_names_the_layer_and_writes_nothing(tmp_path):
+    cfg = write_cfg(tmp_path, "mini", MINI_YOLO)
+    weights = tmp_path / "w.weights"
+    random_weights_file(cfg, weights)
+    raw = weights.read_bytes()
+    weights.write_bytes(raw[:-4 * 30])  # the last conv (layer 12, line of its header) loses 30 floats
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DarknetError, match=r"layer 12 \[convolutional\] \(line \d+\)"):
+        convert(cfg, weights, out / "m.weights.h5")
+    weights.write_bytes(raw + b"\0" * 8)
+    with pytest.raises(DarknetError, match="2 floats left over"):
+        convert(cfg, weights, out / "m.keras")
+    assert os.listdir(out) == []
+
+
+def test_failed_save_leaves_no_partial_file(tmp_path, monkeypatch):
+    import keras
+
+    cfg = write_cfg(tmp_path, "mini", MINI_TINY)
+    weights = tmp_path / "w.weights"
+    random_weights_file(cfg, weights)
+
+    def broken_save(self, path, *args, **kwargs):
+        open(path, "wb").write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(keras.Model, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        convert(cfg, weights, tmp_path / "out" / "m.keras")
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_unsupported_cfgs_are_named(tmp_path):
+    cfg = write_cfg(tmp_path, "bad", NET + "\n" + conv(8) + "\n\n[dropout]\nprobability=.5\n")
+    with pytest.raises(DarknetError, match=r"layer 1 \[dropout\] \(line 17\).*not supported"):
+        darknet.infer_layers(darknet.parse_cfg(cfg))
+    cfg = write_cfg(tmp_path, "bad2", NET + "\n" + conv(8) + "\n\n[route]\nlayers=-3\n")
+    with pytest.raises(DarknetError, match=r"layer 1 \[route\].*not an earlier layer"):
+        darknet.infer_layers(darknet.parse_cfg(cfg))
+    cfg = write_cfg(tmp_path, "bad3", NET + "\n" + conv(8, activation="swish"))
+    with pytest.raises(DarknetError, match="activation 'swish'"):
+        darknet.infer_layers(darknet.parse_cfg(cfg))
+
+
+def test_output_suffix_is_checked():
+    with pytest.raises(ValueError, match=r"try model_data/yolo\.weights\.h5"):
+        check_output_path("model_data/yolo.h5")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["a.cfg", "b.weights", "model_data/yolo.h5"])
+    assert exit_info.value.code == 2
+
+
+def test_main_reports_mismatch_as_error(tmp_path, capsys):
+    cfg = write_cfg(tmp_path, "mini", MINI_TINY)
+    other = write_cfg(tmp_path, "other", MINI_SPP)
+    weights = str(tmp_path / "w.weights")
+    random_weights_file(other, weights)
+    assert main([cfg, weights, str(tmp_path / "m.keras")]) == 1
+    assert "do not match this cfg" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "m.keras")
+
+
+def test_convert_script_runs(tmp_path):
+    cfg = write_cfg(tmp_path, "mini", MINI_YOLO)
+    weights = str(tmp_path / "w.weights")
+    random_weights_file(cfg, weights)
+    anchors = tmp_path / "anchors.txt"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "convert.py"), cfg, weights, str(tmp_path / "mini.keras"),
+         "--anchors-output", str(anchors)],
+        capture_output=True, text=True, cwd=str(tmp_path), timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "as generic" in proc.stdout
+    assert anchors.read_text() == "10,13,  16,30,  33,23,  30,61,  62,45,  59,119\n"
+    image = random_image(64)
+    reference, _, _ = darknet_forward(cfg, weights, image)
+    assert max_abs_error(keras_outputs(load_converted(tmp_path / "mini.keras"), image), reference) < 1e-4
+
+
+@pytest.mark.slow
+def test_yolov3_converts_into_yolo_body_and_matches_numpy(tmp_path):
+    """The goal: yolov3.cfg + random weights reproduce numpy Darknet to 1e-4."""
+    import keras
+
+    from keras_yolo_mgpu.model import yolo_body
+
+    cfg = shared_cfg("yolov3.cfg")
+    weights = str(tmp_path / "yolov3.weights")
+    n = random_weights_file(cfg, weights, seed=13)
+    start = time.perf_counter()
+    result = convert(cfg, weights, tmp_path / "yolo.weights.h5")
+    convert_s = time.perf_counter() - start
+    assert result.architecture == "yolo_body" and result.num_floats == n == 62_001_757
+
+    body = yolo_body(keras.Input((None, None, 3)), 3, 80)
+    body.load_weights(str(tmp_path / "yolo.weights.h5"))
+    image = random_image(64, seed=6)
+    reference, header_bytes, floats_read = darknet_forward(cfg, weights, image)
+    assert header_bytes + 4 * floats_read == os.path.getsize(weights)
+    outputs = keras_outputs(body, image)
+    assert [o.shape for o in outputs] == [(2, 2, 255), (4, 4, 255), (8, 8, 255)]
+    error = max_abs_error(outputs, reference)
+    scale = max(float(np.max(np.abs(r))) for r in reference)
+    print(f"yolov3.cfg conversion: max abs error {error:.3g} (outputs up to {scale:.3g}), convert {convert_s:.1f} s")
+    assert error < 1e-4

@@ -1,0 +1,8 @@
+#!/usr/bin/env python3
+"""Train YOLOv3 on one or several GPUs. See `python train.py --help`."""
+import sys
+
+from keras_yolo_mgpu.train import main
+
+if __name__ == "__main__":
+    sys.exit(main())
