@@ -27,6 +27,7 @@ setup(
         "opencv-python-headless",
         "tqdm",
         "h5py",
+        "tensorboard",
         "faster-coco-eval",
     ],
     extras_require={"test": ["pytest", "tf-keras==2.21.*"]},

@@ -48,7 +48,7 @@ def build_parser() -> cli.ArgumentParser:
     model.add_argument("--no-sync-bn", action="store_true", help="per-replica BatchNormalization statistics under MirroredStrategy")
     recipe = parser.add_argument_group("recipe")
     recipe.add_argument("--epochs", type=cli.positive_int, default=100, help="total epochs")
-    recipe.add_argument("--freeze-epochs", type=int, default=50, help="end of stage 1 (frozen body); 0 skips stage 1")
+    recipe.add_argument("--freeze-epochs", type=int, default=None, help="end of stage 1 (frozen body); 0 skips stage 1 (default: half of --epochs, keras-yolo3's 50 of 100)")
     recipe.add_argument("--batch-size", type=cli.positive_int, default=32, help="GLOBAL batch size of stage 1 (split over the replicas)")
     recipe.add_argument("--batch-size2", type=cli.positive_int, default=None, help="global batch size of stage 2 (default: --batch-size)")
     recipe.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
@@ -84,7 +84,7 @@ def config_from_args(args):
         val_split=args.val_split,
         batch_size=args.batch_size,
         batch_size2=args.batch_size2,
-        freeze_epochs=args.freeze_epochs,
+        freeze_epochs=args.epochs // 2 if args.freeze_epochs is None else args.freeze_epochs,
         epochs=args.epochs,
         freeze_body=args.freeze_body,
         optimizer=args.optimizer,

@@ -234,7 +234,7 @@ def train(config: TrainConfig) -> TrainResult:
     from .data import make_dataset, steps_per_epoch
     from .model import create_model, freeze_layers
     from .model_data import default_anchors_path, get_anchors, get_classes
-    from .parallel import multi_gpu_model
+    from .parallel import multi_gpu_model, patch_multiworker_first_batch_build, patch_multiworker_log_reduction
 
     batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
     for batch in batch_sizes:
@@ -289,11 +289,17 @@ def train(config: TrainConfig) -> TrainResult:
             body.load_weights(stage1_path)
             logger.info("resume: stage 1 already finished, loaded %s", stage1_path)
         fit_model = multi_gpu_model(train_model, devices=devices) if config.parallel == "multi_gpu_model" else train_model
+    if config.strategy == "multiworker":
+        # Two Keras 3.15 bugs with the collective strategy, see parallel.py.
+        patch_multiworker_first_batch_build(fit_model)
+        patch_multiworker_log_reduction()
 
     history_csv = os.path.join(run_dir, "history.csv")
     common_callbacks = [
         Throughput(batch_sizes[0]),
-        keras.callbacks.CSVLogger(history_csv, append=config.resume and os.path.isfile(history_csv)),
+        # Append: both stages (and a resumed run) add rows to one file; a new
+        # run always starts in an empty folder.
+        keras.callbacks.CSVLogger(history_csv, append=True),
         LossPlot(history_csv, os.path.join(run_dir, "loss.png")),
         keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
         TemplateModelCheckpoint(
@@ -348,12 +354,25 @@ def train(config: TrainConfig) -> TrainResult:
         logger.info("final weights (single-device template): %s", final_path)
     else:
         shutil.rmtree(run_dir, ignore_errors=True)
+    _wait_for_all_workers(strategy)
     epochs_run = len(history.get("loss", []))
     if chief and os.path.isfile(history_csv):
         from .callbacks import read_history
 
         epochs_run = len(read_history(history_csv).get("epoch", []))
     return TrainResult(config.log_dir, final_path, history, epochs_run, replicas)
+
+
+def _wait_for_all_workers(strategy) -> None:
+    """Multi-worker: one collective op, so no worker exits while the chief saves.
+
+    A worker that exits early stops its heartbeats and the chief's
+    coordination service then reports the whole cluster as crashed.
+    """
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 
 def _totalloss():

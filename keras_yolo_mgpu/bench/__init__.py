@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m keras_yolo_mgpu.bench {pipeline,train,infer}`."""

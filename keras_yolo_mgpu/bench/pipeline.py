@@ -1,0 +1,168 @@
+"""Input pipeline throughput: `python -m keras_yolo_mgpu.bench pipeline ...`.
+
+    python scripts/make_bench_images.py --out /tmp/bench_images --num 256
+    python -m keras_yolo_mgpu.bench pipeline --annotations /tmp/bench_images/train.txt \\
+        --classes model_data/voc_classes.txt --input-size 416 --batch-size 32 --batches 20 \\
+        [--generator {tfdata,reference,decode-only}]
+
+Times `--batches` training batches after `--warmup` batches and prints, as
+its last line, one JSON object (`images_per_sec`, `batches_per_sec`, ...).
+
+- `tfdata` (default): `data.make_dataset(training=True)`, full augmentation
+  and targets, as training consumes it.
+- `reference`: keras-yolo3's single-threaded generator (see
+  `reference_generator`), the baseline.
+- `decode-only`: the same files read, decoded and resized to the input size
+  (PIL BICUBIC, the pipeline's decoder) in a parallel tf.data map, no
+  augmentation and no targets: the ceiling for any pipeline built on it.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+GENERATORS = ("tfdata", "reference", "decode-only")
+
+
+def _decode_only_dataset(annotations, input_shape, batch_size: int):
+    import tensorflow as tf
+    from PIL import Image
+
+    from ..augment import open_image_rgb
+
+    paths = [a.image_path for a in annotations]
+    height, width = input_shape
+
+    def load(index):
+        image, _, _ = open_image_rgb(paths[int(index)])
+        return np.asarray(image.resize((width, height), Image.BICUBIC))
+
+    def element(index):
+        pixels = tf.numpy_function(load, [index], tf.uint8, name="decode_resize")
+        pixels.set_shape([height, width, 3])
+        return tf.cast(pixels, tf.float32) / 255.0
+
+    dataset = tf.data.Dataset.range(len(paths)).repeat().map(element, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _batches(generator: str, annotations, input_shape, anchors, num_classes, batch_size, seed, cache):
+    """An iterator over training batches of the chosen generator."""
+    if generator == "reference":
+        from .reference_generator import data_generator
+
+        np.random.seed(seed)
+        return data_generator(annotations, batch_size, input_shape, anchors, num_classes)
+    if generator == "decode-only":
+        return iter(_decode_only_dataset(annotations, input_shape, batch_size))
+    from ..data import make_dataset
+
+    dataset = make_dataset(
+        annotations, input_shape, anchors, num_classes, batch_size, training=True, augment=True, seed=seed, cache=cache
+    )
+    return iter(dataset)
+
+
+def run_benchmark(
+    generator: str,
+    annotations,
+    input_shape: tuple[int, int],
+    anchors,
+    num_classes: int,
+    batch_size: int,
+    batches: int,
+    warmup: int = 3,
+    seed: int = 0,
+    cache: str | None = None,
+) -> dict:
+    """Times `batches` batches after `warmup`; returns the result record."""
+    if generator not in GENERATORS:
+        raise ValueError(f"`generator` must be one of {GENERATORS}. Received: generator={generator!r}")
+    start = time.perf_counter()
+    iterator = _batches(generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache)
+    for _ in range(warmup):
+        next(iterator)
+    warmup_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    seconds = time.perf_counter() - start
+    # tf.data worker threads calling back into Python can hang interpreter
+    # shutdown while an iterator is alive: end it now.
+    del iterator
+    gc.collect()
+    return {
+        "benchmark": "pipeline",
+        "generator": generator,
+        "images_per_sec": round(batches * batch_size / seconds, 2),
+        "batches_per_sec": round(batches / seconds, 4),
+        "batch_size": batch_size,
+        "batches": batches,
+        "warmup_batches": warmup,
+        "warmup_seconds": round(warmup_seconds, 2),
+        "seconds": round(seconds, 3),
+        "input_size": list(input_shape),
+        "num_images": len(annotations),
+        "augment": generator != "decode-only",
+        "cache": cache,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def main(argv=None) -> int:
+    from ..cli import input_size, positive_int, setup_logging
+
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_yolo_mgpu.bench pipeline", description="Input pipeline images/sec with augmentation."
+    )
+    parser.add_argument("--annotations", required=True, help="keras-yolo3 annotation file")
+    parser.add_argument("--classes", required=True, help="class names file, one per line")
+    parser.add_argument("--anchors", default=None, help="anchors file (default: model_data/yolo_anchors.txt, or tiny with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 anchors (2 output scales)")
+    parser.add_argument("--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input (default: 416)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="global batch size (default: 32)")
+    parser.add_argument("--batches", type=positive_int, default=20, help="timed batches (default: 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
+    parser.add_argument("--generator", choices=GENERATORS, default="tfdata", help="what to time (default: tfdata)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache", default=None, help="tfdata only: 'ram' or a directory for decoded images")
+    parser.add_argument("--root", default=None, help="folder for relative image paths (default: the annotation file's)")
+    args = parser.parse_args(argv)
+    setup_logging()
+
+    from ..annotations import AnnotationError, read_annotations
+    from ..model_data import default_anchors_path, get_anchors, get_classes
+
+    try:
+        num_classes = len(get_classes(args.classes))
+        anchors = get_anchors(args.anchors or default_anchors_path(args.tiny))
+        annotations = read_annotations(args.annotations, root=args.root)
+    except (OSError, ValueError, AnnotationError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not annotations:
+        print(f"error: {args.annotations} holds no image", file=sys.stderr)
+        return 2
+    logger.info(
+        "timing %s: %d images, input %dx%d, batch %d, %d+%d batches",
+        args.generator, len(annotations), *args.input_size, args.batch_size, args.warmup, args.batches,
+    )
+    result = run_benchmark(
+        args.generator, annotations, args.input_size, anchors, num_classes,
+        args.batch_size, args.batches, args.warmup, args.seed, args.cache,
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""tf.data input pipeline: decode, augment, build targets, batch, prefetch.
+
+    annotations = read_annotations("train.txt")            # or check_annotations(...).annotations
+    train = make_dataset(annotations, (416, 416), anchors, num_classes, 32, training=True, seed=0)
+    model.fit(train, steps_per_epoch=steps_per_epoch(len(annotations), 32), ...)
+
+Elements are `(x, y)` for training and `(x, y, sample_weight)` for
+validation: `x = {"image": (B, h, w, 3) float32 in [0, 1], "y_true_0":
+(B, h/32, w/32, 3, 5+C), "y_true_1": (B, h/16, ...), ["y_true_2": (B, h/8, ...)]}`,
+`y` float32 zeros (B, 1) (the model's output is its loss), `sample_weight`
+float32 (B,).
+
+Batches always hold exactly `batch_size` (the global batch) samples, so every
+replica of a multi-device run gets the same share:
+
+- training: an endless stream, reshuffled (seeded) on every pass over the
+  data and batched with `drop_remainder=True`; one epoch is
+  `steps_per_epoch(n, batch_size) = ceil(n / batch_size)` batches, so the last
+  batch of an epoch borrows images from the next pass and no image is ever
+  left out;
+- validation (`training=False`): letterboxed images in file order, one pass;
+  the last batch is padded with grey, box-less images of weight 0, and the
+  real images all weigh `num_batches * batch_size / n`, so Keras's mean over
+  batches of `sum(weight * loss) / batch_size` is exactly the mean loss over
+  the n real images.
+
+Decoding runs in `tf.numpy_function` calls (PIL and OpenCV release the GIL,
+so tf.data's parallel map uses all cores); everything else (random
+parameters, boxes, targets) is TF ops. An image that fails to decode during
+training or validation (deleted, truncated, corrupt since the dataset check)
+does not stop the run: a warning names the file once, and the sample becomes
+a grey image with no boxes (with weight 0 in validation, so the validation
+loss is then the sum over the readable images divided by n).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import threading
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+from .annotations import Annotation
+from .augment import (
+    GREY,
+    augment_boxes,
+    distort_hsv,
+    letterbox_boxes,
+    letterbox_size,
+    open_image_rgb,
+    place_image,
+    sample_augmentation,
+)
+from .boxes import anchor_masks, letterbox_image, num_output_layers, output_strides
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_targets", "make_dataset", "steps_per_epoch"]
+
+_RAM_CACHE_NAMES = ("ram", "memory")
+# The RAM cache is shared by every dataset of the process (training stages,
+# training and validation): (image path, canvas (w, h)) -> (pixels, stored size).
+_ram_cache: dict[tuple[str, tuple[int, int]], tuple[np.ndarray, tuple[int, int]]] = {}
+# Files already reported as unreadable: warn once per file, not once per use.
+_warned_paths: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def steps_per_epoch(num_samples: int, batch_size: int) -> int:
+    """Batches per epoch: `ceil(num_samples / batch_size)` (see module docstring)."""
+    if num_samples <= 0 or batch_size <= 0:
+        raise ValueError(f"`num_samples` and `batch_size` must be positive. Received: {num_samples}, {batch_size}")
+    return math.ceil(num_samples / batch_size)
+
+
+# --- targets -----------------------------------------------------------------
+
+
+def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int) -> list[tf.Tensor]:
+    """`targets.preprocess_true_boxes` with vectorised TF ops (same numbers).
+
+    Args:
+        boxes: (B, T, 5) float32 x_min, y_min, x_max, y_max, class_id in
+            input pixels; rows of zero width are padding.
+        input_shape: (height, width), multiples of 32.
+        anchors: (num_anchors, 2) (w, h) in input pixels; 9 or 6 anchors.
+        num_classes: number of classes.
+
+    Returns:
+        One float32 tensor per output scale, coarsest first, of shape
+        (B, height/stride, width/stride, 3, 5 + num_classes).
+
+    keras-yolo3's quirks are reproduced: centre `(x_min + x_max) // 2`; a
+    later box in the same cell and anchor wins xywh and objectness while
+    the class bits of all of them stay set; a box whose best anchor is in no
+    mask (anchor 0 with tiny masks) gets no target, one in two masks gets two.
+    The arithmetic follows the numpy version's dtypes step by step (float32,
+    cell index in float64) so the results are bitwise equal.
+    """
+    anchors = np.asarray(anchors, dtype=np.float32)
+    num_layers = num_output_layers(len(anchors))
+    masks = anchor_masks(num_layers)
+    height, width = input_shape
+    boxes = tf.convert_to_tensor(boxes, tf.float32)
+    batch, num_boxes = tf.shape(boxes)[0], tf.shape(boxes)[1]
+
+    input_wh = tf.constant([width, height], tf.float32)
+    boxes_xy = tf.math.floordiv(boxes[..., 0:2] + boxes[..., 2:4], 2.0)  # (B, T, 2)
+    boxes_wh = boxes[..., 2:4] - boxes[..., 0:2]
+    rel_xywh = tf.concat([boxes_xy / input_wh, boxes_wh / input_wh], axis=-1)  # (B, T, 4)
+    valid = boxes_wh[..., 0] > 0  # (B, T)
+
+    # Best anchor by IoU of centred boxes, first index on ties (np.argmax).
+    wh = boxes_wh[..., None, :]  # (B, T, 1, 2)
+    anchor_maxes = tf.constant(anchors / 2.0)  # (A, 2)
+    intersect_wh = tf.maximum(tf.minimum(wh / 2.0, anchor_maxes) - tf.maximum(-wh / 2.0, -anchor_maxes), 0.0)
+    intersect_area = intersect_wh[..., 0] * intersect_wh[..., 1]  # (B, T, A)
+    box_area = wh[..., 0] * wh[..., 1]  # (B, T, 1)
+    anchor_area = tf.constant(anchors[:, 0] * anchors[:, 1])  # (A,)
+    iou = intersect_area / (box_area + anchor_area - intersect_area)
+    is_best = tf.equal(iou, tf.reduce_max(iou, axis=-1, keepdims=True))
+    anchor_ids = tf.range(len(anchors), dtype=tf.int32)
+    best_anchor = tf.reduce_min(tf.where(is_best, anchor_ids, len(anchors)), axis=-1)  # (B, T)
+
+    classes = tf.cast(boxes[..., 4], tf.int32)
+    batch_ids = tf.broadcast_to(tf.range(batch)[:, None], [batch, num_boxes])
+    # later[b, t, u]: box u comes after box t in the same image.
+    later = tf.range(num_boxes)[None, :] > tf.range(num_boxes)[:, None]
+    values = tf.concat([rel_xywh, tf.ones_like(rel_xywh[..., :1])], axis=-1)  # (B, T, 5)
+
+    y_true = []
+    for layer, stride in enumerate(output_strides(num_layers)):
+        grid_h, grid_w = height // stride, width // stride
+        mask = tf.constant(masks[layer], tf.int32)
+        in_mask = tf.equal(best_anchor[..., None], mask)  # (B, T, 3)
+        in_layer = tf.logical_and(valid, tf.reduce_any(in_mask, axis=-1))
+        k = tf.argmax(tf.cast(in_mask, tf.int32), axis=-1, output_type=tf.int32)
+        # numpy multiplies a float32 scalar by an int32 scalar in float64.
+        i = tf.cast(tf.floor(tf.cast(rel_xywh[..., 0], tf.float64) * grid_w), tf.int32)
+        j = tf.cast(tf.floor(tf.cast(rel_xywh[..., 1], tf.float64) * grid_h), tf.int32)
+        i = tf.clip_by_value(i, 0, grid_w - 1)  # only out-of-image boxes need it
+        j = tf.clip_by_value(j, 0, grid_h - 1)
+        indices = tf.stack([batch_ids, j, i, k], axis=-1)  # (B, T, 4)
+
+        # Last box wins: drop a box when a later box of the layer has its slot.
+        key = (j * grid_w + i) * 3 + k
+        same_slot = tf.logical_and(tf.equal(key[..., :, None], key[..., None, :]), in_layer[..., None, :])
+        overwritten = tf.reduce_any(tf.logical_and(same_slot, later), axis=-1)
+        winner = tf.logical_and(in_layer, tf.logical_not(overwritten))
+
+        shape = tf.stack([batch, grid_h, grid_w, 3, 5])
+        box_part = tf.scatter_nd(tf.boolean_mask(indices, winner), tf.boolean_mask(values, winner), shape)
+        one_hot = tf.one_hot(tf.boolean_mask(classes, in_layer), num_classes, dtype=tf.float32)
+        class_shape = tf.stack([batch, grid_h, grid_w, 3, num_classes])
+        class_part = tf.minimum(tf.scatter_nd(tf.boolean_mask(indices, in_layer), one_hot, class_shape), 1.0)
+        y_true.append(tf.concat([box_part, class_part], axis=-1))
+    return y_true
+
+
+# --- images -------------------------------------------------------------------
+
+
+class _ImageSource:
+    """Decodes a dataset's images by index, with an optional RAM or disk cache.
+
+    Called from `tf.numpy_function`, so from several threads at once. Cached
+    images are stored at their letterbox size (fit within the input, aspect
+    kept): validation reads them unchanged, augmentation resamples them (a
+    zoom beyond 1x is then a little softer than from the file). The RAM cache
+    lives as long as the process and is shared by all its datasets; a disk
+    cache entry is keyed by the image's path, mtime and size and the input
+    size, so a changed image is decoded again.
+    """
+
+    def __init__(self, paths: list[str], input_shape: tuple[int, int], cache: str | None):
+        self.paths = paths
+        self.canvas_size = (input_shape[1], input_shape[0])  # PIL order (w, h)
+        self.ram = cache in _RAM_CACHE_NAMES
+        self.cache_dir = None if cache is None or self.ram else os.fspath(cache)
+        if self.cache_dir is not None:
+            os.makedirs(self.cache_dir, exist_ok=True)
+
+    # Decoding and caching.
+
+    def _cache_file(self, path: str) -> str:
+        stat = os.stat(path)
+        key = f"{os.path.abspath(path)}|{stat.st_mtime_ns}|{stat.st_size}|{self.canvas_size}|v1"
+        return os.path.join(self.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".bin")
+
+    def decode(self, index: int, draft_size=None):
+        """(RGB image, stored (w, h), extent): see `augment.open_image_rgb`."""
+        path = self.paths[index]
+        if not self.ram and self.cache_dir is None:
+            return open_image_rgb(path, draft_size)
+        ram_key = (path, self.canvas_size)
+        if self.ram and ram_key in _ram_cache:
+            pixels, size = _ram_cache[ram_key]
+            return Image.fromarray(pixels), size, pixels.shape[1::-1]
+        cache_file = self._cache_file(path) if self.cache_dir is not None else None
+        if cache_file is not None and os.path.exists(cache_file):
+            header = np.fromfile(cache_file, dtype=np.int32, count=4)
+            pixels = np.fromfile(cache_file, dtype=np.uint8, offset=16).reshape(header[3], header[2], 3)
+            return Image.fromarray(pixels), (int(header[0]), int(header[1])), (float(header[2]), float(header[3]))
+        image, size, _ = open_image_rgb(path)
+        nw, nh, _, _ = letterbox_size(size, self.canvas_size)
+        image = image.resize((nw, nh), Image.BICUBIC)
+        pixels = np.asarray(image)
+        if self.ram:
+            _ram_cache[ram_key] = (pixels, size)
+        else:
+            temporary = f"{cache_file}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(temporary, "wb") as f:
+                f.write(np.array([size[0], size[1], nw, nh], np.int32).tobytes())
+                f.write(pixels.tobytes())
+            os.replace(temporary, cache_file)  # atomic: readers never see half a file
+        return image, size, (float(nw), float(nh))
+
+    def _failed(self, index: int, error: Exception):
+        path = self.paths[index]
+        with _warned_lock:
+            first = path not in _warned_paths
+            _warned_paths.add(path)
+        if first:
+            logger.warning(
+                "cannot read image %s (%s: %s); using a grey image with no boxes in its place",
+                path, type(error).__name__, error,
+            )
+        return Image.new("RGB", self.canvas_size, (GREY, GREY, GREY)), np.zeros(2, np.int32), np.bool_(False)
+
+    # The tf.numpy_function bodies.
+
+    def augmented(self, index, nw, nh, dx, dy, flip, hue, sat, val):
+        """-> (h, w, 3) float32 augmented image, stored (w, h) int32, ok."""
+        nw, nh, dx, dy = int(nw), int(nh), int(dx), int(dy)
+        try:
+            image, size, extent = self.decode(int(index), draft_size=(nw, nh))
+            canvas = place_image(image, extent, self.canvas_size, nw, nh, dx, dy)
+            size, ok = np.array(size, np.int32), np.bool_(True)
+        except Exception as error:  # noqa: BLE001 - one bad file must not end the run
+            canvas, size, ok = self._failed(int(index), error)
+        if flip:
+            canvas = canvas.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return distort_hsv(np.asarray(canvas), float(hue), float(sat), float(val)), size, ok
+
+    def letterboxed(self, index):
+        """-> (h, w, 3) uint8 letterboxed image, stored (w, h) int32, ok."""
+        try:
+            image, size, _ = self.decode(int(index))
+            canvas = letterbox_image(image, self.canvas_size)
+            size, ok = np.array(size, np.int32), np.bool_(True)
+        except Exception as error:  # noqa: BLE001 - one bad file must not end the run
+            canvas, size, ok = self._failed(int(index), error)
+        return np.asarray(canvas), size, ok
+
+
+# --- the dataset ---------------------------------------------------------------
+
+
+def _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxes, cache):
+    if not annotations:
+        raise ValueError("`annotations` is empty: no image to build a dataset from")
+    if len(input_shape) != 2 or any(int(s) <= 0 or int(s) % 32 for s in input_shape):
+        raise ValueError(f"`input_shape` must be (height, width), positive multiples of 32. Received: input_shape={input_shape}")
+    if batch_size <= 0 or max_boxes <= 0 or num_classes <= 0:
+        raise ValueError(
+            f"`batch_size`, `max_boxes` and `num_classes` must be positive. "
+            f"Received: batch_size={batch_size}, max_boxes={max_boxes}, num_classes={num_classes}"
+        )
+    if cache is not None and not isinstance(cache, (str, os.PathLike)):
+        raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={cache!r}")
+    for annotation in annotations:
+        classes = annotation.boxes[:, 4]
+        bad = classes[(classes < 0) | (classes >= num_classes)]
+        if len(bad):
+            raise ValueError(
+                f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
+                f"for {num_classes} classes (run keras_yolo_mgpu.check_dataset)"
+            )
+
+
+def _shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
+    """Endless stream of indices, a fresh permutation (a function of `seed`) per pass."""
+
+    def permutation(epoch):
+        epoch_seed = tf.random.experimental.stateless_fold_in(seed, epoch)
+        return tf.data.Dataset.from_tensor_slices(tf.argsort(tf.random.stateless_uniform([num_samples], epoch_seed)))
+
+    return tf.data.Dataset.counter().flat_map(permutation)
+
+
+def make_dataset(
+    annotations: list[Annotation],
+    input_shape: tuple[int, int],
+    anchors: np.ndarray,
+    num_classes: int,
+    batch_size: int,
+    *,
+    training: bool,
+    augment: bool = True,
+    seed: int | None = None,
+    max_boxes: int = 20,
+    cache: str | None = None,
+) -> tf.data.Dataset:
+    """Builds the training or validation dataset (see the module docstring).
+
+    Args:
+        annotations: the images and boxes, e.g. `read_annotations(path)` or
+            the good lines of `check_dataset.check_annotations(...)`.
+        input_shape: (height, width), multiples of 32.
+        anchors: (9, 2) or (6, 2) anchors, (w, h) in input pixels.
+        num_classes: number of classes; class ids outside raise ValueError.
+        batch_size: the GLOBAL batch size; every batch has exactly this many.
+        training: endless shuffled stream (True) or one ordered, padded
+            validation pass (False).
+        augment: with `training`, keras-yolo3's random augmentation;
+            otherwise letterbox only. Validation is never augmented.
+        seed: makes shuffling and augmentation reproducible (default: random).
+        max_boxes: boxes kept per image (a random subset in training, the
+            first ones in validation).
+        cache: None, "ram", or a directory for decoded images at letterbox
+            size (see `_ImageSource`). RAM: about h*w*3 bytes per image for
+            the life of the process (shared by training stages and the
+            validation set). A directory may be reused between runs.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
+    """
+    _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxes, cache)
+    input_shape = (int(input_shape[0]), int(input_shape[1]))
+    height, width = input_shape
+    anchors = np.asarray(anchors, dtype=np.float32)
+    num_output_layers(len(anchors))  # validates the anchor count
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little")
+        logger.debug("make_dataset: random seed %d", seed)
+    base_seed = tf.constant([seed, 0], tf.int64)
+    shuffle_seed = tf.random.experimental.stateless_fold_in(base_seed, 1)
+    augment_seed = tf.random.experimental.stateless_fold_in(base_seed, 2)
+
+    source = _ImageSource([a.image_path for a in annotations], input_shape, cache)
+    num_samples = len(annotations)
+    flat_boxes = tf.constant(np.concatenate([a.boxes for a in annotations]).reshape(-1, 5), tf.float32)
+    row_splits = tf.constant(np.cumsum([0] + [len(a.boxes) for a in annotations]), tf.int64)
+
+    def boxes_of(index):
+        return flat_boxes[row_splits[index] : row_splits[index + 1]]
+
+    def drop_boxes_if_failed(boxes, size, ok):
+        # A failed decode has no size; its boxes would be meaningless.
+        size.set_shape([2])
+        ok.set_shape([])
+        return boxes[: tf.shape(boxes)[0] * tf.cast(ok, tf.int32)], tf.maximum(size, 1)
+
+    def letterbox_element(index):
+        pixels, size, ok = tf.numpy_function(
+            source.letterboxed, [index], [tf.uint8, tf.int32, tf.bool], name="letterbox_image"
+        )
+        pixels.set_shape([height, width, 3])
+        boxes, size = drop_boxes_if_failed(boxes_of(index), size, ok)
+        image = tf.cast(pixels, tf.float32) / 255.0
+        return image, letterbox_boxes(boxes, size, input_shape, max_boxes), ok
+
+    def augmented_element(position, index):
+        element_seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
+        params = sample_augmentation(element_seed, input_shape)
+        image, size, ok = tf.numpy_function(
+            source.augmented,
+            [index] + [params[name] for name in ("nw", "nh", "dx", "dy", "flip", "hue", "sat", "val")],
+            [tf.float32, tf.int32, tf.bool],
+            name="augment_image",
+        )
+        image.set_shape([height, width, 3])
+        boxes, size = drop_boxes_if_failed(boxes_of(index), size, ok)
+        box_seed = tf.random.experimental.stateless_fold_in(element_seed, 1)
+        return image, augment_boxes(boxes, size, params, input_shape, max_boxes, box_seed)
+
+    if training:
+        indices = _shuffled_indices(num_samples, shuffle_seed)
+        if augment:
+            dataset = indices.enumerate().map(augmented_element, num_parallel_calls=tf.data.AUTOTUNE)
+        else:
+            dataset = indices.map(lambda i: letterbox_element(i)[:2], num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        num_batches = steps_per_epoch(num_samples, batch_size)
+        real_weight = num_batches * batch_size / num_samples
+        blank = (
+            tf.fill([height, width, 3], GREY / 255.0),
+            tf.zeros([max_boxes, 5]),
+            tf.constant(0.0),
+        )
+
+        def validation_element(index):
+            def real():
+                image, boxes, ok = letterbox_element(index)
+                return image, boxes, tf.where(ok, real_weight, 0.0)
+
+            return tf.cond(index < num_samples, real, lambda: blank)
+
+        dataset = tf.data.Dataset.range(num_batches * batch_size).map(
+            validation_element, num_parallel_calls=tf.data.AUTOTUNE
+        )
+
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+
+    def to_model_inputs(images, boxes, *weights):
+        x = {"image": images}
+        for layer, y_true in enumerate(build_targets(boxes, input_shape, anchors, num_classes)):
+            x[f"y_true_{layer}"] = y_true
+        y = tf.zeros([batch_size, 1], tf.float32)
+        return (x, y, *weights)
+
+    dataset = dataset.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)

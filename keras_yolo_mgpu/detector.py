@@ -1,0 +1,367 @@
+"""`YOLO`: load trained weights, detect objects in images and video frames.
+
+keras-yolo3's detector class with its constructor arguments, on a model
+built for inference (never the training model): the body from
+`model.build_body`, then the `YoloDecode` and `YoloNMS` layers. Any file
+`checkpoints.load_weights` reads loads, whatever machine wrote it: this
+project's checkpoints from a 4-GPU run, Keras 2 `.h5` files from keras-yolo3
+(nested `multi_gpu_model` files included) and `convert.py` output.
+
+`gpu_num > 1` spreads a batch of frames over that many GPUs, one model
+replica per GPU, each image whole on one GPU.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import cv2
+import keras
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+from .draw import class_colors, draw_detections
+from .inference_layers import build_inference_model
+from .model import build_body, check_input_shape
+from .model_data import get_anchors, get_classes, model_data_path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PATH = os.path.join("model_data", "yolo.h5")
+
+
+class Detections(NamedTuple):
+    """Detections in one image, best score first.
+
+    Attributes:
+        boxes: (K, 4) float32 x_min, y_min, x_max, y_max in original image
+            pixels, clipped to the image.
+        scores: (K,) float32.
+        classes: (K,) int32 class indices.
+    """
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+
+    @property
+    def num_boxes(self) -> int:
+        return len(self.scores)
+
+    def to_records(self, class_names: Sequence[str]) -> list[dict]:
+        """JSON-ready list: `{"class_id", "class", "score", "box": [x1, y1, x2, y2]}`."""
+        return [
+            {
+                "class_id": int(c),
+                "class": class_names[int(c)] if 0 <= int(c) < len(class_names) else str(int(c)),
+                "score": round(float(s), 5),
+                "box": [round(float(v), 2) for v in b],
+            }
+            for b, s, c in zip(self.boxes, self.scores, self.classes)
+        ]
+
+
+def as_rgb_array(image) -> np.ndarray:
+    """A PIL image or array as (H, W, 3) uint8 RGB.
+
+    Grey images are repeated to three channels, an alpha channel is dropped.
+    """
+    if isinstance(image, Image.Image):
+        return np.asarray(image.convert("RGB"))
+    array = np.asarray(image)
+    if array.ndim == 2:
+        array = np.repeat(array[:, :, None], 3, axis=2)
+    if array.ndim != 3 or array.shape[2] not in (1, 3, 4) or array.shape[0] < 1 or array.shape[1] < 1:
+        raise ValueError(f"expected an (H, W, 3) RGB image. Received: array of shape {array.shape}")
+    if array.shape[2] == 1:
+        array = np.repeat(array, 3, axis=2)
+    array = array[:, :, :3]
+    if array.dtype != np.uint8:
+        if np.issubdtype(array.dtype, np.floating) and array.size and float(array.max()) <= 1.0:
+            array = array * 255.0  # [0, 1] floats
+        array = np.clip(np.rint(array), 0, 255).astype(np.uint8)
+    return array
+
+
+def letterbox_array(image: np.ndarray, input_shape: tuple[int, int]) -> np.ndarray:
+    """Resizes keeping the aspect ratio, centred on grey (128), like `boxes.letterbox_image`.
+
+    The geometry is keras-yolo3's exactly (`int(size * scale)`, offsets
+    floored), so `YoloDecode` maps boxes back the same way. Resampling uses
+    OpenCV, several times faster than Pillow: bilinear for moderate
+    shrinking (scale >= 0.5, as video frames into a 416 input), area
+    averaging below that (anti-aliased, like Pillow's bicubic), bicubic when
+    enlarging (keras-yolo3's filter).
+
+    Args:
+        image: (H, W, 3) uint8 RGB.
+        input_shape: (height, width) of the network input.
+
+    Returns:
+        (height, width, 3) uint8.
+    """
+    ih, iw = image.shape[:2]
+    h, w = input_shape
+    scale = min(w / iw, h / ih)
+    nw, nh = max(1, int(iw * scale)), max(1, int(ih * scale))
+    interpolation = cv2.INTER_CUBIC if scale > 1 else cv2.INTER_LINEAR if scale >= 0.5 else cv2.INTER_AREA
+    resized = cv2.resize(image, (nw, nh), interpolation=interpolation) if (nw, nh) != (iw, ih) else image
+    canvas = np.full((h, w, 3), 128, dtype=np.uint8)
+    top, left = (h - nh) // 2, (w - nw) // 2
+    canvas[top : top + nh, left : left + nw] = resized
+    return canvas
+
+
+def _inference_devices(gpu_num: int) -> list[str | None]:
+    """Device per model replica: [None] (default placement) for one."""
+    if gpu_num < 1:
+        raise ValueError(f"gpu_num must be >= 1. Received: gpu_num={gpu_num}")
+    if gpu_num == 1:
+        return [None]
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if len(gpus) >= gpu_num:
+        return gpus[:gpu_num]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if not gpus and len(cpus) >= gpu_num:
+        # Logical CPU devices (parallel.simulate_devices): a rehearsal.
+        logger.info("no GPU: spreading frames over %d logical CPU devices", gpu_num)
+        return cpus[:gpu_num]
+    raise ValueError(
+        f"gpu_num={gpu_num} but TensorFlow sees {len(gpus)} GPU(s) ({', '.join(gpus) or 'none'}). "
+        "Check CUDA_VISIBLE_DEVICES and the TensorFlow GPU install, or use gpu_num=1."
+    )
+
+
+def load_body(model_path: str, anchors, num_classes: int) -> keras.Model:
+    """A fresh inference body (`model.build_body`) with weights from `model_path`.
+
+    Args:
+        model_path: any file `checkpoints.load_weights` reads.
+        anchors: (9, 2) for YOLOv3 or (6, 2) for tiny YOLOv3.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file holds another network, naming the likely cause.
+    """
+    from .checkpoints import load_weights  # late import: checkpoints imports model code
+
+    model_path = os.fspath(model_path)
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"model weights not found: {model_path}")
+    body = build_body(anchors, num_classes)
+    try:
+        load_weights(body, model_path)
+    except (ValueError, KeyError) as error:
+        kind = "tiny YOLOv3" if len(anchors) == 6 else "YOLOv3"
+        raise ValueError(
+            f"cannot load {model_path} into a {kind} with {num_classes} classes: {error} "
+            "Check that --anchors and --classes match the ones the weights were trained with."
+        ) from None
+    return body
+
+
+class YOLO:
+    """keras-yolo3's detector: weights in, boxes out.
+
+    Args:
+        model_path: weights to load: any file `checkpoints.load_weights`
+            reads (`.weights.h5`, `.keras`, Keras 2 `.h5`).
+        anchors_path: anchors file; 9 anchors build YOLOv3, 6 tiny YOLOv3
+            (default: model_data/yolo_anchors.txt).
+        classes_path: class names file (default: model_data/coco_classes.txt).
+        score: minimum score (objectness x class probability) to keep a box.
+        iou: NMS IoU threshold.
+        model_image_size: (height, width) network input, multiples of 32.
+        gpu_num: GPUs to spread batches of images over (one whole image per
+            GPU, never split).
+        max_boxes: most boxes kept per class and image (keras-yolo3: 20).
+        max_detections: most boxes kept per image, all classes together.
+        batch_size: images per forward pass in `detect_batch`.
+    """
+
+    def __init__(
+        self,
+        model_path: str = DEFAULT_MODEL_PATH,
+        anchors_path: str | None = None,
+        classes_path: str | None = None,
+        score: float = 0.3,
+        iou: float = 0.45,
+        model_image_size: tuple[int, int] = (416, 416),
+        gpu_num: int = 1,
+        *,
+        max_boxes: int = 20,
+        max_detections: int = 100,
+        batch_size: int = 8,
+    ):
+        model_path = os.fspath(model_path)
+        if not os.path.isfile(model_path):
+            raise FileNotFoundError(f"model weights not found: {model_path}")
+        anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
+        class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
+        body = load_body(model_path, anchors, len(class_names))
+        self.model_path = model_path
+        self._setup(body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size)
+
+    @classmethod
+    def from_body(
+        cls,
+        body: keras.Model,
+        anchors,
+        class_names: Sequence[str],
+        score: float = 0.3,
+        iou: float = 0.45,
+        model_image_size: tuple[int, int] = (416, 416),
+        gpu_num: int = 1,
+        *,
+        max_boxes: int = 20,
+        max_detections: int = 100,
+        batch_size: int = 8,
+    ) -> YOLO:
+        """A detector around an existing body (its weights are shared, not copied); arguments as for `YOLO`."""
+        self = cls.__new__(cls)
+        self.model_path = None
+        anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
+        self._setup(body, anchors, list(class_names), score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size)
+        return self
+
+    def _setup(self, body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size):
+        if not 0.0 <= float(score) <= 1.0 or not 0.0 <= float(iou) <= 1.0:
+            raise ValueError(f"score and iou must be in [0, 1]. Received: score={score}, iou={iou}")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1. Received: batch_size={batch_size}")
+        self.anchors = anchors
+        self.class_names = class_names
+        self.score = float(score)
+        self.iou = float(iou)
+        self.model_image_size = check_input_shape(model_image_size)
+        self.gpu_num = int(gpu_num)
+        self.max_boxes = int(max_boxes)
+        self.max_detections = int(max_detections)
+        self.batch_size = int(batch_size)
+        self.colors = class_colors(len(class_names))
+        self.body = body
+        self.devices = _inference_devices(self.gpu_num)
+        self.inference_model = self._wrap(body)
+        # One replica per extra device, each with its own copy of the
+        # weights, so no GPU reads another's weights on every batch.
+        self._replicas = [self.inference_model]
+        for device in self.devices[1:]:
+            with tf.device(device):
+                replica_body = build_body(anchors, len(class_names))
+                replica_body.set_weights(body.get_weights())
+                self._replicas.append(self._wrap(replica_body))
+        self._functions: dict[int, object] = {}
+
+    def _wrap(self, body):
+        return build_inference_model(
+            body,
+            self.anchors,
+            len(self.class_names),
+            input_shape=self.model_image_size,
+            score_threshold=self.score,
+            iou_threshold=self.iou,
+            max_boxes_per_class=self.max_boxes,
+            max_detections=self.max_detections,
+        )
+
+    # ------------------------------------------------------------------
+    # Running the model
+
+    def _function(self, num_parts: int):
+        """A compiled function over `num_parts` slices of a batch, one per device."""
+        if num_parts in self._functions:
+            return self._functions[num_parts]
+        height, width = self.model_image_size
+        spec = (
+            tuple(tf.TensorSpec([None, height, width, 3], tf.uint8) for _ in range(num_parts)),
+            tuple(tf.TensorSpec([None, 2], tf.float32) for _ in range(num_parts)),
+        )
+        devices, replicas = self.devices[:num_parts], self._replicas[:num_parts]
+
+        @tf.function(input_signature=spec)
+        def run(images, shapes):
+            parts = []
+            for device, model, image, shape in zip(devices, replicas, images, shapes):
+                with tf.device(device):
+                    # keras-yolo3 divides float32 pixels by 255 the same way.
+                    parts.append(model([tf.cast(image, tf.float32) / 255.0, shape], training=False))
+            if len(parts) == 1:
+                return parts[0]
+            return {key: tf.concat([p[key] for p in parts], axis=0) for key in parts[0]}
+
+        self._functions[num_parts] = run
+        return run
+
+    def preprocess(self, image) -> tuple[np.ndarray, tuple[int, int]]:
+        """RGB image -> (letterboxed (H, W, 3) uint8, original (height, width))."""
+        array = as_rgb_array(image)
+        return letterbox_array(array, self.model_image_size), array.shape[:2]
+
+    def detect_letterboxed(self, images: np.ndarray, image_shapes) -> list[Detections]:
+        """Detections of a batch already letterboxed by `preprocess`.
+
+        Args:
+            images: (N, H, W, 3) uint8 letterboxed RGB.
+            image_shapes: (N, 2) original (height, width) of each image.
+        """
+        images = np.asarray(images, dtype=np.uint8)
+        shapes = np.asarray(image_shapes, dtype=np.float32).reshape(-1, 2)
+        if len(images) == 0:
+            return []
+        parts = min(len(self.devices), len(images))
+        image_parts = tuple(np.array_split(images, parts))
+        shape_parts = tuple(np.array_split(shapes, parts))
+        out = self._function(parts)(image_parts, shape_parts)
+        boxes = out["boxes"].numpy()
+        scores = out["scores"].numpy()
+        classes = out["classes"].numpy()
+        valid = out["valid_detections"].numpy()
+        results = []
+        for i, (height, width) in enumerate(shapes):
+            n = int(valid[i])
+            b = boxes[i, :n].copy()
+            np.clip(b[:, 0::2], 0.0, width, out=b[:, 0::2])
+            np.clip(b[:, 1::2], 0.0, height, out=b[:, 1::2])
+            results.append(Detections(b, scores[i, :n].copy(), classes[i, :n].astype(np.int32)))
+        return results
+
+    def detect_batch(self, images: Sequence) -> list[Detections]:
+        """Detections of several RGB images (any sizes), `batch_size` at a time."""
+        results = []
+        for start in range(0, len(images), self.batch_size):
+            prepared = [self.preprocess(image) for image in images[start : start + self.batch_size]]
+            results += self.detect_letterboxed(np.stack([p[0] for p in prepared]), [p[1] for p in prepared])
+        return results
+
+    def detect(self, image) -> Detections:
+        """Detections of one image.
+
+        Args:
+            image: (H, W, 3) uint8 RGB array (OpenCV frames are BGR: convert
+                with `cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)`) or a PIL image.
+
+        Returns:
+            `Detections(boxes, scores, classes)`: boxes (K, 4) as x_min,
+            y_min, x_max, y_max in the image's pixels, best score first.
+        """
+        return self.detect_batch([image])[0]
+
+    # ------------------------------------------------------------------
+    # Drawing
+
+    def draw(self, image, detections: Detections, *, bgr: bool = False) -> Image.Image:
+        """`image` (RGB array or PIL; a BGR array with `bgr=True`) with `detections` drawn, as a new PIL image."""
+        return draw_detections(image, *detections, self.class_names, colors=self.colors, bgr=bgr)
+
+    def detect_image(self, image: Image.Image) -> Image.Image:
+        """keras-yolo3's `detect_image`: the image with its detections drawn."""
+        detections = self.detect(image)
+        for box, score, cls in zip(*detections):
+            logger.info("%s %.2f (%d, %d) (%d, %d)", self.class_names[cls], score, *np.rint(box).astype(int))
+        return self.draw(image, detections)
+
+    def close_session(self) -> None:
+        """keras-yolo3 compatibility; Keras 3 has no session to close."""

@@ -1,0 +1,537 @@
+"""mAP of trained weights, or of saved detections, on an annotation file.
+
+The COCO protocol (mAP@[.5:.95], mAP@.5, 101-point interpolated precision,
+at most 100 detections per image) is computed by faster-coco-eval, a
+pycocotools-compatible implementation; this module only converts the
+annotation file and the detections to COCO's format and reports:
+
+* COCO mAP@[.5:.95], mAP@.5 and mAP@.75, and AP / AP50 per class;
+* precision and recall at the chosen score threshold: detections scoring at
+  least `score` matched greedily, best first, to unmatched ground truth of
+  the same class with IoU >= 0.5 (what a user of `yolo_video.py --score`
+  gets);
+* a PNG of the precision-recall curve at IoU 0.5, per class and averaged.
+
+Detections in COCO results format: `image_id` is the 0-based index of the
+image's line among the annotation file's non-blank lines, `category_id` the
+class index, `bbox` `[x, y, width, height]` in pixels, `score`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .cli import add_detection_args, add_model_args, positive_int, setup_logging
+from .model_data import default_anchors_path, get_classes, model_data_path
+
+logger = logging.getLogger(__name__)
+
+# Scores below this are dropped before COCO evaluation when running a model:
+# the COCO protocol ranks detections down to very low scores.
+EVAL_MIN_SCORE = 0.001
+EVAL_MAX_DETECTIONS = 100  # COCO's maxDets
+MATCH_IOU = 0.5
+
+
+# ----------------------------------------------------------------------
+# COCO conversion
+
+
+def _image_size(annotation) -> tuple[int, int]:
+    """(width, height) from the image header, or from the boxes when it is missing."""
+    from PIL import Image
+
+    try:
+        with Image.open(annotation.image_path) as image:
+            return image.size
+    except (OSError, ValueError):
+        boxes = annotation.boxes
+        if len(boxes):
+            return int(np.ceil(boxes[:, 2].max())), int(np.ceil(boxes[:, 3].max()))
+        return 0, 0
+
+
+def coco_ground_truth(annotations, class_names: Sequence[str], image_sizes: Sequence[tuple[int, int]]) -> dict:
+    """COCO ground-truth dict: image id = line index, category id = class index."""
+    images, objects = [], []
+    for image_id, (annotation, (width, height)) in enumerate(zip(annotations, image_sizes)):
+        images.append({"id": image_id, "width": int(width), "height": int(height), "file_name": annotation.image_path})
+        for x1, y1, x2, y2, cls in np.asarray(annotation.boxes, dtype=np.float64).reshape(-1, 5):
+            cls = int(cls)
+            if not 0 <= cls < len(class_names):
+                raise ValueError(
+                    f"{annotation.source}:{annotation.line_number}: class id {cls} is not in the "
+                    f"{len(class_names)} classes of the classes file"
+                )
+            w, h = x2 - x1, y2 - y1
+            # Ids from 1: pycocotools treats a matched ground-truth id of 0 as unmatched.
+            objects.append(
+                {"id": len(objects) + 1, "image_id": image_id, "category_id": cls, "bbox": [x1, y1, w, h], "area": w * h, "iscrowd": 0}
+            )
+    categories = [{"id": i, "name": name} for i, name in enumerate(class_names)]
+    return {"images": images, "annotations": objects, "categories": categories}
+
+
+def check_detections(detections, num_images: int, num_classes: int, source: str = "detections") -> list[dict]:
+    """Validates COCO results entries; returns them with float bboxes and scores.
+
+    Raises:
+        ValueError: naming the entry and what is wrong with it.
+    """
+    if isinstance(detections, dict) and "annotations" in detections:
+        detections = detections["annotations"]
+    if not isinstance(detections, list):
+        raise ValueError(f"{source}: expected a JSON list of detections (COCO results format)")
+    checked = []
+    for index, entry in enumerate(detections):
+        where = f"{source}: detection {index}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected an object with image_id, category_id, bbox, score")
+        missing = [k for k in ("image_id", "category_id", "bbox", "score") if k not in entry]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        image_id, category_id = entry["image_id"], entry["category_id"]
+        if not isinstance(image_id, int) or not 0 <= image_id < num_images:
+            raise ValueError(
+                f"{where}: image_id {image_id!r} is not an image index (0..{num_images - 1}: the 0-based index "
+                "of the image's line among the annotation file's non-blank lines)"
+            )
+        if not isinstance(category_id, int) or not 0 <= category_id < num_classes:
+            raise ValueError(f"{where}: category_id {category_id!r} is not a class index (0..{num_classes - 1})")
+        bbox = entry["bbox"]
+        if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
+            raise ValueError(f"{where}: bbox must be [x, y, width, height]; got {bbox!r}")
+        try:
+            bbox = [float(v) for v in bbox]
+            score = float(entry["score"])
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: bbox and score must be numbers") from None
+        checked.append({"image_id": image_id, "category_id": category_id, "bbox": bbox, "score": score})
+    return checked
+
+
+def _run_coco(ground_truth: dict, detections: list[dict]):
+    from faster_coco_eval import COCO, COCOeval_faster
+
+    coco_gt = COCO(ground_truth)
+    coco_dt = coco_gt.loadRes(detections) if detections else coco_gt.loadRes([])
+    evaluator = COCOeval_faster(coco_gt, coco_dt, "bbox", print_function=logger.debug)
+    evaluator.params.maxDets = [1, 10, EVAL_MAX_DETECTIONS]
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    return evaluator
+
+
+def _mean_valid(values: np.ndarray) -> float | None:
+    values = values[values > -1]
+    return float(values.mean()) if values.size else None
+
+
+# ----------------------------------------------------------------------
+# Precision and recall at one threshold
+
+
+def _iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of (n, 4) and (m, 4) x1, y1, x2, y2 boxes -> (n, m)."""
+    top_left = np.maximum(a[:, None, :2], b[None, :, :2])
+    bottom_right = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
+    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=-1)
+    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=-1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
+
+
+def precision_recall_at(annotations, detections: list[dict], score: float, num_classes: int, iou: float = MATCH_IOU) -> dict:
+    """TP, FP, FN, precision and recall of detections scoring >= `score`."""
+    by_image: dict[int, list[dict]] = {}
+    for d in detections:
+        if d["score"] >= score:
+            by_image.setdefault(d["image_id"], []).append(d)
+    tp = fp = 0
+    total_gt = 0
+    for image_id, annotation in enumerate(annotations):
+        gt = np.asarray(annotation.boxes, dtype=np.float64).reshape(-1, 5)
+        total_gt += len(gt)
+        found = sorted(by_image.get(image_id, []), key=lambda d: -d["score"])
+        for cls in range(num_classes):
+            gt_boxes = gt[gt[:, 4] == cls, :4]
+            dets = [d for d in found if d["category_id"] == cls]
+            if not dets:
+                continue
+            det_boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (d["bbox"] for d in dets)], dtype=np.float64)
+            if not len(gt_boxes):
+                fp += len(dets)
+                continue
+            ious = _iou_matrix(det_boxes, gt_boxes)
+            matched = np.zeros(len(gt_boxes), bool)
+            for row in ious:  # best score first
+                row = np.where(matched, -1.0, row)
+                best = int(np.argmax(row))
+                if row[best] >= iou:
+                    matched[best] = True
+                    tp += 1
+                else:
+                    fp += 1
+    fn = total_gt - tp
+    return {
+        "precision": tp / (tp + fp) if tp + fp else 0.0,
+        "recall": tp / total_gt if total_gt else 0.0,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+    }
+
+
+# ----------------------------------------------------------------------
+# The PR curve
+
+
+def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple[float, float] | None = None) -> str:
+    """Precision-recall curves at IoU 0.5 (area all, 100 detections) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    precision = evaluator.eval["precision"][0, :, :, 0, -1]  # (101 recall points, classes)
+    recall = evaluator.params.recThrs
+    fig, ax = plt.subplots(figsize=(7, 6), dpi=100)
+    show_classes = len(class_names) <= 20
+    for k, name in enumerate(class_names):
+        curve = precision[:, k]
+        if (curve < 0).all():
+            continue  # no ground truth of this class
+        curve = np.clip(curve, 0, None)
+        ax.plot(recall, curve, linewidth=1, alpha=0.6, label=f"{name} (AP50 {curve.mean():.3f})" if show_classes else None)
+    valid = precision[:, (precision > -1).any(axis=0)]
+    if valid.size:
+        mean_curve = np.clip(valid, 0, None).mean(axis=1)
+        ax.plot(recall, mean_curve, color="black", linewidth=2.5, label=f"all classes (mAP50 {mean_curve.mean():.3f})")
+    if point is not None:
+        ax.plot(point[1], point[0], "o", color="red", markersize=8, label=f"score threshold: P {point[0]:.2f}, R {point[1]:.2f}")
+    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title="Precision-recall at IoU 0.5")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------
+# Public entry points
+
+
+def _load_annotations(annotations, root):
+    from .annotations import read_annotations
+
+    if isinstance(annotations, (str, os.PathLike)):
+        path = os.fspath(annotations)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"annotation file not found: {path}")
+        return read_annotations(path, root=root)
+    return list(annotations)
+
+
+def _class_names(class_names):
+    if class_names is None:
+        return get_classes(model_data_path("coco_classes.txt"))
+    if isinstance(class_names, (str, os.PathLike)):
+        return get_classes(class_names)
+    return list(class_names)
+
+
+def evaluate_detections(
+    detections,
+    annotations,
+    class_names,
+    *,
+    score: float = 0.3,
+    root: str | None = None,
+    pr_curve: str | None = None,
+    image_sizes: Sequence[tuple[int, int]] | None = None,
+) -> dict:
+    """Scores detections in COCO results format against an annotation file.
+
+    Args:
+        detections: COCO results: a JSON file path or a list of dicts
+            (`image_id` = line index, `category_id` = class index, `bbox` =
+            [x, y, w, h] pixels, `score`).
+        annotations: annotation file path, or a list of `Annotation`.
+        class_names: classes file path or list of names.
+        score: threshold for the precision and recall figures.
+        root: folder for relative image paths in the annotation file.
+        pr_curve: PNG file for the precision-recall curve (None: no plot).
+
+    Returns:
+        A dict: `mAP` (COCO @[.5:.95]), `mAP50`, `mAP75`, `per_class`
+        ({name: {"AP", "AP50", "ground_truth", "detections"}}; AP is None for
+        a class without ground truth), `precision`, `recall`, `tp`, `fp`,
+        `fn`, `score_threshold`, `num_images`, `num_detections`, `pr_curve`.
+    """
+    annotations = _load_annotations(annotations, root)
+    class_names = _class_names(class_names)
+    if isinstance(detections, (str, os.PathLike)):
+        source = os.fspath(detections)
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"detections file not found: {source}")
+        try:
+            with open(source, encoding="utf-8") as f:
+                detections = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{source}: not valid JSON ({error})") from None
+    else:
+        source = "detections"
+    detections = check_detections(detections, len(annotations), len(class_names), source)
+    if image_sizes is None:
+        image_sizes = [_image_size(a) for a in annotations]
+    evaluator = _run_coco(coco_ground_truth(annotations, class_names, image_sizes), detections)
+
+    stats = [float(s) for s in evaluator.stats]
+    precision = evaluator.eval["precision"]  # (iou, recall, class, area, maxDets)
+    gt_counts = np.zeros(len(class_names), int)
+    for a in annotations:
+        classes = np.asarray(a.boxes).reshape(-1, 5)[:, 4].astype(int)
+        np.add.at(gt_counts, classes, 1)
+    det_counts = np.bincount([d["category_id"] for d in detections], minlength=len(class_names))
+    per_class = {}
+    for k, name in enumerate(class_names):
+        per_class[name] = {
+            "AP": _mean_valid(precision[:, :, k, 0, -1]),
+            "AP50": _mean_valid(precision[0, :, k, 0, -1]),
+            "ground_truth": int(gt_counts[k]),
+            "detections": int(det_counts[k]),
+        }
+    at_threshold = precision_recall_at(annotations, detections, score, len(class_names))
+    result = {
+        "mAP": stats[0] if stats[0] > -1 else None,
+        "mAP50": stats[1] if stats[1] > -1 else None,
+        "mAP75": stats[2] if stats[2] > -1 else None,
+        "per_class": per_class,
+        "score_threshold": float(score),
+        **at_threshold,
+        "num_images": len(annotations),
+        "num_detections": len(detections),
+        "pr_curve": None,
+    }
+    if pr_curve:
+        result["pr_curve"] = plot_pr_curve(evaluator, class_names, pr_curve, (at_threshold["precision"], at_threshold["recall"]))
+    return result
+
+
+def _prefetch(iterable: Iterable, size: int = 2):
+    """Runs `iterable` on a thread, `size` items ahead (image decoding overlaps the model)."""
+    items: queue.Queue = queue.Queue(maxsize=size)
+    end = object()
+    failure = []
+
+    def produce():
+        try:
+            for item in iterable:
+                items.put(item)
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            failure.append(error)
+        finally:
+            items.put(end)
+
+    threading.Thread(target=produce, daemon=True, name="eval-reader").start()
+    while True:
+        item = items.get()
+        if item is end:
+            if failure:
+                raise failure[0]
+            return
+        yield item
+
+
+def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[list[dict], list[tuple[int, int]]]:
+    """Runs `yolo` on every image of `annotations`.
+
+    Returns:
+        COCO results (image_id = index) and each image's (width, height).
+    """
+    from tqdm import tqdm
+
+    from .yolo_video import read_image
+
+    def batches():
+        for start in range(0, len(annotations), yolo.batch_size):
+            chunk = annotations[start : start + yolo.batch_size]
+            images = []
+            for a in chunk:
+                try:
+                    images.append(read_image(a.image_path))
+                except (OSError, ValueError) as error:
+                    raise FileNotFoundError(f"{a.source}:{a.line_number}: cannot read image {a.image_path}: {error}") from None
+            prepared = [yolo.preprocess(image) for image in images]
+            yield start, prepared
+
+    results, sizes = [], []
+    with tqdm(total=len(annotations), unit="image", disable=not progress, desc="detect") as bar:
+        for start, prepared in _prefetch(batches()):
+            found = yolo.detect_letterboxed(np.stack([p[0] for p in prepared]), [p[1] for p in prepared])
+            for offset, ((_, (height, width)), dets) in enumerate(zip(prepared, found)):
+                sizes.append((int(width), int(height)))
+                for (x1, y1, x2, y2), s, c in zip(dets.boxes.tolist(), dets.scores.tolist(), dets.classes.tolist()):
+                    results.append(
+                        {"image_id": start + offset, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s}
+                    )
+            bar.update(len(prepared))
+    return results, sizes
+
+
+def evaluate_weights(
+    weights: str,
+    annotations,
+    class_names=None,
+    anchors=None,
+    *,
+    input_size: tuple[int, int] = (416, 416),
+    score: float = 0.3,
+    iou: float = 0.45,
+    batch_size: int = 8,
+    gpu_num: int = 1,
+    root: str | None = None,
+    pr_curve: str | None = None,
+    save_detections: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """mAP of a weights file on an annotation file.
+
+    The model keeps every box scoring at least `EVAL_MIN_SCORE` (up to 100
+    per image, 100 per class) for the COCO metrics; `score` sets only the
+    precision/recall figures. Other arguments as in `evaluate_detections`;
+    `anchors` is an anchors file (default: YOLOv3's), `class_names` a
+    classes file or list; `save_detections` writes the COCO results JSON.
+
+    Returns:
+        `evaluate_detections`'s dict.
+    """
+    from .detector import YOLO, load_body
+    from .model_data import get_anchors
+
+    annotations = _load_annotations(annotations, root)
+    class_names = _class_names(class_names)
+    anchors_path = anchors or model_data_path("yolo_anchors.txt")
+    if not os.path.isfile(os.fspath(weights)):
+        raise FileNotFoundError(f"weights file not found: {weights}")
+    anchors_array = get_anchors(anchors_path)
+    body = load_body(weights, anchors_array, len(class_names))
+    yolo = YOLO.from_body(
+        body,
+        anchors_array,
+        class_names,
+        score=EVAL_MIN_SCORE,
+        iou=iou,
+        model_image_size=input_size,
+        gpu_num=gpu_num,
+        max_boxes=EVAL_MAX_DETECTIONS,
+        max_detections=EVAL_MAX_DETECTIONS,
+        batch_size=batch_size,
+    )
+    detections, sizes = detect_annotations(yolo, annotations, progress=progress)
+    if save_detections:
+        os.makedirs(os.path.dirname(os.path.abspath(save_detections)), exist_ok=True)
+        with open(save_detections, "w", encoding="utf-8") as f:
+            json.dump(detections, f)
+    result = evaluate_detections(detections, annotations, class_names, score=score, pr_curve=pr_curve, image_sizes=sizes)
+    result["weights"] = os.fspath(weights)
+    return result
+
+
+# ----------------------------------------------------------------------
+# Command line
+
+
+def format_report(result: dict) -> str:
+    """A human-readable table of the results."""
+    def fmt(value):
+        return "  n/a" if value is None else f"{value:.3f}"
+
+    width = max([len(n) for n in result["per_class"]] + [5])
+    lines = [f"{'class':<{width}}  {'AP':>6}  {'AP50':>6}  {'gt':>6}  {'dets':>6}"]
+    for name, row in result["per_class"].items():
+        lines.append(f"{name:<{width}}  {fmt(row['AP']):>6}  {fmt(row['AP50']):>6}  {row['ground_truth']:>6}  {row['detections']:>6}")
+    lines.append(f"mAP@[.5:.95] {fmt(result['mAP'])}   mAP@.5 {fmt(result['mAP50'])}   mAP@.75 {fmt(result['mAP75'])}")
+    lines.append(
+        f"at score >= {result['score_threshold']:g} (IoU >= {MATCH_IOU}): precision {result['precision']:.3f}, "
+        f"recall {result['recall']:.3f} (TP {result['tp']}, FP {result['fp']}, FN {result['fn']})"
+    )
+    if result.get("pr_curve"):
+        lines.append(f"precision-recall curve: {result['pr_curve']}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py",
+        description="COCO mAP@[.5:.95] and mAP@.5 (faster-coco-eval), AP per class, precision/recall "
+        "and a PR curve, of weights or of saved detections on a keras-yolo3 annotation file.",
+    )
+    parser.add_argument("--annotations", required=True, metavar="FILE", help="annotation file (keras-yolo3 format) with the ground truth")
+    add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
+    parser.add_argument(
+        "--detections",
+        metavar="FILE",
+        help="score saved detections instead of running a model: COCO results JSON, image_id = 0-based "
+        "index of the image's non-blank line, category_id = class index, bbox = [x, y, w, h] pixels",
+    )
+    add_detection_args(parser)
+    parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
+    parser.add_argument("--gpu_num", "--gpus", dest="gpu_num", type=positive_int, default=1, help="GPUs to spread batches over (default: 1)")
+    parser.add_argument("--pr-curve", default="pr_curve.png", metavar="PNG", help="precision-recall plot (default: pr_curve.png; '' for none)")
+    parser.add_argument("--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.weights) == bool(args.detections):
+        parser.error("give exactly one of --weights (run a model) or --detections (score saved detections)")
+    setup_logging(args.verbose)
+    try:
+        classes = args.classes or model_data_path("coco_classes.txt")
+        if args.detections:
+            result = evaluate_detections(args.detections, args.annotations, classes, score=args.score, root=args.root, pr_curve=args.pr_curve or None)
+        else:
+            result = evaluate_weights(
+                args.weights,
+                args.annotations,
+                classes,
+                args.anchors or default_anchors_path(args.tiny),
+                input_size=args.input_size,
+                score=args.score,
+                iou=args.iou,
+                batch_size=args.batch_size,
+                gpu_num=args.gpu_num,
+                root=args.root,
+                pr_curve=args.pr_curve or None,
+                save_detections=args.save_detections,
+                progress=not args.no_progress,
+            )
+    except (OSError, ValueError) as error:
+        logger.debug("details", exc_info=True)
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(format_report(result))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

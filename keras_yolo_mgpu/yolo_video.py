@@ -1,0 +1,353 @@
+"""Detection on images and video: the library behind `yolo_video.py`.
+
+`process_video` overlaps the three stages of a video: a reader thread
+decodes and letterboxes; the calling thread runs the model on batches of
+whatever frames are ready; a writer thread draws and encodes. Frames stay in
+OpenCV's BGR order from decoder to encoder (no full-size conversion either
+way); the model gets RGB: each letterboxed frame is converted, which is what
+keras-yolo3 forgot. `process_images` annotates image files. Both can write every
+detection as JSON lines.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from tqdm import tqdm
+
+from .cli import add_detection_args, add_model_args, positive_int, setup_logging
+from .model_data import default_anchors_path, model_data_path
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+_SHOW_WINDOW = "keras-yolo-mgpu"
+
+
+def _json_sink(path: str | None):
+    if not path:
+        return contextlib.nullcontext(None)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "w", encoding="utf-8")
+
+
+def _show(frame_bgr: np.ndarray) -> bool:
+    """Shows a BGR frame; False when the user pressed q or Esc."""
+    try:
+        cv2.imshow(_SHOW_WINDOW, frame_bgr)
+        return cv2.waitKey(1) & 0xFF not in (ord("q"), 27)
+    except cv2.error as error:
+        raise RuntimeError(
+            "--show needs a display and an OpenCV build with GUI support "
+            f"(pip install opencv-python instead of opencv-python-headless): {error.msg if hasattr(error, 'msg') else error}"
+        ) from None
+
+
+def process_video(
+    yolo,
+    source: str | int,
+    output_path: str | None = None,
+    *,
+    batch_size: int | None = None,
+    show: bool = False,
+    save_json: str | None = None,
+    max_frames: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Detects objects in every frame of a video file or camera.
+
+    Args:
+        yolo: a `detector.YOLO`.
+        source: video file, or camera index (int or digit string).
+        output_path: annotated video to write (same size and frame rate as
+            the input; `mp4v`, falling back to `.avi`/`MJPG`); None writes none.
+        batch_size: most frames per forward pass (default: `yolo.batch_size`).
+        show: show frames in a window (needs a display); q or Esc stops.
+        save_json: write one JSON line per frame:
+            `{"frame", "time", "detections": [{"class_id", "class", "score", "box"}]}`.
+        max_frames: stop after this many frames (cameras never end).
+        progress: show a progress bar with the frame rate.
+
+    Returns:
+        `{"frames", "seconds", "fps", "detections", "output", "input_fps", "size"}`.
+
+    Raises:
+        video.VideoError: the input cannot be opened or read, or no codec
+            can write the output.
+    """
+    from .detector import letterbox_array
+    from .video import VideoReader, VideoWriter
+
+    batch_size = batch_size or yolo.batch_size
+    model_size = yolo.model_image_size
+
+    def model_input(frame_bgr):  # on the reader thread
+        return cv2.cvtColor(letterbox_array(frame_bgr, model_size), cv2.COLOR_BGR2RGB)
+
+    reader = VideoReader(source, transform=model_input, rgb=False, max_frames=max_frames)
+    writer = None
+    frames = boxes = 0
+    start = time.perf_counter()
+    try:
+        if output_path:
+            writer = VideoWriter(
+                output_path,
+                reader.fps,
+                reader.size,
+                transform=lambda frame, detections: np.asarray(yolo.draw(frame, detections, bgr=True)),
+                rgb=False,
+            )
+        logger.info(
+            "%s: %dx%d at %.2f fps%s -> %s",
+            reader.name,
+            *reader.size,
+            reader.fps,
+            f", {reader.frame_count} frames" if reader.frame_count else "",
+            writer.path if writer else "(no output video)",
+        )
+        with _json_sink(save_json) as sink, tqdm(
+            total=reader.frame_count, unit="frame", disable=not progress, dynamic_ncols=True, desc="detect"
+        ) as bar:
+            stop = False
+            for batch in reader.batches(batch_size):
+                detections = yolo.detect_letterboxed(np.stack([b[2] for b in batch]), [b[1].shape[:2] for b in batch])
+                for (index, frame, _), found in zip(batch, detections):
+                    if writer is not None:
+                        writer.write(frame, found)
+                    if sink is not None:
+                        record = {"frame": index, "time": round(index / reader.fps, 4), "detections": found.to_records(yolo.class_names)}
+                        sink.write(json.dumps(record) + "\n")
+                    if show and not _show(np.asarray(yolo.draw(frame, found, bgr=True))):
+                        stop = True
+                        break
+                    boxes += found.num_boxes
+                frames += len(batch)
+                bar.update(len(batch))
+                bar.set_postfix(fps=f"{frames / max(time.perf_counter() - start, 1e-9):.1f}", refresh=False)
+                if stop:
+                    break
+        if writer is not None:
+            writer.close()
+    finally:
+        reader.close()
+        if writer is not None:
+            writer.close()
+        if show:
+            with contextlib.suppress(cv2.error):
+                cv2.destroyWindow(_SHOW_WINDOW)
+    seconds = time.perf_counter() - start
+    return {
+        "frames": frames,
+        "seconds": seconds,
+        "fps": frames / seconds if seconds > 0 else 0.0,
+        "detections": boxes,
+        "output": writer.path if writer else None,
+        "input_fps": reader.fps,
+        "size": list(reader.size),
+    }
+
+
+def collect_images(inputs: Iterable[str]) -> list[str]:
+    """Image files named in `inputs`: files as given, folders' images sorted.
+
+    Raises:
+        FileNotFoundError: an input does not exist, or a folder holds no image.
+    """
+    found = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            images = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not images:
+                raise FileNotFoundError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in folder {path}")
+            found += [str(p) for p in images]
+        elif path.is_file():
+            found.append(str(path))
+        else:
+            raise FileNotFoundError(f"image not found: {path}")
+    return found
+
+
+def _output_image_path(image_path: str, output_dir: Path) -> Path:
+    target = output_dir / Path(image_path).name
+    if target.resolve() == Path(image_path).resolve():  # never overwrite the input
+        target = target.with_name(f"{target.stem}_detected{target.suffix}")
+    return target
+
+
+def read_image(path: str) -> np.ndarray:
+    """(H, W, 3) uint8 RGB of an image file, in its stored pixel grid.
+
+    No EXIF rotation: annotation files and the training pipeline use the
+    stored grid, and boxes must mean the same pixels everywhere.
+    """
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def process_images(
+    yolo,
+    inputs: Sequence[str],
+    output_dir: str | None = "detections",
+    *,
+    save_json: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Detects objects in image files and writes annotated copies.
+
+    Args:
+        yolo: a `detector.YOLO`.
+        inputs: image files and/or folders (their images, not recursive).
+        output_dir: where annotated images go, under their own names (None
+            writes none).
+        save_json: write one JSON line per image:
+            `{"image", "width", "height", "detections": [...]}`.
+
+    Returns:
+        `{"images", "failed", "detections", "seconds", "output_dir"}`;
+        unreadable images are logged and counted in `failed`.
+    """
+    paths = collect_images(inputs)
+    out = Path(output_dir) if output_dir else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    done = failed = boxes = 0
+    with _json_sink(save_json) as sink, tqdm(total=len(paths), unit="image", disable=not progress, desc="detect") as bar:
+        for first in range(0, len(paths), yolo.batch_size):
+            batch = []
+            for path in paths[first : first + yolo.batch_size]:
+                try:
+                    batch.append((path, read_image(path)))
+                except (OSError, UnidentifiedImageError, ValueError) as error:
+                    logger.error("cannot read image %s: %s", path, error)
+                    failed += 1
+                    bar.update(1)
+            if not batch:
+                continue
+            for (path, image), found in zip(batch, yolo.detect_batch([image for _, image in batch])):
+                if out is not None:
+                    yolo.draw(image, found).save(_output_image_path(path, out))
+                if sink is not None:
+                    record = {"image": path, "width": image.shape[1], "height": image.shape[0], "detections": found.to_records(yolo.class_names)}
+                    sink.write(json.dumps(record) + "\n")
+                logger.debug("%s: %d boxes", path, found.num_boxes)
+                boxes += found.num_boxes
+                done += 1
+                bar.update(1)
+    return {"images": done, "failed": failed, "detections": boxes, "seconds": time.perf_counter() - start, "output_dir": str(out) if out else None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="yolo_video.py",
+        description="Detect objects in images or a video with trained YOLOv3 weights (keras-yolo3's flags).",
+    )
+    add_model_args(parser, weights_help="weights to load: .weights.h5, .keras or a Keras 2 .h5 (same as --model)")
+    parser.add_argument(
+        "--model",
+        dest="weights",
+        metavar="FILE",
+        help="keras-yolo3's name for --weights (default: model_data/yolo.h5)",
+    )
+    add_detection_args(parser)
+    parser.add_argument("--gpu_num", "--gpus", dest="gpu_num", type=positive_int, default=1, help="GPUs to spread batches of frames over (default: 1)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--image", nargs="+", metavar="PATH", help="image files and/or folders to annotate")
+    source.add_argument("--input", metavar="VIDEO", help="video file, or camera index (0, 1, ...)")
+    parser.add_argument(
+        "--output",
+        metavar="PATH",
+        help="with --input: the annotated video (.mp4 with mp4v, .avi with MJPG); "
+        "with --image: the folder for annotated images (default: detections)",
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="most frames per forward pass (default: 8)")
+    parser.add_argument("--show", action="store_true", help="show the frames in a window (off: the tool runs headless)")
+    parser.add_argument("--save-json", metavar="FILE", help="write the detections of every frame or image as JSON lines")
+    parser.add_argument("--max-frames", type=positive_int, default=None, help="stop after this many video frames")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    weights = args.weights or os.path.join("model_data", "yolo.h5")
+    try:
+        # Cheap checks first: a typo fails before the model is built.
+        if not os.path.isfile(weights):
+            hint = "" if args.weights else " (the default; pass --model FILE)"
+            raise FileNotFoundError(f"model weights not found: {weights}{hint}")
+        if args.image:
+            collect_images(args.image)
+        else:
+            from .video import parse_source
+
+            parse_source(args.input)
+        from .detector import YOLO
+
+        yolo = YOLO(
+            weights,
+            anchors_path=args.anchors or default_anchors_path(args.tiny),
+            classes_path=args.classes or model_data_path("coco_classes.txt"),
+            score=args.score,
+            iou=args.iou,
+            model_image_size=args.input_size,
+            gpu_num=args.gpu_num,
+            batch_size=args.batch_size,
+        )
+        if args.image:
+            stats = process_images(
+                yolo, args.image, args.output or "detections", save_json=args.save_json, progress=not args.no_progress
+            )
+            logger.info(
+                "%d images, %d boxes, annotated images in %s%s",
+                stats["images"],
+                stats["detections"],
+                stats["output_dir"],
+                f"; {stats['failed']} unreadable" if stats["failed"] else "",
+            )
+            return 1 if stats["failed"] else 0
+        if not args.output and not args.save_json and not args.show:
+            logger.warning("no --output, --save-json or --show: detections are counted but not saved")
+        stats = process_video(
+            yolo,
+            args.input,
+            args.output,
+            batch_size=args.batch_size,
+            show=args.show,
+            save_json=args.save_json,
+            max_frames=args.max_frames,
+            progress=not args.no_progress,
+        )
+        logger.info(
+            "%d frames in %.1f s (%.2f fps), %d boxes%s",
+            stats["frames"],
+            stats["seconds"],
+            stats["fps"],
+            stats["detections"],
+            f", video written to {stats['output']}" if stats["output"] else "",
+        )
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError) as error:
+        logger.debug("details", exc_info=True)
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

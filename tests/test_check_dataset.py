@@ -1,0 +1,157 @@
+"""Dataset checker: every problem kind, FILE:LINE output, summary, exit status, read-only."""
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from keras_yolo_mgpu.check_dataset import KINDS, Problem, check_annotations, main
+
+
+def _jpeg(path, size=(64, 48), seed=0):
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, quality=90)
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """An annotation file with one problem of each kind, and good lines around them."""
+    images = tmp_path / "images"
+    images.mkdir()
+    _jpeg(images / "good.jpg")
+    _jpeg(images / "with space.jpg")
+    data = (images / "good.jpg").read_bytes()
+    (images / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    (images / "not_an_image.jpg").write_bytes(b"hello, I am text")
+    lines = [
+        "images/good.jpg 1,2,30,40,0 10,10,20,20,1",  # 1 good
+        "",  # 2 blank
+        "images/missing.jpg 1,2,3,4,0",  # 3 missing-file
+        "images/truncated.jpg 1,2,3,4,0",  # 4 unreadable-image (truncated)
+        "images/not_an_image.jpg",  # 5 unreadable-image
+        "images/good.jpg 1,2,30,40,0 1,2,65,40,1",  # 6 box-outside-image (x2 > 64)
+        "images/good.jpg -1,2,30,40,0",  # 7 box-outside-image (negative)
+        "images/good.jpg 30,2,30,40,0 5,40,9,39,0",  # 8 degenerate-box x2, then y2 <= y1
+        "images/good.jpg 1,2,30,40,20",  # 9 class-out-of-range
+        "images/good.jpg 1,2,30,40,0 5,5,9,9,1 1,2,30,40,0",  # 10 duplicate-box
+        "images/good.jpg 1,2,3,4",  # 11 malformed
+        "images/with space.jpg",  # 12 good background, path with a space
+        "images/good.jpg 1,2,30,40,-1",  # 13 class-out-of-range (negative)
+    ]
+    path = tmp_path / "train.txt"
+    path.write_bytes(("\r\n".join(lines) + "\r\n").encode())
+    return path
+
+
+def _snapshot(folder):
+    return {
+        p: (os.stat(p).st_mtime_ns, hashlib.sha1(open(p, "rb").read()).hexdigest())
+        for p in (os.path.join(d, f) for d, _, files in os.walk(folder) for f in files)
+    }
+
+
+def test_reports_each_problem_on_its_line(dataset):
+    report = check_annotations(str(dataset), num_classes=20)
+    found = [(p.line_number, p.kind) for p in report.problems]
+    assert found == [
+        (3, "missing-file"),
+        (4, "unreadable-image"),
+        (5, "unreadable-image"),
+        (6, "box-outside-image"),
+        (7, "box-outside-image"),
+        (8, "degenerate-box"),
+        (8, "degenerate-box"),
+        (9, "class-out-of-range"),
+        (10, "duplicate-box"),
+        (11, "malformed"),
+        (13, "class-out-of-range"),
+    ]
+    assert set(KINDS) == {kind for _, kind in found}
+    assert [a.line_number for a in report.annotations] == [1, 12]
+    by_line = {p.line_number: p for p in report.problems}
+    assert str(by_line[3]) == f"{dataset}:3: image not found: {dataset.parent / 'images' / 'missing.jpg'}"
+    assert "truncated" in str(by_line[4])
+    assert str(by_line[6]).endswith("box 2 (1,2,65,40,1) extends outside the 64x48 image")
+    assert str(by_line[9]).endswith("box 1 (1,2,30,40,20): class id 20 not in [0, 20)")
+    assert str(by_line[10]).endswith("box 3 (1,2,30,40,0) duplicates box 1")
+    assert str(by_line[11]).startswith(f"{dataset}:11: malformed box token '1,2,3,4'")
+
+
+def test_summary_counts(dataset):
+    report = check_annotations(str(dataset), num_classes=20)
+    assert (report.num_lines, report.num_images, report.num_backgrounds) == (12, 11, 2)
+    assert report.num_boxes == 14
+    assert report.num_bad_lines == 10
+    assert report.problems_by_kind == {
+        "malformed": 1,
+        "missing-file": 1,
+        "unreadable-image": 2,
+        "box-outside-image": 2,
+        "degenerate-box": 2,
+        "class-out-of-range": 2,
+        "duplicate-box": 1,
+    }
+    text = report.summary_text()
+    assert text.startswith(f"{dataset}: 12 lines, 2 usable; 11 images, 14 boxes, 2 backgrounds; 11 problems on 10 lines")
+    assert "unreadable-image 2" in text
+
+
+def test_without_decoding_images_only_existence_is_checked(dataset):
+    report = check_annotations(str(dataset), num_classes=20, check_images=False)
+    kinds = [(p.line_number, p.kind) for p in report.problems]
+    assert (3, "missing-file") in kinds
+    assert not any(kind == "unreadable-image" for _, kind in kinds)
+    assert (6, "box-outside-image") not in kinds  # needs the image size
+    assert (7, "box-outside-image") in kinds  # negative: no size needed
+    assert "(images not decoded)" in report.summary_text()
+
+
+def test_write_problems_lists_every_problem(dataset, tmp_path):
+    report = check_annotations(str(dataset), num_classes=20)
+    out = tmp_path / "logs" / "problems.txt"
+    out.parent.mkdir()
+    report.write_problems(str(out))
+    lines = out.read_text().splitlines()
+    assert lines[:-1] == [str(p) for p in report.problems]
+    assert lines[-1] == report.summary_text()
+
+
+def test_problem_str():
+    assert str(Problem("a.txt", 7, "missing-file", "image not found: x.jpg")) == "a.txt:7: image not found: x.jpg"
+
+
+def test_cli_prints_file_line_problems_and_exits_nonzero_without_modifying(dataset, tmp_path, capsys):
+    classes = tmp_path / "classes.txt"
+    classes.write_text("\n".join(f"c{i}" for i in range(20)) + "\n")
+    before = _snapshot(tmp_path)
+    status = main([str(dataset), "--classes", str(classes)])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 1
+    assert len(out) == 12 and all(line.startswith(f"{dataset}:") for line in out[:-1])
+    assert out[-1].startswith(f"{dataset}: 12 lines, 2 usable")
+    assert _snapshot(tmp_path) == before  # read-only
+
+
+def test_cli_clean_dataset_exits_zero_in_a_subprocess(tmp_path):
+    _jpeg(tmp_path / "a.jpg")
+    (tmp_path / "ok.txt").write_text("a.jpg 1,1,20,20,0\na.jpg\n")
+    before = _snapshot(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_yolo_mgpu.check_dataset", str(tmp_path / "ok.txt"), "--classes",
+         os.path.join(os.path.dirname(__file__), "..", "model_data", "voc_classes.txt")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("2 lines, 2 usable; 2 images, 1 boxes, 1 backgrounds; no problems")
+    assert _snapshot(tmp_path) == before  # read-only
+
+
+def test_cli_usage_errors_exit_2(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.txt"), "--classes", str(tmp_path / "nope_classes.txt")]) == 2
+    classes = tmp_path / "classes.txt"
+    classes.write_text("a\n")
+    assert main([str(tmp_path / "nope.txt"), "--classes", str(classes)]) == 2
+    assert "cannot read" in capsys.readouterr().err

@@ -1,0 +1,377 @@
+"""tf.data pipeline: targets, augmentation equivalence, batching, weights, robustness."""
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from keras_yolo_mgpu.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
+from keras_yolo_mgpu.augment import (
+    augment_boxes,
+    augmentation_params,
+    distort_hsv,
+    letterbox_size,
+    open_image_rgb,
+    sample_augmentation,
+)
+from keras_yolo_mgpu.bench.reference_generator import get_random_data
+from keras_yolo_mgpu.boxes import letterbox_image
+from keras_yolo_mgpu.data import _ImageSource, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
+from keras_yolo_mgpu.model_data import get_anchors, model_data_path
+from keras_yolo_mgpu.targets import preprocess_true_boxes
+
+FULL_ANCHORS = get_anchors(model_data_path("yolo_anchors.txt"))
+TINY_ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
+
+
+def _photo(width, height, seed):
+    """A smooth, photo-like RGB image (gradients and blobs, mild noise)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width] / max(width, height)
+    channels = [
+        127 + 100 * np.sin(rng.uniform(2, 9) * xx + rng.uniform(0, 6)) * np.cos(rng.uniform(2, 9) * yy)
+        for _ in range(3)
+    ]
+    pixels = np.stack(channels, axis=-1) + rng.normal(0, 3, (height, width, 3))
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+def _write_dataset(folder, sizes, num_classes=2, seed=0, ext="png"):
+    """Images of the given (w, h) with 1-3 boxes each; returns the annotation file path."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for index, (w, h) in enumerate(sizes):
+        name = f"img{index}.{ext}"
+        Image.fromarray(_photo(w, h, seed * 100 + index)).save(os.path.join(folder, name))
+        boxes = []
+        for _ in range(rng.integers(1, 4)):
+            x1, y1 = rng.integers(0, w // 2), rng.integers(0, h // 2)
+            boxes.append([x1, y1, x1 + rng.integers(4, w // 2), y1 + rng.integers(4, h // 2), rng.integers(0, num_classes)])
+        lines.append(format_annotation_line(name, boxes))
+    path = os.path.join(folder, "train.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def _random_boxes(rng, batch, num_boxes, shape, num_classes, min_size=0.5):
+    h, w = shape
+    x1 = rng.uniform(0, w - 2, (batch, num_boxes))
+    y1 = rng.uniform(0, h - 2, (batch, num_boxes))
+    x2 = np.minimum(x1 + rng.uniform(min_size, w, (batch, num_boxes)), w)
+    y2 = np.minimum(y1 + rng.uniform(min_size, h, (batch, num_boxes)), h)
+    boxes = np.stack([x1, y1, x2, y2, rng.integers(0, num_classes, (batch, num_boxes))], -1).astype(np.float32)
+    boxes[: batch // 2, :, :4] = np.round(boxes[: batch // 2, :, :4])  # integer boxes too
+    for b in range(batch):  # padding rows at the end, as the pipeline makes them
+        boxes[b, rng.integers(0, num_boxes + 1) :] = 0
+    return boxes
+
+
+# --- targets ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anchors", [FULL_ANCHORS, TINY_ANCHORS], ids=["full", "tiny"])
+@pytest.mark.parametrize("shape", [(416, 416), (320, 480), (64, 96)])
+def test_targets_equal_preprocess_true_boxes_on_random_boxes(anchors, shape):
+    rng = np.random.default_rng(sum(shape) + len(anchors))
+    boxes = _random_boxes(rng, 8, 40, shape, num_classes=5)
+    # Collisions: a later box in the same cell and anchor, other class.
+    boxes[0, 1] = boxes[0, 0] + [0.2, 0.2, 0.2, 0.2, 1]
+    boxes[0, 1, 4] = (boxes[0, 0, 4] + 1) % 5
+    expected = preprocess_true_boxes(boxes, shape, anchors, 5)
+    got = build_targets(boxes, shape, anchors, 5)
+    assert len(got) == len(expected) == len(anchors) // 3
+    for e, g in zip(expected, got):
+        assert g.dtype == tf.float32 and tuple(g.shape) == e.shape
+        np.testing.assert_array_equal(g.numpy(), e)  # bitwise
+    assert sum(e[..., 4].sum() for e in expected) > 20  # the boxes did land
+
+
+def test_targets_last_box_wins_and_class_bits_accumulate():
+    # Centres (105, 106) and (106, 106): cell (13, 13) of the stride-8 grid, anchor 0 for both.
+    boxes = np.array([[[100, 100, 111, 113, 0], [101, 101, 112, 112, 1], [0, 0, 0, 0, 0]]], np.float32)
+    y_true = [t.numpy() for t in build_targets(boxes, (416, 416), FULL_ANCHORS, 3)]
+    cell = y_true[2][0, 13, 13, 0]
+    np.testing.assert_allclose(cell[:4], [106 / 416, 106 / 416, 11 / 416, 11 / 416], rtol=1e-6)
+    np.testing.assert_array_equal(cell[4:], [1, 1, 1, 0])
+    assert sum(t[..., 4].sum() for t in y_true) == 1
+
+
+def test_targets_tiny_anchor_0_dropped_and_anchor_3_written_twice():
+    small = np.array([[[100, 100, 110, 114, 0]]], np.float32)
+    assert all(float(tf.reduce_sum(t)) == 0 for t in build_targets(small, (416, 416), TINY_ANCHORS, 1))
+    mid = np.array([[[100, 100, 181, 182, 0]]], np.float32)
+    y_true = build_targets(mid, (416, 416), TINY_ANCHORS, 1)
+    assert float(tf.reduce_sum(y_true[0][..., 0, 4])) == 1 and float(tf.reduce_sum(y_true[1][..., 2, 4])) == 1
+
+
+# --- augmentation -------------------------------------------------------------------
+
+
+def test_augmentation_params_follow_keras_yolo3_draw_for_draw(tmp_path):
+    """Same random numbers -> same geometry, nearly the same pixels, boxes within 1 px."""
+    path = tmp_path / "photo.png"
+    Image.fromarray(_photo(160, 120, 0)).save(path)
+    annotation = parse_annotation_line(f"{path} 10,20,60,90,0 100,5,150,50,1 0,0,159,119,2 60,60,70,70,3")
+    source = _ImageSource([annotation.image_path], (64, 96), cache=None)
+    rng = np.random.default_rng(0)
+    mean_errors = []
+    for trial in range(60):
+        uniforms = rng.random(11)
+        feed = list(uniforms)
+
+        def rand(a=0.0, b=1.0):
+            return feed.pop(0) * (b - a) + a
+
+        ref_image, ref_boxes = get_random_data(annotation, (64, 96), rand=rand, shuffle=lambda boxes: None)
+        assert not feed  # keras-yolo3 drew exactly 11 numbers
+        params = augmentation_params(uniforms, (64, 96))
+        image, size, ok = source.augmented(0, *[params[k].numpy() for k in ("nw", "nh", "dx", "dy", "flip", "hue", "sat", "val")])
+        assert ok and tuple(size) == (160, 120) and image.shape == (64, 96, 3) and image.dtype == np.float32
+        # Pixels: equal up to the uint8 rounding between PIL's two separable
+        # passes (visible part only) and float32 HSV.
+        error = np.abs(image - ref_image)
+        assert error.max() < 0.08, trial
+        mean_errors.append(error.mean())
+
+        boxes = augment_boxes(annotation.boxes, [160, 120], params, (64, 96), 20, [0, trial]).numpy()
+        boxes, ref_boxes = boxes[boxes[:, 2] > 0], ref_boxes[ref_boxes[:, 2] > 0]
+        # keras-yolo3 truncates to integers; boxes near the 1 px limit may differ.
+        ours = {int(c): b for *b, c in boxes}
+        theirs = {int(c): b for *b, c in ref_boxes}
+        for c in set(ours) & set(theirs):
+            np.testing.assert_allclose(ours[c], theirs[c], atol=1.0)
+        assert len(set(ours) ^ set(theirs)) <= 1
+    assert np.mean(mean_errors) < 0.002
+
+
+@pytest.mark.parametrize("hue, sat, val", [(0.1, 1.5, 1.5), (-0.1, 1 / 1.5, 1 / 1.5), (-0.03, 1.2, 0.7), (0.0, 1.0, 1.0)])
+def test_hsv_jitter_matches_matplotlib_float64(hue, sat, val):
+    from matplotlib.colors import hsv_to_rgb, rgb_to_hsv
+
+    image = np.random.default_rng(5).integers(0, 256, (32, 48, 3), dtype=np.uint8)
+    image[0, :3] = [[0, 0, 0], [255, 255, 255], [128, 128, 128]]  # hue-less pixels
+    x = rgb_to_hsv(image / 255.0)  # keras-yolo3's code, verbatim in effect
+    x[..., 0] += hue
+    x[..., 0][x[..., 0] > 1] -= 1
+    x[..., 0][x[..., 0] < 0] += 1
+    x[..., 1] *= sat
+    x[..., 2] *= val
+    x = np.clip(x, 0, 1)
+    np.testing.assert_allclose(distort_hsv(image, hue, sat, val), hsv_to_rgb(x), atol=2e-6)
+
+
+def test_sampled_parameters_cover_keras_yolo3_ranges():
+    samples = tf.data.Dataset.range(2000).map(
+        lambda i: sample_augmentation(tf.stack([tf.constant(7, tf.int64), i]), (416, 416))
+    )
+    p = {k: np.array(v) for k, v in next(iter(samples.batch(2000))).items()}
+    assert 0.45 < p["flip"].mean() < 0.55
+    assert -0.1 <= p["hue"].min() < -0.09 and 0.09 < p["hue"].max() <= 0.1
+    for key in ("sat", "val"):
+        assert 1 / 1.5 <= p[key].min() < 0.7 and 1.45 < p[key].max() <= 1.5
+        assert 0.45 < (p[key] > 1).mean() < 0.55
+    longest = np.maximum(p["nw"], p["nh"])
+    assert longest.min() >= int(0.25 * 416) - 1 and longest.max() <= 2 * 416
+    for offset, size in (("dx", "nw"), ("dy", "nh")):  # int(U(0, 416 - size)): either side of 0
+        slack = 416 - p[size]
+        assert ((np.minimum(slack, 0) <= p[offset]) & (p[offset] <= np.maximum(slack, 0))).all()
+        assert (p[offset] < 0).any() and (p[offset] > 0).any()
+
+
+def test_open_image_converts_grayscale_rgba_palette_and_16_bit(tmp_path):
+    gray = np.arange(48, dtype=np.uint8).reshape(6, 8) * 5
+    Image.fromarray(gray, "L").save(tmp_path / "gray.png")
+    rgba = np.dstack([np.full((6, 8, 3), 200, np.uint8), np.full((6, 8), 7, np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "rgba.png")
+    palette = Image.fromarray(np.zeros((6, 8), np.uint8), "P")
+    palette.putpalette([90, 91, 92] + [0] * 765)
+    palette.save(tmp_path / "palette.png")
+    deep = np.full((6, 8), 65535, np.uint16)
+    deep[0, 0] = 32896  # 128 * 257
+    Image.fromarray(deep).save(tmp_path / "deep.png")  # 16-bit grayscale
+    Image.fromarray(np.full((6, 8, 4), 50, np.uint8), "CMYK").save(tmp_path / "cmyk.jpg")
+
+    def load(name):
+        image, size, _ = open_image_rgb(str(tmp_path / name))
+        assert image.mode == "RGB" and size == (8, 6)
+        return np.asarray(image)
+
+    np.testing.assert_array_equal(load("gray.png")[..., 1], gray)
+    np.testing.assert_array_equal(load("rgba.png"), 200)
+    np.testing.assert_array_equal(load("palette.png"), np.broadcast_to([90, 91, 92], (6, 8, 3)))
+    deep_rgb = load("deep.png")
+    assert deep_rgb[0, 0].tolist() == [128] * 3 and deep_rgb[1:].min() == 255
+    assert load("cmyk.jpg").shape == (6, 8, 3)
+
+
+# --- the dataset --------------------------------------------------------------------
+
+
+def test_steps_per_epoch():
+    assert steps_per_epoch(10, 4) == 3 and steps_per_epoch(8, 4) == 2 and steps_per_epoch(1, 32) == 1
+    with pytest.raises(ValueError):
+        steps_per_epoch(0, 4)
+
+
+def test_shuffled_indices_cover_every_image_each_pass():
+    stream = list(_shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
+    passes = [stream[i : i + 10] for i in range(0, 40, 10)]
+    assert all(sorted(p) == list(range(10)) for p in passes)
+    assert len({tuple(p) for p in passes}) == 4  # reshuffled every pass
+    again = list(_shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
+    assert again == stream
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    sizes = [(96, 64), (64, 96), (80, 80), (120, 60), (64, 64), (100, 70), (70, 100), (64, 48), (90, 90), (72, 96)]
+    return read_annotations(_write_dataset(str(folder), sizes))
+
+
+@pytest.mark.parametrize("anchors", [FULL_ANCHORS, TINY_ANCHORS], ids=["full", "tiny"])
+def test_training_batches_structure_and_determinism(small_dataset, anchors):
+    def first_batches(seed):
+        dataset = make_dataset(small_dataset, (64, 96), anchors, 2, 4, training=True, seed=seed)
+        return list(dataset.take(3).as_numpy_iterator())
+
+    batches = first_batches(1)
+    x, y = batches[0]
+    layers = len(anchors) // 3
+    assert sorted(x) == ["image"] + [f"y_true_{i}" for i in range(layers)]
+    assert x["image"].shape == (4, 64, 96, 3) and x["image"].dtype == np.float32
+    assert 0 <= x["image"].min() and x["image"].max() <= 1
+    assert x["y_true_0"].shape == (4, 2, 3, 3, 7) and x["y_true_1"].shape == (4, 4, 6, 3, 7)
+    if layers == 3:
+        assert x["y_true_2"].shape == (4, 8, 12, 3, 7)
+    assert y.shape == (4, 1) and not y.any()
+    assert all(b[0]["image"].shape[0] == 4 for b in batches)  # every batch full, past the end of a pass
+    assert sum(b[0][f"y_true_{i}"][..., 4].sum() for b in batches for i in range(layers)) > 0
+    again = first_batches(1)
+    for a, b in zip(batches, again):
+        for key in a[0]:
+            np.testing.assert_array_equal(a[0][key], b[0][key])
+    other = first_batches(2)
+    assert not np.array_equal(batches[0][0]["image"], other[0][0]["image"])
+
+
+def test_validation_letterboxes_in_order_pads_and_weights(small_dataset):
+    dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False)
+    batches = list(dataset.as_numpy_iterator())
+    assert len(batches) == 3  # ceil(10 / 4)
+    images = np.concatenate([b[0]["image"] for b in batches])
+    weights = np.concatenate([b[2] for b in batches])
+    np.testing.assert_allclose(weights, [1.2] * 10 + [0, 0])  # 3 * 4 / 10
+    np.testing.assert_allclose(images[10:], 128 / 255)
+    for index, annotation in enumerate(small_dataset):
+        # Exactly the detector's letterbox (boxes.letterbox_image), never augmented.
+        expected = np.asarray(letterbox_image(Image.open(annotation.image_path), (96, 64))) / 255.0
+        np.testing.assert_allclose(images[index], expected, atol=1e-6)
+    # Targets equal preprocess_true_boxes on the letterboxed boxes.
+    boxes = np.zeros((12, 20, 5), np.float32)
+    for index, annotation in enumerate(small_dataset):
+        iw, ih = Image.open(annotation.image_path).size
+        scale = min(96 / iw, 64 / ih)
+        nw, nh, dx, dy = letterbox_size((iw, ih), (96, 64))
+        b = annotation.boxes.copy()
+        b[:, [0, 2]] = b[:, [0, 2]] * np.float32(scale) + dx
+        b[:, [1, 3]] = b[:, [1, 3]] * np.float32(scale) + dy
+        boxes[index, : len(b)] = b
+    expected = preprocess_true_boxes(boxes, (64, 96), TINY_ANCHORS, 2)
+    for layer in range(2):
+        got = np.concatenate([b[0][f"y_true_{layer}"] for b in batches])
+        np.testing.assert_allclose(got, expected[layer], atol=1e-6)
+
+
+def test_validation_weights_give_the_mean_over_real_samples_in_keras(small_dataset):
+    """sum_over_batch_size per batch, averaged over batches == per-sample mean."""
+    dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False)
+    inputs = {
+        "image": keras.Input((64, 96, 3), name="image"),
+        "y_true_0": keras.Input((2, 3, 3, 7), name="y_true_0"),
+        "y_true_1": keras.Input((4, 6, 3, 7), name="y_true_1"),
+    }
+    # The per-sample "loss" is |mean pixel - 0.5|, known without Keras; near 0
+    # for the grey padding, so counting the padding would lower the mean.
+    per_sample = keras.layers.GlobalAveragePooling2D()(inputs["image"])
+    per_sample = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(1 / 3), use_bias=False)(per_sample)
+    model = keras.Model(inputs, per_sample)
+    model.compile(loss=lambda y_true, y_pred: keras.ops.abs(y_pred[:, 0] - 0.5))
+    loss = model.evaluate(dataset, verbose=0)
+    real_images = np.concatenate([b[0]["image"] for b in dataset.as_numpy_iterator()])[:10]
+    assert loss == pytest.approx(np.abs(real_images.mean(axis=(1, 2, 3)) - 0.5).mean(), abs=1e-5)
+    # Without weights the padding would count: the claim is not vacuous.
+    unweighted = model.evaluate(dataset.map(lambda x, y, w: (x, y)), verbose=0)
+    assert unweighted < loss * 0.9
+
+
+def test_failed_decode_mid_run_warns_and_keeps_going(tmp_path, caplog):
+    path = _write_dataset(str(tmp_path), [(64, 64)] * 5, ext="jpg")
+    annotations = read_annotations(path)
+    broken = annotations[2].image_path
+    dataset_train = make_dataset(annotations, (64, 64), TINY_ANCHORS, 2, 4, training=True, seed=0)
+    dataset_val = make_dataset(annotations, (64, 64), TINY_ANCHORS, 2, 4, training=False)
+    with open(broken, "r+b") as f:  # truncated after the datasets were made
+        f.truncate(100)
+    with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu.data"):
+        train_batches = list(dataset_train.take(3).as_numpy_iterator())
+        val_batches = list(dataset_val.as_numpy_iterator())
+    assert len(train_batches) == 3
+    warnings = [r.getMessage() for r in caplog.records if broken in r.getMessage()]
+    assert warnings and "cannot read image" in warnings[0]
+    assert len(warnings) == 1  # once per file, not once per use
+    weights = np.concatenate([b[2] for b in val_batches])
+    np.testing.assert_allclose(weights, [1.6, 1.6, 0, 1.6, 1.6, 0, 0, 0])  # nothing dropped, the bad one weighs 0
+    np.testing.assert_allclose(val_batches[0][0]["image"][2], 128 / 255)
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_cache_gives_the_same_validation_images(small_dataset, tmp_path, cache):
+    cache = str(tmp_path / "cache") if cache == "disk" else cache
+    plain = list(make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False).as_numpy_iterator())
+    for _ in range(2):  # the second pass reads the cache
+        cached = list(make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False, cache=cache).as_numpy_iterator())
+        for a, b in zip(plain, cached):
+            np.testing.assert_array_equal(a[0]["image"], b[0]["image"])
+            np.testing.assert_array_equal(a[0]["y_true_0"], b[0]["y_true_0"])
+    if cache != "ram":
+        assert len(os.listdir(cache)) == len(small_dataset)
+    train = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=True, seed=0, cache=cache)
+    x, _ = next(iter(train))
+    assert x["image"].shape == (4, 64, 96, 3)
+
+
+def test_training_without_augmentation_is_letterboxed(small_dataset):
+    dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 10, training=True, augment=False, seed=0)
+    images = next(iter(dataset))[0]["image"].numpy()
+    expected = {
+        a.image_path: np.asarray(letterbox_image(Image.open(a.image_path), (96, 64))) / 255.0 for a in small_dataset
+    }
+    for image in images:  # a shuffled pass: each image is one of the letterboxed ones
+        assert min(np.abs(image - e).max() for e in expected.values()) < 1e-6
+
+
+def test_bad_arguments_are_refused(small_dataset):
+    bad_class = small_dataset[:1] + [Annotation("/x.jpg", np.array([[1, 2, 3, 4, 5]], np.float32), "t.txt", 9)]
+    with pytest.raises(ValueError, match=r"^t.txt:9: class id 5 is out of range for 2 classes"):
+        make_dataset(bad_class, (64, 96), TINY_ANCHORS, 2, 4, training=True)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        make_dataset(small_dataset, (60, 96), TINY_ANCHORS, 2, 4, training=True)
+    with pytest.raises(ValueError, match="empty"):
+        make_dataset([], (64, 96), TINY_ANCHORS, 2, 4, training=True)
+
+
+def test_distributed_batches_split_evenly_over_replicas(small_dataset, logical_cpus):
+    strategy = tf.distribute.MirroredStrategy(logical_cpus[:4])
+    for training in (True, False):
+        dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 8, training=training, seed=0)
+        element = next(iter(strategy.experimental_distribute_dataset(dataset)))
+        images = strategy.experimental_local_results(element[0]["image"])
+        assert [int(t.shape[0]) for t in images] == [2, 2, 2, 2]
+        if not training:
+            weights = strategy.experimental_local_results(element[2])
+            assert [int(t.shape[0]) for t in weights] == [2, 2, 2, 2]

@@ -1,0 +1,51 @@
+"""`python -m keras_yolo_mgpu.demo --quick`: every stage runs, every output exists.
+
+The learning result itself (mAP@0.5 >= 0.8) takes ~10 minutes and is
+measured by `make demo` (BENCHMARKS.md); this is the smoke run.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from keras_yolo_mgpu.demo import build_parser, format_summary
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _pipeline_ready() -> bool:
+    modules = ("training", "data", "evaluate", "yolo_video", "detector", "kmeans", "check_dataset")
+    return all(importlib.util.find_spec(f"keras_yolo_mgpu.{m}") for m in modules)
+
+
+def test_parser_refuses_misspelt_flags(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--epoch", "3"])
+    assert "--epochs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _pipeline_ready(), reason="training pipeline not complete yet")
+def test_quick_demo_runs_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "keras_yolo_mgpu.demo", "--quick", "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    summary = json.loads((out / "summary.json").read_text())
+    # Without a GPU the demo trains on 2 simulated devices: the multi-GPU path.
+    assert summary["replicas"] >= 2 or "GPU" in summary["devices"]
+    assert summary["mAP50"] is None or 0.0 <= summary["mAP50"] <= 1.0
+    for name in ("train_annotations", "val_annotations", "classes", "anchors", "weights", "metrics",
+                 "input_video", "output_video", "video_detections"):
+        assert Path(summary["outputs"][name]).is_file(), name
+    assert summary["video"]["frames"] == 8
+    assert "Demo outputs:" in proc.stdout and "mAP@0.5" in proc.stdout
+    # The closing message is what format_summary makes of summary.json.
+    assert format_summary(summary).strip() in proc.stdout

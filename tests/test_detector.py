@@ -1,0 +1,242 @@
+"""The YOLO detector, the decode/NMS layers and box drawing."""
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, random_images, write_classes
+from PIL import Image
+
+from keras_yolo_mgpu.boxes import letterbox_image, yolo_eval
+from keras_yolo_mgpu.detector import YOLO, Detections, as_rgb_array, letterbox_array
+from keras_yolo_mgpu.draw import class_colors, draw_detections
+from keras_yolo_mgpu.inference_layers import YoloDecode, YoloNMS, build_inference_model
+
+SCORE, IOU = 0.5, 0.45
+
+
+@pytest.fixture(scope="module")
+def body():
+    return make_body()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, body):
+    folder = tmp_path_factory.mktemp("detector")
+    weights = str(folder / "tiny.weights.h5")
+    body.save_weights(weights)
+    return {"weights": weights, "classes": write_classes(folder / "classes.txt")}
+
+
+@pytest.fixture(scope="module")
+def yolo(body):
+    return YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE, batch_size=3)
+
+
+def reference_detections(body, image_float, image_shape, max_boxes=20):
+    """keras-yolo3's yolo_eval on one image: rows (x1, y1, x2, y2, score, class), sorted."""
+    raw = body(image_float[None], training=False)
+    boxes, scores, classes = yolo_eval(raw, TINY_ANCHORS, 2, image_shape, max_boxes=max_boxes, score_threshold=SCORE, iou_threshold=IOU)
+    rows = np.concatenate([boxes.numpy()[:, [1, 0, 3, 2]], scores.numpy()[:, None], classes.numpy()[:, None]], axis=1)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+def as_rows(boxes, scores, classes):
+    rows = np.concatenate([np.asarray(boxes), np.asarray(scores)[:, None], np.asarray(classes, np.float32)[:, None]], axis=1)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+# ---- the layers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["combined", "padded"])
+def test_layers_match_yolo_eval(body, method):
+    """Batched decoding + NMS select exactly what keras-yolo3's yolo_eval selects, image by image."""
+    images = np.random.default_rng(1).random((3, *INPUT_SHAPE, 3), dtype=np.float32)
+    shapes = np.array([[96, 128], [200, 300], [480, 100]], np.float32)
+    model = build_inference_model(
+        body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, iou_threshold=IOU,
+        max_boxes_per_class=20, max_detections=40, nms_method=method,
+    )
+    out = model([images, shapes])
+    for i in range(3):
+        expected = reference_detections(body, images[i], shapes[i])
+        n = int(out["valid_detections"][i])
+        assert n == len(expected) > 3
+        got = as_rows(out["boxes"][i, :n], out["scores"][i, :n], out["classes"][i, :n])
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+        assert np.all(np.diff(np.asarray(out["scores"][i, :n])) <= 0)  # best first
+        assert not np.any(np.asarray(out["boxes"][i, n:]))  # zero padding
+
+
+def test_nms_keeps_the_best_max_detections(body):
+    images = np.random.default_rng(2).random((2, *INPUT_SHAPE, 3), dtype=np.float32)
+    shapes = np.array([[96, 128], [300, 200]], np.float32)
+    full = build_inference_model(body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, max_detections=40)
+    capped = build_inference_model(body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, max_detections=5, nms_method="padded")
+    a, b = full([images, shapes]), capped([images, shapes])
+    assert b["boxes"].shape == (2, 5, 4)
+    np.testing.assert_array_equal(b["valid_detections"], [5, 5])
+    np.testing.assert_allclose(b["scores"], a["scores"][:, :5], atol=1e-6)
+    np.testing.assert_allclose(b["boxes"], a["boxes"][:, :5], atol=1e-4)
+
+
+def test_layers_serialize_and_saved_inference_model_reloads(body, tmp_path):
+    decode = YoloDecode(TINY_ANCHORS, 2)
+    nms = YoloNMS(max_detections=7, max_boxes_per_class=3, score_threshold=0.2, iou_threshold=0.6, method="padded")
+    for layer in (decode, nms):
+        clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+        assert type(clone) is type(layer) and clone.get_config() == layer.get_config()
+    with pytest.raises(ValueError, match="method"):
+        YoloNMS(method="soft")
+
+    model = build_inference_model(body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE)
+    path = str(tmp_path / "inference.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)  # no custom_objects: the layers are registered
+    images = np.random.default_rng(3).random((2, *INPUT_SHAPE, 3), dtype=np.float32)
+    shapes = np.array([[96, 128], [250, 90]], np.float32)
+    expected, got = model([images, shapes]), loaded([images, shapes])
+    for key in expected:
+        np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(expected[key]))
+
+
+# ---- the detector ------------------------------------------------------------------
+
+
+def test_yolo_loads_weights_file_and_detects_like_yolo_eval(files, body):
+    yolo = YOLO(files["weights"], TINY_ANCHORS_PATH, files["classes"], score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE)
+    assert yolo.class_names == CLASS_NAMES
+    images = random_images(4, seed=4)
+    batch = yolo.detect_batch(images)
+    total = 0
+    for image, found in zip(images, batch):
+        assert isinstance(found, Detections)
+        assert found.boxes.dtype == np.float32 and found.classes.dtype == np.int32
+        height, width = image.shape[:2]
+        assert np.all(found.boxes >= 0) and np.all(found.boxes[:, [0, 2]] <= width) and np.all(found.boxes[:, [1, 3]] <= height)
+        single = yolo.detect(image)
+        np.testing.assert_allclose(single.boxes, found.boxes, atol=1e-3)
+        np.testing.assert_array_equal(single.classes, found.classes)
+        # keras-yolo3's path on the same letterboxed input, clipped the same way.
+        letterboxed = letterbox_array(image, INPUT_SHAPE).astype(np.float32) / 255.0
+        expected = reference_detections(body, letterboxed, np.array([height, width], np.float32))
+        expected[:, [0, 2]] = np.clip(expected[:, [0, 2]], 0, width)
+        expected[:, [1, 3]] = np.clip(expected[:, [1, 3]], 0, height)
+        np.testing.assert_allclose(as_rows(*found), expected[np.lexsort(expected.T[::-1])], atol=1e-3)
+        total += found.num_boxes
+    assert total > 10
+
+
+def test_gpu_num_spreads_batches_with_identical_detections(body, yolo, logical_cpus):
+    assert len(logical_cpus) >= 4
+    spread = YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE, gpu_num=4, batch_size=7)
+    assert len(set(spread.devices)) == 4
+    images = random_images(7, seed=5)
+    for a, b in zip(yolo.detect_batch(images), spread.detect_batch(images)):
+        # Same boxes; the last float bits may differ because each device
+        # convolves a smaller batch (7 images vs slices of 2, 2, 2, 1).
+        np.testing.assert_array_equal(a.classes, b.classes)
+        np.testing.assert_allclose(a.boxes, b.boxes, rtol=0, atol=1e-3)
+        np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="gpu_num=9"):
+        YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, gpu_num=9)
+
+
+def test_yolo_errors_are_clear(files, tmp_path):
+    with pytest.raises(FileNotFoundError, match="model weights not found"):
+        YOLO(str(tmp_path / "missing.h5"), TINY_ANCHORS_PATH, files["classes"])
+    three = write_classes(tmp_path / "three.txt", ["a", "b", "c"])
+    with pytest.raises(ValueError, match="--classes"):
+        YOLO(files["weights"], TINY_ANCHORS_PATH, three, model_image_size=INPUT_SHAPE)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        YOLO(files["weights"], TINY_ANCHORS_PATH, files["classes"], model_image_size=(100, 100))
+
+
+def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, logical_cpus):
+    """Train one step on 4 replicas, save the template, detect on one device.
+
+    The replicas are `parallel.multi_gpu_model`'s, on 4 logical CPUs, run
+    eagerly: a MirroredStrategy `fit` costs over a minute of tracing here,
+    and the file written from the template is the same kind either way.
+    """
+    from keras_yolo_mgpu.checkpoints import save_weights_atomic
+    from keras_yolo_mgpu.loss import totalloss
+    from keras_yolo_mgpu.model import create_model
+    from keras_yolo_mgpu.parallel import multi_gpu_model
+    from keras_yolo_mgpu.targets import preprocess_true_boxes
+
+    keras.utils.set_random_seed(7)
+    body, train_model = create_model((64, 64), TINY_ANCHORS, 2, freeze_body=0)
+    before = [w.copy() for w in body.get_weights()]
+    parallel_model = multi_gpu_model(train_model, devices=logical_cpus[:4])
+    parallel_model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=totalloss, run_eagerly=True)
+    rng = np.random.default_rng(0)
+    images = rng.random((8, 64, 64, 3), dtype=np.float32)
+    true_boxes = np.zeros((8, 2, 5), np.float32)
+    true_boxes[:, 0] = [8, 8, 40, 48, 1]
+    y_true = preprocess_true_boxes(true_boxes, (64, 64), TINY_ANCHORS, 2)
+    inputs = {"image": images, **{f"y_true_{i}": y for i, y in enumerate(y_true)}}
+    parallel_model.fit(inputs, np.zeros((8, 1), np.float32), batch_size=8, epochs=1, verbose=0)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, body.get_weights()))  # it trained
+
+    path = str(tmp_path / "replicas.weights.h5")
+    save_weights_atomic(body, path)
+    classes = write_classes(tmp_path / "classes.txt")
+    loaded = YOLO(path, TINY_ANCHORS_PATH, classes, score=0.05, model_image_size=(64, 64))
+    in_memory = YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, score=0.05, model_image_size=(64, 64))
+    test_images = random_images(3, seed=8)
+    found = 0
+    for a, b in zip(loaded.detect_batch(test_images), in_memory.detect_batch(test_images)):
+        np.testing.assert_array_equal(a.boxes, b.boxes)
+        np.testing.assert_array_equal(a.scores, b.scores)
+        np.testing.assert_array_equal(a.classes, b.classes)
+        found += a.num_boxes
+    assert found > 0
+
+
+# ---- pre- and post-processing ------------------------------------------------------
+
+
+def test_letterbox_array_matches_keras_yolo3_letterbox():
+    y, x = np.mgrid[0:150, 0:300]
+    image = np.stack([x * 255 // 299, y * 255 // 149, (x + y) * 255 // 448], axis=-1).astype(np.uint8)
+    ours = letterbox_array(image, (96, 128)).astype(int)
+    theirs = np.asarray(letterbox_image(Image.fromarray(image), (128, 96))).astype(int)
+    grey = np.all(theirs == 128, axis=-1)
+    np.testing.assert_array_equal(np.all(ours == 128, axis=-1)[:, 0], grey[:, 0])  # same bands
+    assert np.abs(ours - theirs).mean() < 1.5
+
+
+def test_as_rgb_array_normalises_inputs():
+    assert as_rgb_array(np.zeros((5, 6), np.uint8)).shape == (5, 6, 3)
+    assert as_rgb_array(np.zeros((5, 6, 4), np.uint8)).shape == (5, 6, 3)
+    assert as_rgb_array(np.full((2, 2, 3), 1.0, np.float32)).max() == 255
+    assert as_rgb_array(Image.new("L", (6, 5))).shape == (5, 6, 3)
+    with pytest.raises(ValueError, match="RGB"):
+        as_rgb_array(np.zeros((5,), np.uint8))
+
+
+def test_draw_detections_uses_class_colours():
+    image = np.zeros((120, 160, 3), np.uint8)
+    drawn = draw_detections(image, np.array([[20, 40, 100, 110]], np.float32), [0.87], [1], CLASS_NAMES)
+    assert isinstance(drawn, Image.Image) and drawn.size == (160, 120)
+    pixels = np.asarray(drawn)
+    colour = class_colors(2)[1]
+    assert tuple(pixels[75, 20]) == colour  # left edge of the box
+    assert tuple(pixels[110, 60]) == colour  # bottom edge
+    assert pixels[20:40, 20:100].any()  # the label sits above the box
+    assert not image.any()  # input untouched
+    # On an OpenCV BGR frame the colour is swapped, so the written video shows the same colour.
+    bgr = np.asarray(draw_detections(image, np.array([[20, 40, 100, 110]], np.float32), [0.87], [1], CLASS_NAMES, bgr=True))
+    assert tuple(bgr[75, 20]) == colour[::-1]
+
+
+def test_detect_image_returns_annotated_copy(yolo):
+    image = Image.fromarray(random_images(1, seed=4)[0])
+    found = yolo.detect(image)
+    assert found.num_boxes > 0
+    annotated = yolo.detect_image(image)
+    assert annotated.size == image.size and annotated.mode == "RGB"
+    assert not np.array_equal(np.asarray(annotated), np.asarray(image))
+    yolo.close_session()  # keras-yolo3 compatibility

@@ -1,0 +1,102 @@
+"""evaluate.py: COCO mAP through faster-coco-eval, P/R at a threshold, PR curve, CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body
+
+from keras_yolo_mgpu.evaluate import evaluate_detections, main
+from keras_yolo_mgpu.synthetic import make_synthetic_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = ["cat", "dog"]
+# 101-point interpolation: precision 1 up to recall 0.5 covers 51 of 101 points.
+HALF_RECALL_AP = 51 / 101
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """Two images (a blank line between them), three boxes, and hand-checked detections."""
+    annotations = tmp_path / "val.txt"
+    annotations.write_text("img0.jpg 10,10,50,50,0\n\nimg1.jpg 20,20,60,40,1 0,0,10,10,0\n", encoding="utf-8")
+    classes = tmp_path / "classes.txt"
+    classes.write_text("\n".join(CLASSES) + "\n", encoding="utf-8")
+    detections = [
+        {"image_id": 0, "category_id": 0, "bbox": [10, 10, 40, 40], "score": 0.9},  # exact: TP at every IoU
+        # Shifted 9 px: IoU 31/49 = 0.633, a TP at IoU .50, .55, .60 only.
+        {"image_id": 1, "category_id": 1, "bbox": [29, 20, 40, 20], "score": 0.8},
+        {"image_id": 0, "category_id": 1, "bbox": [60, 60, 10, 10], "score": 0.4},  # FP, ranked after the TP
+    ]  # the cat in image 1 is missed
+    path = tmp_path / "detections.json"
+    path.write_text(json.dumps(detections))
+    return {"annotations": str(annotations), "classes": str(classes), "detections": str(path), "list": detections}
+
+
+def test_hand_computed_map_precision_and_recall(dataset, tmp_path):
+    result = evaluate_detections(dataset["detections"], dataset["annotations"], dataset["classes"], score=0.5, pr_curve=str(tmp_path / "pr.png"))
+    cat, dog = result["per_class"]["cat"], result["per_class"]["dog"]
+    assert cat["AP"] == pytest.approx(HALF_RECALL_AP) and cat["AP50"] == pytest.approx(HALF_RECALL_AP)
+    assert dog["AP"] == pytest.approx(0.3) and dog["AP50"] == pytest.approx(1.0)
+    assert (cat["ground_truth"], dog["ground_truth"], dog["detections"]) == (2, 1, 2)
+    assert result["mAP"] == pytest.approx((HALF_RECALL_AP + 0.3) / 2)
+    assert result["mAP50"] == pytest.approx((HALF_RECALL_AP + 1.0) / 2)
+    # Score >= 0.5 keeps the two true positives: precision 1, recall 2/3.
+    assert (result["tp"], result["fp"], result["fn"]) == (2, 0, 1)
+    assert result["precision"] == 1.0 and result["recall"] == pytest.approx(2 / 3)
+    assert (tmp_path / "pr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    lower = evaluate_detections(dataset["list"], dataset["annotations"], CLASSES, score=0.3)
+    assert (lower["tp"], lower["fp"], lower["precision"]) == (2, 1, pytest.approx(2 / 3))
+    assert lower["mAP"] == pytest.approx(result["mAP"])  # the threshold does not touch mAP
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"image_id": 2, "category_id": 0, "bbox": [0, 0, 1, 1], "score": 1}, "image_id 2 is not an image index"),
+        ({"image_id": 0, "category_id": 5, "bbox": [0, 0, 1, 1], "score": 1}, "category_id 5"),
+        ({"image_id": 0, "category_id": 0, "bbox": [0, 0, 1], "score": 1}, "bbox must be"),
+        ({"image_id": 0, "category_id": 0, "bbox": [0, 0, 1, 1]}, "missing score"),
+    ],
+)
+def test_bad_detections_are_named(dataset, entry, message):
+    with pytest.raises(ValueError, match=message):
+        evaluate_detections([entry], dataset["annotations"], CLASSES)
+
+
+def test_cli_detections_last_line_is_json(dataset, tmp_path, capsys):
+    argv = ["--annotations", dataset["annotations"], "--classes", dataset["classes"], "--detections", dataset["detections"],
+            "--pr-curve", str(tmp_path / "curve.png")]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["mAP"] == pytest.approx((HALF_RECALL_AP + 0.3) / 2)
+    assert result["mAP50"] == pytest.approx((HALF_RECALL_AP + 1.0) / 2)
+    assert any(line.startswith("cat ") for line in lines) and (tmp_path / "curve.png").is_file()
+
+    assert main(["--annotations", dataset["annotations"], "--classes", dataset["classes"], "--detections", str(tmp_path / "no.json")]) == 1
+    assert "error: detections file not found" in capsys.readouterr().err
+
+
+def test_cli_weights_end_to_end_matches_saved_detections(tmp_path):
+    """evaluate.py --weights in a subprocess; its saved detections re-scored here give the same mAP."""
+    data = make_synthetic_dataset(tmp_path / "data", num_train=0, num_val=6, image_size=96, classes=("circle", "square"))
+    weights = str(tmp_path / "tiny.weights.h5")
+    make_body().save_weights(weights)
+    saved = tmp_path / "detections.json"
+    command = [sys.executable, str(REPO / "evaluate.py"), "--annotations", data.val, "--classes", data.classes,
+               "--anchors", TINY_ANCHORS_PATH, "--weights", weights, "--input-size", f"{INPUT_SHAPE[0]}x{INPUT_SHAPE[1]}",
+               "--save-detections", str(saved), "--pr-curve", str(tmp_path / "pr.png"), "--no-progress"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"mAP", "mAP50", "per_class", "precision", "recall"} <= set(report)
+    assert report["num_images"] == 6 and report["num_detections"] > 0
+    assert (tmp_path / "pr.png").is_file()
+
+    rescored = evaluate_detections(str(saved), data.val, data.classes)
+    assert rescored["mAP"] == pytest.approx(report["mAP"]) and rescored["mAP50"] == pytest.approx(report["mAP50"])

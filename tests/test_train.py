@@ -1,0 +1,160 @@
+"""train.py as users run it: real subprocesses on a few generated images."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from keras_yolo_mgpu.synthetic import make_synthetic_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(REPO, "train.py")
+
+
+def _env(**extra):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def _run(args, timeout=300, **env):
+    return subprocess.run(
+        [sys.executable, TRAIN, *args], capture_output=True, text=True, timeout=timeout, env=_env(**env), cwd=REPO
+    )
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    return make_synthetic_dataset(root, num_train=12, num_val=4, image_size=64, seed=0)
+
+
+def _small_run_args(dataset, log_dir, *extra):
+    return [
+        "--annotations", dataset.train, "--val-annotations", dataset.val, "--classes", dataset.classes,
+        "--tiny", "--input-size", "64", "--batch-size", "4", "--log-dir", str(log_dir), "--quiet", *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_two_simulated_gpus_write_a_checkpoint_that_loads_on_one_device(dataset, tmp_path):
+    log_dir = tmp_path / "run"
+    result = _run(_small_run_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2", "--freeze-epochs", "1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = set(os.listdir(log_dir))
+    for name in ("args.json", "history.csv", "loss.png", "trained_weights_final.weights.h5", "trained_weights_stage_1.weights.h5", "tensorboard"):
+        assert name in files, (name, files)
+    assert any(f.startswith("ep") and f.endswith(".weights.h5") for f in files)
+    assert "2 replica(s)" in result.stderr
+    history = (log_dir / "history.csv").read_text().splitlines()
+    assert len(history) == 3  # header + 2 epochs
+    assert "images_per_sec" in history[0]
+
+    # This process sees 4 logical CPUs, but inference needs only one device.
+    from keras_yolo_mgpu.checkpoints import load_weights
+    from keras_yolo_mgpu.model import build_body
+    from keras_yolo_mgpu.model_data import default_anchors_path, get_anchors
+
+    body = build_body(get_anchors(default_anchors_path(True)), 4)
+    report = load_weights(body, str(log_dir / "trained_weights_final.weights.h5"))
+    assert report.loaded > 0 and not report.skipped
+    outputs = body.predict(np.zeros((1, 64, 64, 3), np.float32), verbose=0)
+    assert all(np.isfinite(o).all() for o in outputs)
+
+
+def test_more_gpus_than_visible_stops_with_the_count(dataset, tmp_path):
+    result = _run(_small_run_args(dataset, tmp_path / "run", "--gpus", "4", "--epochs", "1"), timeout=120)
+    assert result.returncode != 0
+    assert "TensorFlow sees 0" in result.stderr
+    assert not (tmp_path / "run").exists()  # refused before writing anything
+
+
+def test_global_batch_that_does_not_divide_is_refused(dataset, tmp_path):
+    result = _run(_small_run_args(dataset, tmp_path / "run", "--gpus", "3", "--simulate-devices", "--epochs", "1"), timeout=120)
+    assert result.returncode != 0
+    assert "does not divide over 3 replicas" in result.stderr
+
+
+def test_typo_in_flag_gets_a_suggestion():
+    result = _run(["--epoch", "3"], timeout=60)
+    assert result.returncode == 2
+    assert "did you mean --epochs" in result.stderr
+
+
+def test_no_annotations_explains_how_to_start():
+    result = _run([], timeout=60)
+    assert result.returncode == 2
+    assert "python train.py --annotations" in result.stdout
+
+
+def test_existing_run_is_not_overwritten(dataset, tmp_path):
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    (log_dir / "args.json").write_text("{}")
+    result = _run(_small_run_args(dataset, log_dir, "--epochs", "1"), timeout=120)
+    assert result.returncode == 1
+    assert "already holds a run" in result.stderr
+    assert (log_dir / "args.json").read_text() == "{}"
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_epoch_count(dataset, tmp_path):
+    log_dir = tmp_path / "run"
+    epochs = 6
+    args = _small_run_args(dataset, log_dir, "--epochs", str(epochs), "--freeze-epochs", "2", "--freeze-body", "0",
+                           "--lr", "1e-3", "--lr2", "5e-4", "--no-augment")
+    process = subprocess.Popen([sys.executable, TRAIN, *args], env=_env(), cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    history = log_dir / "history.csv"
+    deadline = time.time() + 240
+    # Kill mid-training once three epochs are done (stage 2 has started).
+    while time.time() < deadline and process.poll() is None:
+        if history.exists() and len(history.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "training ended before it could be interrupted"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done_before = len(history.read_text().splitlines()) - 1
+    assert done_before < epochs
+
+    result = _run(["--resume", "--log-dir", str(log_dir), "--quiet"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = history.read_text().splitlines()
+    header, rows = rows[0].split(","), [r.split(",") for r in rows[1:]]
+    epochs_logged = [int(r[header.index("epoch")]) for r in rows]
+    assert epochs_logged == list(range(epochs)), epochs_logged  # each epoch once, none lost, none repeated
+    losses = [float(r[header.index("loss")]) for r in rows]
+    assert losses[-1] < losses[0]
+    assert (log_dir / "trained_weights_final.weights.h5").exists()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_multiworker_two_processes_on_localhost(dataset, tmp_path):
+    ports = [_free_port(), _free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    processes = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        args = _small_run_args(dataset, tmp_path / "run", "--strategy", "multiworker", "--epochs", "1",
+                               "--freeze-epochs", "0", "--steps-per-epoch", "2")
+        processes.append(subprocess.Popen([sys.executable, TRAIN, *args], env=_env(TF_CONFIG=tf_config), cwd=REPO,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-3000:]
+    assert "2 replica(s)" in outputs[0]
+    # Only the chief (worker 0) writes the run folder.
+    assert (tmp_path / "run" / "trained_weights_final.weights.h5").exists()

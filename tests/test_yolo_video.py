@@ -1,0 +1,216 @@
+"""Video and image detection: threads, colours, codecs, the CLI, the benchmark."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, random_images, write_classes
+
+from keras_yolo_mgpu import video as video_module
+from keras_yolo_mgpu.detector import YOLO
+from keras_yolo_mgpu.synthetic import make_synthetic_video
+from keras_yolo_mgpu.video import VideoError, VideoReader, VideoWriter
+from keras_yolo_mgpu.yolo_video import main, process_images, process_video
+
+REPO = Path(__file__).resolve().parents[1]
+SCORE = 0.5
+RED, GREEN = (255, 0, 0), (0, 255, 0)
+
+
+@pytest.fixture(scope="module")
+def body():
+    return make_body()
+
+
+@pytest.fixture(scope="module")
+def yolo(body):
+    return YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, score=SCORE, model_image_size=INPUT_SHAPE, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("clip")
+    return make_synthetic_video(folder / "clip.mp4", num_frames=12, frame_size=(120, 160), fps=10.0, seed=3)
+
+
+def read_bgr_frames(path):
+    capture = cv2.VideoCapture(str(path))
+    frames = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        frames.append(frame)
+    capture.release()
+    return frames
+
+
+def video_properties(path):
+    capture = cv2.VideoCapture(str(path))
+    props = (
+        capture.get(cv2.CAP_PROP_FPS),
+        int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
+        int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+        int(capture.get(cv2.CAP_PROP_FRAME_COUNT)),
+    )
+    capture.release()
+    return props
+
+
+# ---- reader and writer --------------------------------------------------------------
+
+
+def test_writer_and_reader_convert_colours_keep_size_fps_and_end_cleanly(tmp_path):
+    frames = [np.full((64, 96, 3), RED if i % 2 == 0 else GREEN, np.uint8) for i in range(10)]
+    with VideoWriter(tmp_path / "colours.mp4", 7.0, (96, 64)) as writer:
+        for frame in frames:
+            writer.write(frame)
+    assert writer.path.endswith("colours.mp4") and writer.fourcc == "mp4v" and writer.frames_written == 10
+    assert video_properties(writer.path)[:3] == (7.0, 96, 64)
+    first_bgr = read_bgr_frames(writer.path)[0]
+    assert first_bgr[..., 2].mean() > 200 and first_bgr[..., 0].mean() < 50  # red stored as BGR red
+
+    with VideoReader(writer.path) as reader:
+        assert (reader.fps, reader.size, reader.frame_count) == (7.0, (96, 64), 10)
+        items = list(reader)  # past the last frame: a normal end, no exception
+    assert [index for index, _, _ in items] == list(range(10))
+    red, green = items[0][1], items[1][1]
+    assert red[..., 0].mean() > 200 and red[..., 2].mean() < 50  # back to RGB
+    assert green[..., 1].mean() > 200 and green[..., 0].mean() < 50
+
+
+def test_writer_falls_back_to_avi_when_mp4v_does_not_open(tmp_path, monkeypatch):
+    real_writer = cv2.VideoWriter
+
+    def no_mp4v(path, fourcc, fps, size):
+        if fourcc == cv2.VideoWriter_fourcc(*"mp4v"):
+            return real_writer()  # never opened, like a build without the codec
+        return real_writer(path, fourcc, fps, size)
+
+    monkeypatch.setattr(video_module.cv2, "VideoWriter", no_mp4v)
+    with VideoWriter(tmp_path / "out.mp4", 5.0, (32, 32)) as writer:
+        writer.write(np.zeros((32, 32, 3), np.uint8))
+    assert writer.path == str(tmp_path / "out.avi") and writer.fourcc == "MJPG"
+    assert video_properties(writer.path)[1:] == (32, 32, 1)
+
+
+def test_unusable_inputs_raise_video_error(tmp_path):
+    with pytest.raises(VideoError, match="not found"):
+        VideoReader(tmp_path / "missing.mp4")
+    fake = tmp_path / "fake.mp4"
+    fake.write_text("not a video")
+    with pytest.raises(VideoError, match="cannot (open|read)"):
+        VideoReader(fake)
+
+
+# ---- the pipeline ----------------------------------------------------------------------
+
+
+def test_process_video_detects_on_rgb_frames(yolo, clip, tmp_path):
+    out = tmp_path / "out.mp4"
+    jsonl = tmp_path / "frames.jsonl"
+    stats = process_video(yolo, clip, str(out), batch_size=4, save_json=str(jsonl), progress=False)
+    assert stats["frames"] == 12 and stats["output"] == str(out)
+    assert video_properties(out) == (10.0, 160, 120, 12)  # input's size, frame rate and length
+
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [r["frame"] for r in records] == list(range(12))
+    assert sum(len(r["detections"]) for r in records) == stats["detections"] > 0
+    differs_from_bgr = False
+    for record, bgr in zip(records, read_bgr_frames(clip)):
+        expected = yolo.detect(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+        got = record["detections"]
+        assert [d["class_id"] for d in got] == expected.classes.tolist()
+        np.testing.assert_allclose([d["box"] for d in got] or np.zeros((0, 4)), expected.boxes, atol=0.01)
+        np.testing.assert_allclose([d["score"] for d in got], expected.scores, atol=1e-4)
+        swapped = yolo.detect(bgr)  # what keras-yolo3 fed its RGB model
+        differs_from_bgr |= swapped.classes.tolist() != expected.classes.tolist() or not np.allclose(swapped.boxes, expected.boxes)
+    assert differs_from_bgr  # the test can tell the channel order apart
+
+
+def test_process_images_annotates_folder_and_skips_unreadable(yolo, tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(random_images(3, seed=4)):
+        cv2.imwrite(str(folder / f"img{i}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    (folder / "broken.jpg").write_text("not an image")
+    stats = process_images(yolo, [str(folder)], str(tmp_path / "out"), save_json=str(tmp_path / "images.jsonl"), progress=False)
+    assert (stats["images"], stats["failed"]) == (3, 1)
+    for i, image in enumerate(random_images(3, seed=4)):
+        annotated = cv2.imread(str(tmp_path / "out" / f"img{i}.png"))
+        assert annotated.shape == image.shape
+    lines = (tmp_path / "images.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["image"].endswith("img0.png")
+
+
+# ---- the command line -------------------------------------------------------------------
+
+
+def test_cli_reports_bad_inputs_without_traceback(tmp_path, capsys):
+    classes = write_classes(tmp_path / "classes.txt")
+    weights = tmp_path / "w.weights.h5"
+    make_body().save_weights(str(weights))
+    common = ["--model", str(weights), "--anchors", TINY_ANCHORS_PATH, "--classes", classes, "--input-size", "96x128"]
+    assert main(common + ["--input", str(tmp_path / "missing.mp4")]) == 1
+    assert main(["--model", str(tmp_path / "none.h5"), "--input", "x.mp4"]) == 1
+    assert main(common + ["--image", str(tmp_path / "missing.jpg")]) == 1
+    err = capsys.readouterr().err
+    assert "error: video input not found" in err
+    assert "error: model weights not found" in err
+    assert "error: image not found" in err
+    assert "Traceback" not in err
+
+
+def test_cli_image_folder_in_process(tmp_path):
+    classes = write_classes(tmp_path / "classes.txt")
+    weights = tmp_path / "w.weights.h5"
+    make_body().save_weights(str(weights))
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(random_images(2, seed=4)):
+        cv2.imwrite(str(folder / f"{i}.jpg"), image)
+    argv = ["--model", str(weights), "--anchors", TINY_ANCHORS_PATH, "--classes", classes, "--input-size", "96x128",
+            "--score", str(SCORE), "--image", str(folder), "--output", str(tmp_path / "annotated"), "--no-progress"]
+    assert main(argv) == 0
+    assert sorted(os.listdir(tmp_path / "annotated")) == ["0.jpg", "1.jpg"]
+
+
+def test_cli_video_with_keras2_multi_gpu_file(tmp_path, clip, body):
+    """The real script, in a subprocess, on a Keras 2 multi_gpu_model file as keras-yolo3 users have."""
+    k2 = pytest.importorskip("keras2_reference")
+    keras2_body = k2.build_body(tiny=True, num_classes=2)
+    model_file = str(tmp_path / "keras2_multi_gpu.h5")
+    k2.build_multi_gpu_wrapper(keras2_body, gpus=2).save_weights(model_file)
+    classes = write_classes(tmp_path / "classes.txt")
+    out, jsonl = tmp_path / "out.mp4", tmp_path / "frames.jsonl"
+    command = [sys.executable, str(REPO / "yolo_video.py"), "--model", model_file, "--anchors", TINY_ANCHORS_PATH,
+               "--classes", classes, "--input-size", "96x128", "--score", "0.05", "--gpu_num", "1",
+               "--input", str(clip), "--output", str(out), "--save-json", str(jsonl), "--batch-size", "4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "frame/s" in result.stderr  # the progress bar with the frame rate
+    assert video_properties(out) == (10.0, 160, 120, 12)
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert len(records) == 12
+
+    # The same file loaded here gives the same detections as the script's.
+    yolo = YOLO(model_file, TINY_ANCHORS_PATH, classes, score=0.05, model_image_size=INPUT_SHAPE)
+    first = yolo.detect(cv2.cvtColor(read_bgr_frames(clip)[0], cv2.COLOR_BGR2RGB))
+    assert [d["class_id"] for d in records[0]["detections"]] == first.classes.tolist()
+    np.testing.assert_allclose([d["box"] for d in records[0]["detections"]] or np.zeros((0, 4)), first.boxes, atol=0.01)
+
+
+def test_bench_infer_prints_json_last(capsys):
+    from keras_yolo_mgpu.bench.infer import main as bench_main
+
+    argv = ["--frames", "8", "--frame-size", "64x96", "--input-size", "64", "--batch-size", "4", "--repeats", "1", "--num-classes", "2"]
+    assert bench_main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["fps"] > 0 and result["forward_fps"] > 0
+    assert result["ratio"] == pytest.approx(result["fps"] / result["forward_fps"], rel=1e-2)
