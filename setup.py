@@ -30,5 +30,7 @@ setup(
         "tensorboard",
         "faster-coco-eval",
     ],
-    extras_require={"test": ["pytest", "tf-keras==2.21.*"]},
+    # tf-keras builds real Keras 2 files for the legacy-loading tests;
+    # tf2onnx + onnxruntime run the ONNX export test.
+    extras_require={"test": ["pytest", "tf-keras==2.21.*", "tf2onnx", "onnxruntime"], "onnx": ["tf2onnx", "onnxruntime"]},
 )

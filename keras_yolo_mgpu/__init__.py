@@ -33,6 +33,7 @@ _EXPORTS = {
     "TemplateModelCheckpoint": "checkpoints",
     "load_weights": "checkpoints",
     "YOLO": "detector",
+    "Detections": "detector",
 }
 
 __all__ = sorted(_EXPORTS)

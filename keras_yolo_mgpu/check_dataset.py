@@ -21,19 +21,17 @@ lines without any problem.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from PIL import Image
 from tqdm import tqdm
 
 from .annotations import Annotation, AnnotationError, iter_annotation_lines, parse_annotation_line
 
-logger = logging.getLogger(__name__)
 
 __all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "main"]
 

@@ -24,13 +24,17 @@ replica of a multi-device run gets the same share:
   batches of `sum(weight * loss) / batch_size` is exactly the mean loss over
   the n real images.
 
-Decoding runs in `tf.numpy_function` calls (PIL and OpenCV release the GIL,
-so tf.data's parallel map uses all cores); everything else (random
-parameters, boxes, targets) is TF ops. An image that fails to decode during
-training or validation (deleted, truncated, corrupt since the dataset check)
-does not stop the run: a warning names the file once, and the sample becomes
-a grey image with no boxes (with weight 0 in validation, so the validation
-loss is then the sum over the readable images divided by n).
+Training images are read in Python (bytes only) and decoded, resized and
+placed by TF ops (JPEG/PNG; PIL decodes other formats); the HSV jitter runs
+in OpenCV through `tf.numpy_function` (GIL released); random parameters,
+boxes and targets are TF ops. Everything runs in parallel maps. Validation
+images are decoded and letterboxed by PIL exactly as the detector does.
+
+An image that fails to decode during training or validation (deleted,
+truncated, corrupt since the dataset check) does not stop the run: a warning
+names the file once, and the sample becomes a grey image with no boxes (with
+weight 0 in validation, so the validation loss is then the sum over the
+readable images divided by n; nothing is dropped).
 """
 from __future__ import annotations
 
@@ -47,13 +51,16 @@ from PIL import Image
 from .annotations import Annotation
 from .augment import (
     GREY,
+    OTHER,
     augment_boxes,
     distort_hsv,
+    jpeg_reduction,
     letterbox_boxes,
     letterbox_size,
     open_image_rgb,
     place_image,
     sample_augmentation,
+    sniff_image,
 )
 from .boxes import anchor_masks, letterbox_image, num_output_layers, output_strides
 
@@ -165,9 +172,12 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
 
 
 class _ImageSource:
-    """Decodes a dataset's images by index, with an optional RAM or disk cache.
+    """Reads a dataset's images by index, with an optional RAM or disk cache.
 
-    Called from `tf.numpy_function`, so from several threads at once. Cached
+    Its methods run in `tf.numpy_function` calls, so in several threads at
+    once. Without a cache, training reads the file bytes here and TF decodes
+    the JPEGs and PNGs it reads like PIL (see `augment.sniff_image`); PIL
+    decodes the rest. Validation and the caches decode with PIL. Cached
     images are stored at their letterbox size (fit within the input, aspect
     kept): validation reads them unchanged, augmentation resamples them (a
     zoom beyond 1x is then a little softer than from the file). The RAM cache
@@ -184,31 +194,31 @@ class _ImageSource:
         if self.cache_dir is not None:
             os.makedirs(self.cache_dir, exist_ok=True)
 
-    # Decoding and caching.
+    @property
+    def cached(self) -> bool:
+        return self.ram or self.cache_dir is not None
 
     def _cache_file(self, path: str) -> str:
         stat = os.stat(path)
         key = f"{os.path.abspath(path)}|{stat.st_mtime_ns}|{stat.st_size}|{self.canvas_size}|v1"
         return os.path.join(self.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".bin")
 
-    def decode(self, index: int, draft_size=None):
-        """(RGB image, stored (w, h), extent): see `augment.open_image_rgb`."""
+    def _decode(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """PIL decode through the cache: ((H, W, 3) uint8, stored (w, h))."""
         path = self.paths[index]
-        if not self.ram and self.cache_dir is None:
-            return open_image_rgb(path, draft_size)
+        if not self.cached:
+            return open_image_rgb(path)
         ram_key = (path, self.canvas_size)
         if self.ram and ram_key in _ram_cache:
-            pixels, size = _ram_cache[ram_key]
-            return Image.fromarray(pixels), size, pixels.shape[1::-1]
+            return _ram_cache[ram_key]
         cache_file = self._cache_file(path) if self.cache_dir is not None else None
         if cache_file is not None and os.path.exists(cache_file):
             header = np.fromfile(cache_file, dtype=np.int32, count=4)
             pixels = np.fromfile(cache_file, dtype=np.uint8, offset=16).reshape(header[3], header[2], 3)
-            return Image.fromarray(pixels), (int(header[0]), int(header[1])), (float(header[2]), float(header[3]))
-        image, size, _ = open_image_rgb(path)
+            return pixels, (int(header[0]), int(header[1]))
+        pixels, size = open_image_rgb(path)
         nw, nh, _, _ = letterbox_size(size, self.canvas_size)
-        image = image.resize((nw, nh), Image.BICUBIC)
-        pixels = np.asarray(image)
+        pixels = np.asarray(Image.fromarray(pixels).resize((nw, nh), Image.BICUBIC))  # as letterbox_image
         if self.ram:
             _ram_cache[ram_key] = (pixels, size)
         else:
@@ -217,7 +227,7 @@ class _ImageSource:
                 f.write(np.array([size[0], size[1], nw, nh], np.int32).tobytes())
                 f.write(pixels.tobytes())
             os.replace(temporary, cache_file)  # atomic: readers never see half a file
-        return image, size, (float(nw), float(nh))
+        return pixels, size
 
     def _failed(self, index: int, error: Exception):
         path = self.paths[index]
@@ -229,32 +239,42 @@ class _ImageSource:
                 "cannot read image %s (%s: %s); using a grey image with no boxes in its place",
                 path, type(error).__name__, error,
             )
-        return Image.new("RGB", self.canvas_size, (GREY, GREY, GREY)), np.zeros(2, np.int32), np.bool_(False)
 
     # The tf.numpy_function bodies.
 
-    def augmented(self, index, nw, nh, dx, dy, flip, hue, sat, val):
-        """-> (h, w, 3) float32 augmented image, stored (w, h) int32, ok."""
-        nw, nh, dx, dy = int(nw), int(nh), int(dx), int(dy)
+    def read(self, index):
+        """-> (file bytes, decoder kind, stored (w, h) int32) for TF to decode.
+
+        The kind is `augment.JPEG`/`PNG` (TF decodes the bytes), `OTHER`
+        (call `decode`) or -1: the file cannot be read (warned; no bytes).
+        """
         try:
-            image, size, extent = self.decode(int(index), draft_size=(nw, nh))
-            canvas = place_image(image, extent, self.canvas_size, nw, nh, dx, dy)
-            size, ok = np.array(size, np.int32), np.bool_(True)
+            with open(self.paths[int(index)], "rb") as f:
+                data = f.read()
+        except OSError as error:
+            self._failed(int(index), error)
+            return b"", np.int32(-1), np.zeros(2, np.int32)
+        kind, width, height = sniff_image(data)
+        return (data if kind != OTHER else b""), np.int32(kind), np.array([width, height], np.int32)
+
+    def decode(self, index):
+        """-> ((H, W, 3) uint8 RGB, stored (w, h) int32, ok); a grey pixel when not ok."""
+        try:
+            pixels, size = self._decode(int(index))
+            return pixels, np.array(size, np.int32), np.bool_(True)
         except Exception as error:  # noqa: BLE001 - one bad file must not end the run
-            canvas, size, ok = self._failed(int(index), error)
-        if flip:
-            canvas = canvas.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return distort_hsv(np.asarray(canvas), float(hue), float(sat), float(val)), size, ok
+            self._failed(int(index), error)
+            return np.full((1, 1, 3), GREY, np.uint8), np.zeros(2, np.int32), np.bool_(False)
 
     def letterboxed(self, index):
         """-> (h, w, 3) uint8 letterboxed image, stored (w, h) int32, ok."""
-        try:
-            image, size, _ = self.decode(int(index))
-            canvas = letterbox_image(image, self.canvas_size)
-            size, ok = np.array(size, np.int32), np.bool_(True)
-        except Exception as error:  # noqa: BLE001 - one bad file must not end the run
-            canvas, size, ok = self._failed(int(index), error)
-        return np.asarray(canvas), size, ok
+        pixels, size, ok = self.decode(index)
+        canvas = np.asarray(letterbox_image(Image.fromarray(pixels), self.canvas_size))
+        return canvas, size, ok
+
+
+def _distort_hsv(image, hue, sat, val):
+    return distort_hsv(image, float(hue), float(sat), float(val))
 
 
 # --- the dataset ---------------------------------------------------------------
@@ -280,6 +300,13 @@ def _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxe
                 f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
                 f"for {num_classes} classes (run keras_yolo_mgpu.check_dataset)"
             )
+
+
+def _element_seed(seed: int, position):
+    """Stateless seed of the `position`-th training element (augmentation, box shuffle)."""
+    augment_seed = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), 2)
+    # The seed's dtype follows the folded-in value's: always int64.
+    return tf.random.experimental.stateless_fold_in(augment_seed, tf.cast(position, tf.int64))
 
 
 def _shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
@@ -337,9 +364,7 @@ def make_dataset(
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
         logger.debug("make_dataset: random seed %d", seed)
-    base_seed = tf.constant([seed, 0], tf.int64)
-    shuffle_seed = tf.random.experimental.stateless_fold_in(base_seed, 1)
-    augment_seed = tf.random.experimental.stateless_fold_in(base_seed, 2)
+    shuffle_seed = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), 1)
 
     source = _ImageSource([a.image_path for a in annotations], input_shape, cache)
     num_samples = len(annotations)
@@ -364,14 +389,58 @@ def make_dataset(
         image = tf.cast(pixels, tf.float32) / 255.0
         return image, letterbox_boxes(boxes, size, input_shape, max_boxes), ok
 
+    def decode_pil(index):
+        pixels, size, ok = tf.numpy_function(source.decode, [index], [tf.uint8, tf.int32, tf.bool], name="decode_image")
+        pixels.set_shape([None, None, 3])
+        return pixels, size, tf.cast(tf.shape(pixels)[1::-1], tf.float32), ok
+
+    def decode_for_augmentation(index, params):
+        """-> (H, W, 3) uint8, stored (w, h), extent (w, h) in decoded pixels, ok."""
+        if source.cached:
+            return decode_pil(index)
+        data, kind, size = tf.numpy_function(source.read, [index], [tf.string, tf.int32, tf.int32], name="read_image")
+        size.set_shape([2])
+
+        def jpeg():
+            # Decode at 1/2, 1/4 or 1/8 scale when the image will shrink that much.
+            log2_ratio = jpeg_reduction(size, tf.stack([params["nw"], params["nh"]]))
+            # INTEGER_ACCURATE: libjpeg's default IDCT, the one PIL uses (same pixels).
+            branches = [
+                lambda r=r: tf.io.decode_jpeg(data, channels=3, ratio=r, dct_method="INTEGER_ACCURATE")
+                for r in (1, 2, 4, 8)
+            ]
+            return tf.switch_case(log2_ratio, branches), tf.cast(size, tf.float32) / tf.cast(2**log2_ratio, tf.float32)
+
+        def png():
+            return tf.io.decode_png(data, channels=3, dtype=tf.uint8), tf.cast(size, tf.float32)
+
+        def guarded(decode):
+            # TF's decoder raises on a file that is corrupt past its header;
+            # a raising op would end the pipeline, so it runs in a one-element
+            # dataset that drops errors, and PIL (which warns with the path
+            # when it fails too) takes over.
+            def attempt_decode(_):
+                pixels, extent = decode()
+                return pixels, size, extent, tf.constant(True)
+
+            attempt = tf.data.Dataset.from_tensors(0).map(attempt_decode).ignore_errors()
+            fallback = tf.data.Dataset.from_tensors(index).map(decode_pil)
+            return attempt.concatenate(fallback).take(1).get_single_element()
+
+        def failed():
+            return tf.fill([1, 1, 3], tf.constant(GREY, tf.uint8)), size, tf.ones([2]), tf.constant(False)
+
+        # kind: -1 unreadable (warned), JPEG, PNG, OTHER (PIL).
+        return tf.switch_case(kind + 1, [failed, lambda: guarded(jpeg), lambda: guarded(png), lambda: decode_pil(index)])
+
     def augmented_element(position, index):
-        element_seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
+        element_seed = _element_seed(seed, position)
         params = sample_augmentation(element_seed, input_shape)
-        image, size, ok = tf.numpy_function(
-            source.augmented,
-            [index] + [params[name] for name in ("nw", "nh", "dx", "dy", "flip", "hue", "sat", "val")],
-            [tf.float32, tf.int32, tf.bool],
-            name="augment_image",
+        pixels, size, extent, ok = decode_for_augmentation(index, params)
+        canvas = place_image(pixels, extent, params, input_shape)
+        canvas = tf.cond(params["flip"], lambda: tf.reverse(canvas, [1]), lambda: canvas)
+        image = tf.numpy_function(
+            _distort_hsv, [canvas, params["hue"], params["sat"], params["val"]], tf.float32, name="distort_hsv"
         )
         image.set_shape([height, width, 3])
         boxes, size = drop_boxes_if_failed(boxes_of(index), size, ok)

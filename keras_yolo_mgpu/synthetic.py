@@ -67,6 +67,19 @@ def _as_hw(image_size) -> tuple[int, int]:
     return height, width
 
 
+def _image_sizes(image_size) -> list[tuple[int, int]]:
+    """`128`, `(96, 128)` or `[(128, 128), (96, 128)]` -> list of (height, width)."""
+    if isinstance(image_size, (int, np.integer)):
+        sizes = [(int(image_size), int(image_size))]
+    elif len(image_size) and isinstance(image_size[0], (tuple, list)):
+        sizes = [_as_hw(size) for size in image_size]
+    else:
+        sizes = [_as_hw(image_size)]
+    if any(h < 16 or w < 16 for h, w in sizes):
+        raise ValueError(f"image sizes must be at least 16x16. Received: image_size={image_size!r}")
+    return sizes
+
+
 def _check_classes(classes: Sequence[str]) -> tuple[str, ...]:
     classes = tuple(classes)
     unknown = [name for name in classes if name not in SUPPORTED_CLASSES]
@@ -103,7 +116,6 @@ def _background(rng: np.random.Generator, height: int, width: int, clutter: floa
     image = image + (blotches.astype(np.float32) - 128)
 
     canvas = Image.fromarray(np.uint8(np.clip(image, 0, 255)))
-    draw = ImageDraw.Draw(canvas)
     # Texture patches: rectangles of fine noise.
     for _ in range(rng.integers(0, int(3 * clutter) + 1)):
         pw, ph = rng.integers(width // 8, width // 2), rng.integers(height // 8, height // 2)
@@ -218,8 +230,9 @@ def render_sample(
         classes: shape names, class id = position.
         max_objects: most objects in an image (at least 1 unless empty).
         empty_fraction: probability of an image without objects.
-        size_range: object size (sqrt of box area) as a fraction of
-            min(height, width).
+        size_range: object size (sqrt of box area) as a fraction of the
+            image's longer side (so a detector that letterboxes the image
+            sees the same object sizes whatever the aspect ratio).
         aspect_range: box width / height.
         clutter: 0 for a plain gradient, 1 for the default clutter.
         noise: standard deviation of the pixel noise added at the end
@@ -232,15 +245,15 @@ def render_sample(
     height, width = _as_hw(image_size)
     image = _background(rng, height, width, clutter)
     count = 0 if rng.uniform() < empty_fraction else int(rng.integers(1, max_objects + 1))
-    short = min(height, width)
+    longer = max(height, width)
     placed: list[tuple[int, int, int, int]] = []
     boxes, masks = [], []
     for _ in range(count):
         for _attempt in range(30):
-            side = rng.uniform(*size_range) * short
+            side = rng.uniform(*size_range) * longer
             aspect = math.exp(rng.uniform(math.log(aspect_range[0]), math.log(aspect_range[1])))
-            w = int(np.clip(round(side * math.sqrt(aspect)), 6, width))
-            h = int(np.clip(round(side / math.sqrt(aspect)), 6, height))
+            w = int(np.clip(round(side * math.sqrt(aspect)), 6, width - 2))
+            h = int(np.clip(round(side / math.sqrt(aspect)), 6, height - 2))
             x0, y0 = int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1))
             # Keep a 2-pixel gap so objects never touch.
             if all(x0 + w + 2 <= a or a2 + 2 <= x0 or y0 + h + 2 <= b or b2 + 2 <= y0 for a, b, a2, b2 in placed):
@@ -275,8 +288,10 @@ def _write_split(out_dir: Path, split: str, count: int, rng: np.random.Generator
     image_dir = out_dir / "images" / split
     image_dir.mkdir(parents=True, exist_ok=True)
     lines = []
+    sizes = _image_sizes(image_size)
     for index in range(count):
-        sample = render_sample(rng, image_size, classes, **options)
+        size = sizes[int(rng.integers(0, len(sizes)))] if len(sizes) > 1 else sizes[0]
+        sample = render_sample(rng, size, classes, **options)
         path = image_dir / f"{index:05d}.png"
         Image.fromarray(sample.image).save(path)
         lines.append(_annotation_line(str(path.resolve()), sample.boxes))
@@ -299,7 +314,10 @@ def make_synthetic_dataset(
     Args:
         out_dir: folder to write into (created; existing files are replaced).
         num_train, num_val: number of images per split.
-        image_size: `int` or (height, width) of every image.
+        image_size: `int` (square images), (height, width), or a list of
+            (height, width) pairs, one drawn at random for each image
+            (mixed aspect ratios: a letterboxing detector then sees grey
+            bars in training as it will on other footage).
         seed: the dataset is a pure function of the arguments and this seed;
             the train and validation splits use independent streams.
         classes: shape names from `SUPPORTED_CLASSES`; class id = position.
@@ -337,10 +355,17 @@ def make_synthetic_video(
     seed: int = 0,
     classes: Sequence[str] = DEFAULT_CLASSES,
     num_objects: int = 3,
-    size_range: tuple[float, float] = (0.14, 0.35),
+    size_range: tuple[float, float] = (0.6, 0.95),
     clutter: float = 1.0,
+    texture_scale: float = 1.0,
 ) -> str:
-    """Writes a clip of shapes moving (and bouncing) over a cluttered background.
+    """Writes a clip of shapes moving over a cluttered background.
+
+    Each shape travels in its own lane (a vertical band for landscape
+    frames, a horizontal one for portrait frames), bouncing off the frame's
+    ends and drifting across its lane, so shapes never occlude each other:
+    the training images hold no occlusion either. Shapes get evenly spaced
+    hues, so they always look different from each other.
 
     Args:
         path: output file; `.avi` is written with MJPG, anything else with
@@ -350,9 +375,13 @@ def make_synthetic_video(
         fps: frames per second.
         seed: makes the clip reproducible.
         classes: shape names, as for the dataset.
-        num_objects: shapes on screen.
-        size_range: object size as a fraction of min(height, width).
+        num_objects: shapes on screen (one per lane).
+        size_range: shape size as a fraction of the lane's width.
         clutter: background clutter, as for the dataset.
+        texture_scale: the background is drawn this many times smaller and
+            enlarged, so that a detector which shrinks frames by this factor
+            (e.g. 320-pixel frames into a 128-pixel network) sees clutter at
+            the scale of its training images.
 
     Returns:
         `path` as a string.
@@ -361,48 +390,61 @@ def make_synthetic_video(
 
     classes = _check_classes(classes)
     height, width = _as_hw(frame_size)
+    if num_objects < 1:
+        raise ValueError(f"num_objects must be >= 1. Received: num_objects={num_objects}")
     rng = np.random.default_rng(seed)
-    background = _background(rng, height, width, clutter)
-    short = min(height, width)
+    small = (max(8, round(height / texture_scale)), max(8, round(width / texture_scale)))
+    background = _background(rng, *small, clutter)
+    if small != (height, width):
+        background = cv2.resize(background, (width, height), interpolation=cv2.INTER_LINEAR)
+    # Lanes split the longer side (the shapes can be larger that way); work
+    # in (along, across) lane coordinates, moving along the shorter side.
+    landscape = width < height  # lanes are horizontal bands
+    length, breadth = (width, height) if landscape else (height, width)
+    lane = breadth / num_objects
+    hue0 = rng.uniform()
     objects = []
-    for _ in range(num_objects):
-        side = rng.uniform(*size_range) * short
-        w, h = int(round(side)), int(round(side))
+    for k in range(num_objects):
+        side = int(np.clip(round(rng.uniform(*size_range) * lane), 6, int(lane) - 1))
+        r, g, b = colorsys.hsv_to_rgb((hue0 + k / num_objects) % 1.0, rng.uniform(0.6, 1.0), rng.uniform(0.6, 1.0))
         objects.append(
             dict(
                 name=classes[int(rng.integers(0, len(classes)))],
-                w=w,
-                h=h,
-                x=float(rng.uniform(0, width - w)),
-                y=float(rng.uniform(0, height - h)),
-                vx=float(rng.uniform(-1, 1) * width / 40),
-                vy=float(rng.uniform(-1, 1) * height / 40),
-                colour=_contrasting_colour(rng, background),
+                side=side,
+                lo=k * lane,  # the lane's extent across
+                hi=(k + 1) * lane - side,
+                along=float(rng.uniform(0, length - side)),
+                across=float(rng.uniform(k * lane, (k + 1) * lane - side)),
+                v_along=float(rng.choice([-1, 1]) * rng.uniform(0.5, 1.0) * length / 30),
+                v_across=float(rng.uniform(-1, 1) * lane / 20),
+                colour=np.array([r, g, b]) * 255.0,
                 seed=int(rng.integers(0, 2**31)),
             )
         )
     path = str(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fourcc = cv2.VideoWriter_fourcc(*("MJPG" if path.lower().endswith(".avi") else "mp4v"))
-    writer = cv2.VideoWriter(path, fourcc, float(fps), (width, height))
+    codec = "MJPG" if path.lower().endswith(".avi") else "mp4v"
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*codec), float(fps), (width, height))
     if not writer.isOpened():
-        raise RuntimeError(f"OpenCV cannot write video {path!r} (codec {'MJPG' if path.lower().endswith('.avi') else 'mp4v'})")
+        raise RuntimeError(f"OpenCV cannot write video {path!r} (codec {codec})")
     try:
         for _ in range(num_frames):
             frame = background.copy()
             for obj in objects:
-                x0, y0 = int(round(obj["x"])), int(round(obj["y"]))
+                a, c = int(round(obj["along"])), int(round(obj["across"]))
+                x0, y0 = (a, c) if landscape else (c, a)
                 # Same seed every frame: a triangle keeps its orientation.
-                mask = _shape_mask(obj["name"], height, width, x0, y0, obj["w"], obj["h"], np.random.default_rng(obj["seed"]))
+                rng_shape = np.random.default_rng(obj["seed"])
+                mask = _shape_mask(obj["name"], height, width, x0, y0, obj["side"], obj["side"], rng_shape)
                 frame[mask] = obj["colour"]
-                obj["x"] += obj["vx"]
-                obj["y"] += obj["vy"]
-                if not 0 <= obj["x"] <= width - obj["w"]:
-                    obj["vx"] = -obj["vx"]
-                    obj["x"] = float(np.clip(obj["x"], 0, width - obj["w"]))
-                if not 0 <= obj["y"] <= height - obj["h"]:
-                    obj["vy"] = -obj["vy"]
-                    obj["y"] = float(np.clip(obj["y"], 0, height - obj["h"]))
+                obj["along"] += obj["v_along"]
+                obj["across"] += obj["v_across"]
+                if not 0 <= obj["along"] <= length - obj["side"]:
+                    obj["v_along"] = -obj["v_along"]
+                    obj["along"] = float(np.clip(obj["along"], 0, length - obj["side"]))
+                if not obj["lo"] <= obj["across"] <= obj["hi"]:
+                    obj["v_across"] = -obj["v_across"]
+                    obj["across"] = float(np.clip(obj["across"], obj["lo"], obj["hi"]))
             frame = np.uint8(np.clip(frame + rng.normal(0, 4, size=frame.shape), 0, 255))
             writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))  # OpenCV writes BGR
     finally:

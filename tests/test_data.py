@@ -1,4 +1,5 @@
 """tf.data pipeline: targets, augmentation equivalence, batching, weights, robustness."""
+import io
 import logging
 import os
 
@@ -10,16 +11,20 @@ from PIL import Image
 
 from keras_yolo_mgpu.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
 from keras_yolo_mgpu.augment import (
+    JPEG,
+    OTHER,
+    PNG,
     augment_boxes,
     augmentation_params,
     distort_hsv,
     letterbox_size,
     open_image_rgb,
     sample_augmentation,
+    sniff_image,
 )
 from keras_yolo_mgpu.bench.reference_generator import get_random_data
 from keras_yolo_mgpu.boxes import letterbox_image
-from keras_yolo_mgpu.data import _ImageSource, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
+from keras_yolo_mgpu.data import _element_seed, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
 from keras_yolo_mgpu.model_data import get_anchors, model_data_path
 from keras_yolo_mgpu.targets import preprocess_true_boxes
 
@@ -111,14 +116,35 @@ def test_targets_tiny_anchor_0_dropped_and_anchor_3_written_twice():
 # --- augmentation -------------------------------------------------------------------
 
 
-def test_augmentation_params_follow_keras_yolo3_draw_for_draw(tmp_path):
-    """Same random numbers -> same geometry, nearly the same pixels, boxes within 1 px."""
-    path = tmp_path / "photo.png"
-    Image.fromarray(_photo(160, 120, 0)).save(path)
-    annotation = parse_annotation_line(f"{path} 10,20,60,90,0 100,5,150,50,1 0,0,159,119,2 60,60,70,70,3")
-    source = _ImageSource([annotation.image_path], (64, 96), cache=None)
-    rng = np.random.default_rng(0)
+@pytest.mark.parametrize("ext", ["png", "jpg"])
+def test_training_images_follow_keras_yolo3_draw_for_draw(tmp_path, ext):
+    """The pipeline's random numbers fed to the reference generator give nearly the same images."""
+    path = tmp_path / f"photo.{ext}"
+    Image.fromarray(_photo(160, 120, 0)).save(path, quality=95)
+    annotation = parse_annotation_line(f"{path} 10,20,60,90,0")
+    dataset = make_dataset([annotation], (64, 96), TINY_ANCHORS, 1, 10, training=True, seed=3)
+    images = np.concatenate([x["image"] for x, _ in dataset.take(3).as_numpy_iterator()])
     mean_errors = []
+    for position, image in enumerate(images):
+        uniforms = tf.random.stateless_uniform([11], _element_seed(3, position), dtype=tf.float64).numpy()
+        feed = list(uniforms)
+
+        def rand(a=0.0, b=1.0):
+            return feed.pop(0) * (b - a) + a
+
+        reference, _ = get_random_data(annotation, (64, 96), rand=rand, shuffle=lambda boxes: None)
+        assert not feed  # keras-yolo3 drew exactly 11 numbers, in this order
+        # Area/bicubic resampling instead of PIL's bicubic, float32 HSV:
+        # close (measured: mean 0.3/255, worst pixel 5/255), not bitwise.
+        error = np.abs(image - reference)
+        assert error.max() < 10 / 255 and error.mean() < 1 / 255, position
+        mean_errors.append(error.mean())
+    assert np.mean(mean_errors) < 0.5 / 255
+
+
+def test_boxes_follow_keras_yolo3_draw_for_draw():
+    annotation = parse_annotation_line("/photo.png 10,20,60,90,0 100,5,150,50,1 0,0,159,119,2 60,60,70,70,3")
+    rng = np.random.default_rng(0)
     for trial in range(60):
         uniforms = rng.random(11)
         feed = list(uniforms)
@@ -126,17 +152,8 @@ def test_augmentation_params_follow_keras_yolo3_draw_for_draw(tmp_path):
         def rand(a=0.0, b=1.0):
             return feed.pop(0) * (b - a) + a
 
-        ref_image, ref_boxes = get_random_data(annotation, (64, 96), rand=rand, shuffle=lambda boxes: None)
-        assert not feed  # keras-yolo3 drew exactly 11 numbers
         params = augmentation_params(uniforms, (64, 96))
-        image, size, ok = source.augmented(0, *[params[k].numpy() for k in ("nw", "nh", "dx", "dy", "flip", "hue", "sat", "val")])
-        assert ok and tuple(size) == (160, 120) and image.shape == (64, 96, 3) and image.dtype == np.float32
-        # Pixels: equal up to the uint8 rounding between PIL's two separable
-        # passes (visible part only) and float32 HSV.
-        error = np.abs(image - ref_image)
-        assert error.max() < 0.08, trial
-        mean_errors.append(error.mean())
-
+        ref_boxes = _reference_boxes(annotation, (160, 120), (64, 96), rand)
         boxes = augment_boxes(annotation.boxes, [160, 120], params, (64, 96), 20, [0, trial]).numpy()
         boxes, ref_boxes = boxes[boxes[:, 2] > 0], ref_boxes[ref_boxes[:, 2] > 0]
         # keras-yolo3 truncates to integers; boxes near the 1 px limit may differ.
@@ -145,7 +162,27 @@ def test_augmentation_params_follow_keras_yolo3_draw_for_draw(tmp_path):
         for c in set(ours) & set(theirs):
             np.testing.assert_allclose(ours[c], theirs[c], atol=1.0)
         assert len(set(ours) ^ set(theirs)) <= 1
-    assert np.mean(mean_errors) < 0.002
+
+
+def _reference_boxes(annotation, image_size, input_shape, rand):
+    """keras-yolo3's box arithmetic for the given draws (no image needed)."""
+    import keras_yolo_mgpu.bench.reference_generator as reference
+
+    class FakeImage:
+        size = image_size
+
+        def convert(self, mode):
+            return self
+
+        def resize(self, size, method):
+            return Image.new("RGB", size)
+
+    original_open = reference.Image.open
+    reference.Image.open = lambda path: FakeImage()
+    try:
+        return reference.get_random_data(annotation, input_shape, rand=rand, shuffle=lambda boxes: None)[1]
+    finally:
+        reference.Image.open = original_open
 
 
 @pytest.mark.parametrize("hue, sat, val", [(0.1, 1.5, 1.5), (-0.1, 1 / 1.5, 1 / 1.5), (-0.03, 1.2, 0.7), (0.0, 1.0, 1.0)])
@@ -183,6 +220,7 @@ def test_sampled_parameters_cover_keras_yolo3_ranges():
 
 
 def test_open_image_converts_grayscale_rgba_palette_and_16_bit(tmp_path):
+    """PIL decoding (validation, caches, and files TF does not decode like PIL)."""
     gray = np.arange(48, dtype=np.uint8).reshape(6, 8) * 5
     Image.fromarray(gray, "L").save(tmp_path / "gray.png")
     rgba = np.dstack([np.full((6, 8, 3), 200, np.uint8), np.full((6, 8), 7, np.uint8)])
@@ -196,9 +234,9 @@ def test_open_image_converts_grayscale_rgba_palette_and_16_bit(tmp_path):
     Image.fromarray(np.full((6, 8, 4), 50, np.uint8), "CMYK").save(tmp_path / "cmyk.jpg")
 
     def load(name):
-        image, size, _ = open_image_rgb(str(tmp_path / name))
-        assert image.mode == "RGB" and size == (8, 6)
-        return np.asarray(image)
+        pixels, size = open_image_rgb(str(tmp_path / name))
+        assert pixels.shape == (6, 8, 3) and pixels.dtype == np.uint8 and size == (8, 6)
+        return pixels
 
     np.testing.assert_array_equal(load("gray.png")[..., 1], gray)
     np.testing.assert_array_equal(load("rgba.png"), 200)
@@ -206,6 +244,50 @@ def test_open_image_converts_grayscale_rgba_palette_and_16_bit(tmp_path):
     deep_rgb = load("deep.png")
     assert deep_rgb[0, 0].tolist() == [128] * 3 and deep_rgb[1:].min() == 255
     assert load("cmyk.jpg").shape == (6, 8, 3)
+
+
+def _encode(pixels, fmt, mode=None, **options):
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode).save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def test_sniff_image_sends_only_what_tf_decodes_like_pil_to_tf():
+    rgb = _photo(40, 30, 1)
+    jpeg = _encode(rgb, "JPEG")
+    assert sniff_image(jpeg) == (JPEG, 40, 30)
+    assert sniff_image(_encode(rgb, "JPEG", progressive=True)) == (JPEG, 40, 30)
+    assert sniff_image(_encode(rgb[..., 0], "JPEG")) == (JPEG, 40, 30)  # greyscale
+    assert sniff_image(_encode(rgb, "PNG")) == (PNG, 40, 30)
+    assert sniff_image(_encode(np.full((30, 40), 40000, np.uint16), "PNG")) == (PNG, 40, 30)
+    assert sniff_image(_encode(np.full((30, 40, 4), 9, np.uint8), "JPEG", "CMYK"))[0] == OTHER
+    assert sniff_image(jpeg[: len(jpeg) // 2])[0] == OTHER  # truncated: PIL reports it
+    assert sniff_image(_encode(rgb, "PNG")[:-20])[0] == OTHER
+    for fmt in ("GIF", "BMP", "TIFF"):
+        assert sniff_image(_encode(rgb, fmt))[0] == OTHER
+    assert sniff_image(b"")[0] == OTHER and sniff_image(b"\xff\xd8\xff\xd9")[0] == OTHER
+
+
+def test_training_reads_every_format(tmp_path, caplog):
+    """TF decodes JPEG and PNG, PIL the rest (and odd JPEGs); none is refused."""
+    rgb = _photo(80, 60, 2)
+    files = {
+        "a.jpg": _encode(rgb, "JPEG"),
+        "b.png": _encode(rgb, "PNG"),
+        "c.png": _encode(rgb[..., 1].astype(np.uint16) * 257, "PNG"),  # 16-bit grey
+        "d.jpg": _encode(np.dstack([rgb, rgb[..., :1]]), "JPEG", "CMYK"),
+        "e.gif": _encode(rgb, "GIF"),
+        "f.bmp": _encode(rgb, "BMP"),
+        "g.png": _encode(np.dstack([rgb, rgb[..., :1]]), "PNG", "RGBA"),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    annotations = [parse_annotation_line(f"{tmp_path / name} 10,10,50,40,0") for name in files]
+    dataset = make_dataset(annotations, (64, 64), TINY_ANCHORS, 1, 7, training=True, seed=0)
+    with caplog.at_level(logging.WARNING):
+        for x, _ in dataset.take(2).as_numpy_iterator():
+            assert np.isfinite(x["image"]).all() and 0 <= x["image"].min() and x["image"].max() <= 1
+    assert not [r for r in caplog.records if "cannot read image" in r.getMessage()]
 
 
 # --- the dataset --------------------------------------------------------------------
@@ -312,20 +394,25 @@ def test_validation_weights_give_the_mean_over_real_samples_in_keras(small_datas
 def test_failed_decode_mid_run_warns_and_keeps_going(tmp_path, caplog):
     path = _write_dataset(str(tmp_path), [(64, 64)] * 5, ext="jpg")
     annotations = read_annotations(path)
-    broken = annotations[2].image_path
+    broken, corrupt = annotations[2].image_path, annotations[4].image_path
     dataset_train = make_dataset(annotations, (64, 64), TINY_ANCHORS, 2, 4, training=True, seed=0)
     dataset_val = make_dataset(annotations, (64, 64), TINY_ANCHORS, 2, 4, training=False)
     with open(broken, "r+b") as f:  # truncated after the datasets were made
         f.truncate(100)
+    data = bytearray(open(corrupt, "rb").read())  # intact header and end, garbage scan data
+    start = data.find(b"\xff\xda") + 40
+    data[start:-2] = bytes((b * 31 + 7) % 256 for b in data[start:-2])
+    open(corrupt, "wb").write(bytes(data))
     with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu.data"):
         train_batches = list(dataset_train.take(3).as_numpy_iterator())
         val_batches = list(dataset_val.as_numpy_iterator())
     assert len(train_batches) == 3
-    warnings = [r.getMessage() for r in caplog.records if broken in r.getMessage()]
-    assert warnings and "cannot read image" in warnings[0]
-    assert len(warnings) == 1  # once per file, not once per use
+    for path in (broken, corrupt):
+        warnings = [r.getMessage() for r in caplog.records if path in r.getMessage()]
+        assert warnings and "cannot read image" in warnings[0]
+        assert len(warnings) == 1  # once per file, not once per use
     weights = np.concatenate([b[2] for b in val_batches])
-    np.testing.assert_allclose(weights, [1.6, 1.6, 0, 1.6, 1.6, 0, 0, 0])  # nothing dropped, the bad one weighs 0
+    np.testing.assert_allclose(weights, [1.6, 1.6, 0, 1.6, 0, 0, 0, 0])  # nothing dropped, bad ones weigh 0
     np.testing.assert_allclose(val_batches[0][0]["image"][2], 128 / 255)
 
 

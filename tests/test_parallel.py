@@ -19,6 +19,12 @@ GLOBAL_BATCH = 8
 STEPS = 3
 LEARNING_RATE = 1e-4
 TOLERANCE = 1e-5
+# The loss's ignore mask is a step function of IoU (`best_iou < 0.5`): a 1e-7
+# difference in a forward pass (batch 8 on one device vs 4 per replica run
+# through different conv blocking) can flip one cell across it and change
+# that cell's gradient by O(1). An IoU never exceeds 1, so with a threshold
+# above 1 the mask is all ones and the comparison sees only the arithmetic.
+IGNORE_THRESH = 1.5
 
 
 def _batches(num_images, seed=0):
@@ -41,23 +47,47 @@ def initial_weights():
     return body.get_weights()
 
 
-def _train(initial_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH, steps=STEPS):
-    """Trains `steps` SGD steps; returns (template weights, per-epoch losses)."""
-    x, y = _batches(global_batch * steps)
+def _build(freeze_body, engine, devices):
+    """(template body, model to fit) on `devices`, compiled with plain SGD."""
     replicated = engine == "mirrored" and len(devices) > 1
     strategy = make_strategy(devices) if engine == "mirrored" else tf.distribute.get_strategy()
     with strategy.scope():
         body, train_model = create_model(
-            INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=replicated
+            INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=replicated, ignore_thresh=IGNORE_THRESH
         )
-        body.set_weights(initial_weights)
         model = multi_gpu_model(train_model, devices=devices) if engine == "multi_gpu_model" else train_model
-        # A small step size: at 0.01 the unfrozen run is unstable (its loss
-        # rises) and amplifies float rounding between any two runs.
+        # Plain SGD is stateless, so a step depends only on weights and batch.
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE), loss=totalloss)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
-    history = model.fit(dataset, epochs=1, verbose=0)
-    return body.get_weights(), history.history["loss"]
+    return body, model
+
+
+def _one_batch(x, y, step, global_batch):
+    batch = slice(step * global_batch, (step + 1) * global_batch)
+    return tf.data.Dataset.from_tensors(({k: v[batch] for k, v in x.items()}, y[batch]))
+
+
+def _trajectory(initial_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH):
+    """Free-running: STEPS steps from `initial_weights`; weights after each step and losses."""
+    x, y = _batches(global_batch * STEPS)
+    body, model = _build(freeze_body, engine, devices)
+    body.set_weights(initial_weights)
+    weights, losses = [initial_weights], []
+    for step in range(STEPS):
+        losses.append(model.fit(_one_batch(x, y, step, global_batch), epochs=1, verbose=0).history["loss"][0])
+        weights.append(body.get_weights())
+    return weights, losses
+
+
+def _forced_steps(reference_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH):
+    """Each step starts from the reference's weights before it; weights after each step."""
+    x, y = _batches(global_batch * STEPS)
+    body, model = _build(freeze_body, engine, devices)
+    results = []
+    for step in range(STEPS):
+        body.set_weights(reference_weights[step])
+        model.fit(_one_batch(x, y, step, global_batch), epochs=1, verbose=0)
+        results.append(body.get_weights())
+    return results
 
 
 def _max_difference(first, second):
@@ -66,40 +96,63 @@ def _max_difference(first, second):
 
 @pytest.fixture(scope="module")
 def single_device_runs(initial_weights):
-    return {
-        freeze: _train(initial_weights, freeze, "mirrored", ["/device:CPU:0"]) for freeze in (2, 0)
-    }
+    return {freeze: _trajectory(initial_weights, freeze, "mirrored", ["/device:CPU:0"]) for freeze in (2, 0)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("freeze_body", [2, 0], ids=["frozen", "unfrozen"])
 @pytest.mark.parametrize("num_devices", [2, 4])
 @pytest.mark.parametrize("engine", ["mirrored", "multi_gpu_model"])
-def test_replicas_match_one_device(initial_weights, single_device_runs, logical_cpus, engine, num_devices, freeze_body):
-    reference_weights, reference_loss = single_device_runs[freeze_body]
-    weights, loss = _train(initial_weights, freeze_body, engine, logical_cpus[:num_devices])
-    # The weights must move far more than the tolerance, so that a replica
-    # count error in the gradient scale (2x or 4x the step) cannot hide in it.
-    assert _max_difference(reference_weights, initial_weights) > 100 * TOLERANCE
-    difference = _max_difference(reference_weights, weights)
-    if engine == "multi_gpu_model" and freeze_body == 0:
-        # Per-replica BatchNormalization statistics (2 images per replica here)
-        # are a different computation: measured 0.16-0.18 against weight moves
-        # of ~0.06 (README, "multi_gpu_model and BatchNormalization"). Bound it,
-        # and keep the claim honest: it must not silently become exact.
-        assert difference < 0.5, difference
-        assert difference > 100 * TOLERANCE
-    else:
-        assert difference <= TOLERANCE, difference
-        np.testing.assert_allclose(loss, reference_loss, rtol=1e-5)
+def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num_devices, freeze_body):
+    """Every step on N replicas equals the step one device takes from the same weights.
+
+    Steps are compared along the single-device trajectory (each replica step
+    starts from the reference weights before it). Free-running comparisons of
+    several unfrozen steps are chaotic in float32: once a first step leaves
+    a 1e-7 rounding difference, a later step can pick another element in a
+    max-pool, LeakyReLU kink or the loss's IoU threshold (measured: 1.2e-7
+    after one step, up to 3e-4 after three); that is sensitivity of the
+    trajectory, not a difference in what N replicas compute.
+    """
+    reference, _ = single_device_runs[freeze_body]
+    results = _forced_steps(reference, freeze_body, engine, logical_cpus[:num_devices])
+    for step, weights in enumerate(results):
+        # Each step must move the weights far more than the tolerance: a
+        # gradient-scale error (2x or 4x the step) would then differ by at
+        # least one whole step and could not hide in the tolerance.
+        assert _max_difference(reference[step + 1], reference[step]) > 30 * TOLERANCE
+        difference = _max_difference(reference[step + 1], weights)
+        if engine == "multi_gpu_model" and freeze_body == 0:
+            # Per-replica BatchNormalization statistics (2 images per replica
+            # here) are a different computation (README, "multi_gpu_model and
+            # BatchNormalization"). Bound it, and keep the claim honest: it
+            # must not silently become exact.
+            # Measured: about 1x (2 replicas) to 3x (4 replicas) the step size.
+            assert difference < 10 * _max_difference(reference[step + 1], reference[step]), (step, difference)
+            assert difference > 10 * TOLERANCE, (step, difference)
+        else:
+            assert difference <= TOLERANCE, (step, difference)
 
 
 @pytest.mark.slow
-def test_multi_gpu_model_uneven_slices_match_one_device(initial_weights, single_device_runs, logical_cpus):
+@pytest.mark.parametrize("freeze_body", [2, 0], ids=["frozen", "unfrozen"])
+def test_free_running_replicas_track_one_device(single_device_runs, initial_weights, logical_cpus, freeze_body):
+    """Several steps without resetting: same losses, weights within the chaos bound."""
+    reference, reference_losses = single_device_runs[freeze_body]
+    weights, losses = _trajectory(initial_weights, freeze_body, "mirrored", logical_cpus[:4])
+    np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
+    moved = _max_difference(reference[-1], initial_weights)
+    bound = TOLERANCE if freeze_body == 2 else 1e-2 * moved
+    assert _max_difference(reference[-1], weights[-1]) <= bound
+
+
+@pytest.mark.slow
+def test_multi_gpu_model_uneven_slices_match_one_device(single_device_runs, logical_cpus):
     # 8 images over 3 devices: slices of 3, 3 and 2.
-    reference_weights, _ = single_device_runs[2]
-    weights, _ = _train(initial_weights, 2, "multi_gpu_model", logical_cpus[:3])
-    assert _max_difference(reference_weights, weights) <= TOLERANCE
+    reference, _ = single_device_runs[2]
+    results = _forced_steps(reference, 2, "multi_gpu_model", logical_cpus[:3])
+    for step, weights in enumerate(results):
+        assert _max_difference(reference[step + 1], weights) <= TOLERANCE
 
 
 def test_split_sizes_differ_by_at_most_one():

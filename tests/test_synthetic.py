@@ -98,3 +98,19 @@ def test_video_is_readable(tmp_path, name):
     assert frames[0].shape == (72, 96, 3)
     # The shapes move.
     assert np.abs(frames[0].astype(int) - frames[-1].astype(int)).mean() > 1
+
+
+def test_mixed_image_sizes(tmp_path):
+    sizes = [(64, 64), (48, 64), (64, 48)]
+    paths = make_synthetic_dataset(tmp_path, num_train=30, num_val=2, image_size=sizes, seed=0)
+    seen = set()
+    for path, boxes in _read_lines(paths.train):
+        width, height = Image.open(path).size
+        seen.add((height, width))
+        assert ((boxes[:, 2] <= width) & (boxes[:, 3] <= height)).all()
+    assert seen == set(sizes)
+
+
+def test_bad_image_size_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="at least 16x16"):
+        make_synthetic_dataset(tmp_path, 1, 1, image_size=[(8, 64)])
