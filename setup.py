@@ -16,10 +16,10 @@ setup(
     package_dir={"keras_yolo_mgpu": "keras_yolo_mgpu", "keras_yolo_mgpu.model_data": "model_data"},
     package_data={"keras_yolo_mgpu.model_data": ["*.txt"]},
     install_requires=[
-        # tensorflow-cpu where there is no GPU; users with GPUs install
-        # tensorflow[and-cuda]==2.21.* first and pip keeps it.
-        "tensorflow-cpu==2.21.*; platform_machine=='x86_64'",
-        "tensorflow==2.21.*; platform_machine!='x86_64'",
+        # One TensorFlow: the `tensorflow` wheel runs on the CPU and uses GPUs
+        # when installed as tensorflow[and-cuda]. (tensorflow-cpu would be
+        # installed next to it anyway: tf-keras, for the tests, needs it.)
+        "tensorflow==2.21.*",
         "keras>=3.15,<4",
         "numpy",
         "pillow",

@@ -34,14 +34,38 @@ def _true_boxes_per_sample(y_true_layer, object_mask):
     return ragged.to_tensor(shape=[None, None, 4])
 
 
-def _ignore_mask(pred_box, y_true_layer, object_mask, ignore_thresh):
+def _top_true_boxes(y_true_layer, object_mask, max_true_boxes: int):
+    """Static-shape variant of `_true_boxes_per_sample` that XLA can compile.
+
+    Takes the `max_true_boxes` object cells of each sample with `top_k` on the
+    object mask; cells picked beyond a sample's own boxes are zeroed. Equal to
+    the ragged version whenever no sample has more than `max_true_boxes`
+    boxes at this scale, which the data pipeline guarantees with
+    `max_true_boxes >= max_boxes` (a box fills at most one cell per scale).
+
+    Returns:
+        (N, K, 4) xywh, K = min(max_true_boxes, cells per sample).
+    """
+    batch = tf.shape(y_true_layer)[0]
+    cells = int(np.prod(y_true_layer.shape[1:4])) if None not in y_true_layer.shape[1:4] else None
+    k = max_true_boxes if cells is None else min(max_true_boxes, cells)
+    flat_mask = tf.reshape(object_mask, [batch, -1])  # (N, G) of 0/1
+    flat_boxes = tf.reshape(y_true_layer[..., 0:4], [batch, -1, 4])  # (N, G, 4)
+    picked, indices = tf.math.top_k(flat_mask, k=k)  # object cells first
+    return tf.gather(flat_boxes, indices, batch_dims=1) * picked[..., None]
+
+
+def _ignore_mask(pred_box, y_true_layer, object_mask, ignore_thresh, max_true_boxes=None):
     """1 where the best IoU of a prediction with any true box is below the threshold.
 
     Vectorised over the batch (the original ran a tf.while_loop per sample);
     the padding rows have IoU 0, and a sample without boxes gets max IoU
     -inf (empty reduce) in the original and 0 here: both below any threshold.
     """
-    true_boxes = _true_boxes_per_sample(y_true_layer, object_mask[..., 0] > 0)
+    if max_true_boxes is None:
+        true_boxes = _true_boxes_per_sample(y_true_layer, object_mask[..., 0] > 0)
+    else:
+        true_boxes = _top_true_boxes(y_true_layer, object_mask[..., 0], max_true_boxes)
     iou = batched_box_iou(pred_box, true_boxes)  # (N, gh, gw, A, K)
     # A sample with no boxes at this scale leaves K == 0: reduce_max gives
     # -inf there, as in the original, which is below any threshold.
@@ -49,13 +73,16 @@ def _ignore_mask(pred_box, y_true_layer, object_mask, ignore_thresh):
     return tf.cast(best_iou < ignore_thresh, pred_box.dtype)
 
 
-def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5):
+def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None):
     """The four loss terms per sample, summed over scales.
 
     Args:
         args: `[*yolo_outputs, *y_true]`. Each output is (N, gh, gw, A*(5+C)),
             each target (N, gh, gw, A, 5+C), coarsest scale first.
         anchors: (num_anchors, 2), (w, h) in input pixels.
+        max_true_boxes: None gathers every true box (ragged, exact for any
+            input); an int uses static shapes XLA can compile, exact when no
+            sample has more boxes than that at one scale.
 
     Returns:
         A dict with `xy`, `wh`, `confidence` and `class`, each (N,) float32.
@@ -92,7 +119,7 @@ def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5)
         # Small boxes weigh more: 2 - relative area.
         box_loss_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
 
-        ignore_mask = _ignore_mask(pred_box, target, object_mask, ignore_thresh)
+        ignore_mask = _ignore_mask(pred_box, target, object_mask, ignore_thresh, max_true_boxes)
         xy_loss = object_mask * box_loss_scale * bce(labels=raw_true_xy, logits=raw_pred[..., 0:2])
         wh_loss = object_mask * box_loss_scale * 0.5 * tf.square(raw_true_wh - raw_pred[..., 2:4])
         conf_bce = bce(labels=object_mask, logits=raw_pred[..., 4:5])
@@ -106,7 +133,7 @@ def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5)
     return terms
 
 
-def yolo_loss(args, anchors, num_classes: int, ignore_thresh: float = 0.5):
+def yolo_loss(args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None):
     """YOLOv3 loss per sample (keras-yolo3's `yolo_loss`, not averaged).
 
     Args:
@@ -115,11 +142,12 @@ def yolo_loss(args, anchors, num_classes: int, ignore_thresh: float = 0.5):
         num_classes: number of classes.
         ignore_thresh: predictions whose best IoU with a true box exceeds this
             are not penalised as background.
+        max_true_boxes: see `yolo_loss_terms` (set it for XLA).
 
     Returns:
         (N, 1) float32. `sum(loss) / N` equals the original's scalar.
     """
-    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh)
+    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh, max_true_boxes)
     total = terms["xy"] + terms["wh"] + terms["confidence"] + terms["class"]
     return tf.expand_dims(total, -1)
 
@@ -131,16 +159,17 @@ class YoloLoss(keras.layers.Layer):
     The layer always runs in float32 (mixed precision keeps the loss exact).
     """
 
-    def __init__(self, anchors, num_classes: int, ignore_thresh: float = 0.5, **kwargs):
+    def __init__(self, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, **kwargs):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.anchors = np.asarray(anchors, dtype=np.float32).reshape(-1, 2)
         self.num_classes = int(num_classes)
         self.ignore_thresh = float(ignore_thresh)
+        self.max_true_boxes = None if max_true_boxes is None else int(max_true_boxes)
         num_output_layers(len(self.anchors))  # validates the anchor count
 
     def call(self, inputs):
-        return yolo_loss(list(inputs), self.anchors, self.num_classes, self.ignore_thresh)
+        return yolo_loss(list(inputs), self.anchors, self.num_classes, self.ignore_thresh, self.max_true_boxes)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], 1)
@@ -148,7 +177,10 @@ class YoloLoss(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            anchors=self.anchors.tolist(), num_classes=self.num_classes, ignore_thresh=self.ignore_thresh
+            anchors=self.anchors.tolist(),
+            num_classes=self.num_classes,
+            ignore_thresh=self.ignore_thresh,
+            max_true_boxes=self.max_true_boxes,
         )
         return config
 

@@ -227,6 +227,7 @@ def create_model(
     sync_bn: bool = False,
     ignore_thresh: float = 0.5,
     skip_mismatch: bool = True,
+    max_true_boxes: int | None = None,
 ):
     """Builds the network and the training model that outputs its loss.
 
@@ -241,6 +242,8 @@ def create_model(
         sync_bn: synchronized BatchNormalization across replicas.
         ignore_thresh: IoU above which a prediction is not penalised as
             background.
+        max_true_boxes: None for the exact ragged ignore mask; an int (at
+            least the pipeline's `max_boxes`) for static shapes XLA compiles.
 
     Returns:
         `(body, train_model)`. `body` maps images (N, H, W, 3) to the raw
@@ -262,6 +265,8 @@ def create_model(
         keras.Input(shape=(height // stride, width // stride, anchors_per_scale, num_classes + 5), name=f"y_true_{layer}")
         for layer, stride in enumerate(output_strides(num_layers))
     ]
-    loss = YoloLoss(anchors, num_classes, ignore_thresh=ignore_thresh, name="yolo_loss")([*body.outputs, *y_true])
+    loss = YoloLoss(
+        anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, name="yolo_loss"
+    )([*body.outputs, *y_true])
     train_model = keras.Model([*body.inputs, *y_true], loss, name="yolo_train")
     return body, train_model

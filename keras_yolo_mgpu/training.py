@@ -26,6 +26,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 FINAL_WEIGHTS = "trained_weights_final.weights.h5"
+# Boxes kept per training image (keras-yolo3's max_boxes).
+MAX_BOXES = 20
 STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
 CHECKPOINT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"
 CHECKPOINT_PATTERN_NO_VAL = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
@@ -264,13 +266,13 @@ def train(config: TrainConfig) -> TrainResult:
     def datasets(batch):
         train_ds = make_dataset(
             train_annotations, config.input_shape, anchors, len(class_names), batch,
-            training=True, augment=config.augment, seed=config.seed, cache=config.cache,
+            training=True, augment=config.augment, seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES,
         )
         val_ds = None
         if val_annotations:
             val_ds = make_dataset(
                 val_annotations, config.input_shape, anchors, len(class_names), batch,
-                training=False, seed=config.seed, cache=config.cache,
+                training=False, seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES,
             )
         steps = config.steps_per_epoch or steps_per_epoch(len(train_annotations), batch)
         return train_ds, val_ds, steps
@@ -284,6 +286,9 @@ def train(config: TrainConfig) -> TrainResult:
             freeze_body=config.freeze_body if config.freeze_epochs > 0 and not stage1_done else 0,
             weights_path=None if stage1_done else config.weights,
             sync_bn=use_sync_bn,
+            # XLA needs static shapes: gather at most MAX_BOXES true boxes per
+            # scale, exact because the pipeline keeps at most that many.
+            max_true_boxes=MAX_BOXES if config.jit else None,
         )
         if stage1_done:
             body.load_weights(stage1_path)

@@ -157,7 +157,20 @@ def test_yolo_loss_layer_config_round_trip():
     clone = keras.layers.deserialize(keras.layers.serialize(layer))
     assert isinstance(clone, YoloLoss)
     np.testing.assert_array_equal(clone.anchors, TINY_ANCHORS)
-    assert (clone.num_classes, clone.ignore_thresh, clone.name) == (2, 0.6, "yolo_loss")
+    assert (clone.num_classes, clone.ignore_thresh, clone.max_true_boxes, clone.name) == (2, 0.6, None, "yolo_loss")
     outputs, y_true = _random_case(TINY_ANCHORS, (64, 64), 2, batch=2, seed=5)
     np.testing.assert_allclose(layer([*outputs, *y_true]).numpy(), clone([*outputs, *y_true]).numpy(), rtol=1e-6)
     assert keras.losses.get(keras.losses.serialize(totalloss)) is totalloss
+
+
+@pytest.mark.parametrize("anchors, input_hw", [(TINY_ANCHORS, (64, 96)), (FULL_ANCHORS, (96, 64))])
+def test_static_ignore_mask_equals_ragged_and_compiles_with_xla(anchors, input_hw):
+    outputs, y_true = _random_case(anchors, input_hw, 2, batch=3, seed=7, boxes_per_image=6)
+    ragged = yolo_loss([*outputs, *y_true], anchors, 2).numpy()
+    static = yolo_loss([*outputs, *y_true], anchors, 2, max_true_boxes=6).numpy()
+    np.testing.assert_allclose(static, ragged, rtol=1e-6)
+    compiled = tf.function(lambda *args: yolo_loss(list(args), anchors, 2, max_true_boxes=6), jit_compile=True)
+    np.testing.assert_allclose(compiled(*outputs, *y_true).numpy(), ragged, rtol=1e-5)
+    # Too small a K misses boxes and changes the loss: the bound matters.
+    fewer = yolo_loss([*outputs, *y_true], anchors, 2, max_true_boxes=1).numpy()
+    assert not np.allclose(fewer, ragged, rtol=1e-6)

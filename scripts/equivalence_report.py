@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Prints how far N replicas are from one device, per training step.
+
+Runs the exact procedure of tests/test_parallel.py (tiny YOLOv3, 64 px,
+2 classes, global batch 8, plain SGD 1e-4, 3 steps) on 2 and 4 logical CPU
+devices with both engines, frozen and unfrozen, and prints one JSON line per
+configuration: the largest weight change of each single-device step and the
+largest difference of the replica step from it (each replica step starts
+from the single-device weights before it). Usage:
+
+    .venv/bin/python scripts/equivalence_report.py
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+import conftest  # noqa: E402,F401  (splits the CPU into logical devices before TF starts)
+import tensorflow as tf  # noqa: E402
+import test_parallel as procedure  # noqa: E402
+
+
+def main() -> int:
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    initial = procedure.create_model(procedure.INPUT_SHAPE, procedure.ANCHORS, procedure.NUM_CLASSES, freeze_body=0)[0].get_weights()
+    for freeze_body in (2, 0):
+        reference, _ = procedure._trajectory(initial, freeze_body, "mirrored", devices[:1])
+        steps = [procedure._max_difference(reference[k + 1], reference[k]) for k in range(procedure.STEPS)]
+        for engine in ("mirrored", "multi_gpu_model"):
+            for count in (2, 4):
+                results = procedure._forced_steps(reference, freeze_body, engine, devices[:count])
+                differences = [procedure._max_difference(reference[k + 1], w) for k, w in enumerate(results)]
+                print(json.dumps({
+                    "engine": engine, "replicas": count, "stage": "frozen" if freeze_body else "unfrozen",
+                    "step_size": [float(f"{s:.3g}") for s in steps],
+                    "max_abs_difference": [float(f"{d:.3g}") for d in differences],
+                }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
