@@ -15,18 +15,23 @@ modified. Problem kinds:
     class-out-of-range  class id not in [0, num_classes)
     duplicate-box       the same box twice on one line
 
-Training runs `check_annotations` first and uses `report.annotations`, the
-lines without any problem.
+Training runs `check_annotations` first and uses `report.annotations`: the
+lines without any problem, plus the lines whose only problems are boxes
+outside the image or repeated boxes, repaired (boxes clipped to the image,
+repeats dropped) as keras-yolo3's generator clipped them.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections import Counter
+
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
@@ -124,6 +129,25 @@ def _inspect_image(path: str) -> tuple[tuple[int, int] | None, str | None, str |
         return None, "unreadable-image", f"unreadable image {path}: {type(error).__name__}: {error}"
 
 
+# Problems training can repair: clip boxes to the image and drop repeats, as
+# keras-yolo3's generator clipped them. The checker still reports them.
+REPAIRABLE = frozenset({"box-outside-image", "duplicate-box"})
+
+
+def repair_boxes(annotation: Annotation, size: tuple[int, int] | None) -> Annotation:
+    """Boxes clipped to the (width, height) image, repeats and boxes left empty dropped."""
+    boxes = annotation.boxes.copy()
+    if len(boxes):
+        boxes[:, 0:2] = np.maximum(boxes[:, 0:2], 0)
+        if size is not None:
+            boxes[:, 2] = np.minimum(boxes[:, 2], size[0])
+            boxes[:, 3] = np.minimum(boxes[:, 3], size[1])
+        _, first = np.unique(boxes, axis=0, return_index=True)
+        boxes = boxes[np.sort(first)]
+        boxes = boxes[(boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])]
+    return dataclasses.replace(annotation, boxes=boxes.astype(np.float32))
+
+
 def _box_text(box) -> str:
     return ",".join(f"{v:g}" for v in box)
 
@@ -207,6 +231,8 @@ def check_annotations(
         found += _box_problems(annotation, num_classes, size)
         if found:
             problems[annotation.line_number] = [Problem(path, annotation.line_number, k, m) for k, m in found]
+            if all(k in REPAIRABLE for k, _ in found):
+                good.append(repair_boxes(annotation, size))
         else:
             good.append(annotation)
 

@@ -164,10 +164,11 @@ def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
                     f"{path}: {len(report.problems)} problem(s), --strict refuses to start. "
                     f"First: {report.problems[0]}. Full list: {listing}"
                 )
+            lines = {p.line_number for p in report.problems}
+            used = {a.line_number for a in report.annotations}
             logger.warning(
-                "%s: skipping %d bad line(s) (%s); list in %s",
-                path, len({(p.source, p.line_number) for p in report.problems}),
-                report.problems[0], listing,
+                "%s: %d line(s) with problems: %d skipped, %d kept with boxes clipped/deduplicated (first: %s); list in %s",
+                path, len(lines), len(lines - used), len(lines & used), report.problems[0], listing,
             )
         if not report.annotations:
             raise ValueError(f"{path}: no usable annotation lines")
@@ -357,6 +358,10 @@ def train(config: TrainConfig) -> TrainResult:
     if chief:
         save_weights_atomic(body, final_path)
         logger.info("final weights (single-device template): %s", final_path)
+        try:  # BackupAndRestore removed its stage folders; drop their parent
+            os.rmdir(os.path.join(run_dir, "backup"))
+        except OSError:
+            pass
     else:
         shutil.rmtree(run_dir, ignore_errors=True)
     _wait_for_all_workers(strategy)

@@ -70,7 +70,13 @@ def test_reports_each_problem_on_its_line(dataset):
         (13, "class-out-of-range"),
     ]
     assert set(KINDS) == {kind for _, kind in found}
-    assert [a.line_number for a in report.annotations] == [1, 12]
+    # Lines whose only problems are repairable (boxes outside the image,
+    # repeats) stay usable with boxes clipped and deduplicated.
+    assert [a.line_number for a in report.annotations] == [1, 6, 7, 10, 12]
+    repaired = {a.line_number: a.boxes.tolist() for a in report.annotations}
+    assert repaired[6] == [[1, 2, 30, 40, 0], [1, 2, 64, 40, 1]]  # x_max clipped to the 64 px width
+    assert repaired[7] == [[0, 2, 30, 40, 0]]  # x_min clipped to 0
+    assert repaired[10] == [[1, 2, 30, 40, 0], [5, 5, 9, 9, 1]]  # the repeat dropped
     by_line = {p.line_number: p for p in report.problems}
     assert str(by_line[3]) == f"{dataset}:3: image not found: {dataset.parent / 'images' / 'missing.jpg'}"
     assert "truncated" in str(by_line[4])
@@ -95,7 +101,7 @@ def test_summary_counts(dataset):
         "duplicate-box": 1,
     }
     text = report.summary_text()
-    assert text.startswith(f"{dataset}: 12 lines, 2 usable; 11 images, 14 boxes, 2 backgrounds; 11 problems on 10 lines")
+    assert text.startswith(f"{dataset}: 12 lines, 5 usable; 11 images, 14 boxes, 2 backgrounds; 11 problems on 10 lines")
     assert "unreadable-image 2" in text
 
 
@@ -131,7 +137,7 @@ def test_cli_prints_file_line_problems_and_exits_nonzero_without_modifying(datas
     out = capsys.readouterr().out.splitlines()
     assert status == 1
     assert len(out) == 12 and all(line.startswith(f"{dataset}:") for line in out[:-1])
-    assert out[-1].startswith(f"{dataset}: 12 lines, 2 usable")
+    assert out[-1].startswith(f"{dataset}: 12 lines, 5 usable")
     assert _snapshot(tmp_path) == before  # read-only
 
 
