@@ -156,9 +156,8 @@ def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
     def checked(path):
         report = check_annotations(path, num_classes)
         if report.problems:
-            listing = os.path.join(run_dir, f"skipped_lines_{os.path.basename(path)}.txt")
-            with open(listing, "w", encoding="utf-8") as handle:
-                handle.write("\n".join(str(p) for p in report.problems) + "\n")
+            listing = os.path.join(run_dir, f"skipped_lines_{os.path.splitext(os.path.basename(path))[0]}.txt")
+            report.write_problems(listing)
             if config.strict:
                 raise ValueError(
                     f"{path}: {len(report.problems)} problem(s), --strict refuses to start. "
