@@ -2,7 +2,7 @@
 """Thin wrapper: see keras_yolo_mgpu/coco_annotation.py (`python coco_annotation.py --help`)."""
 import sys
 
-from keras_yolo_mgpu.coco_annotation import main
+from keras_yolo_mgpu.data.coco import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,7 +8,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: its start-up chatter
 
-from keras_yolo_mgpu.evaluate import main  # noqa: E402
+from keras_yolo_mgpu.evaluation.mean_ap import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 """Train YOLOv3 on one or several GPUs. See `python train.py --help`."""
 import sys
 
-from keras_yolo_mgpu.train import main
+from keras_yolo_mgpu.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

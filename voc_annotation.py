@@ -2,7 +2,7 @@
 """Thin wrapper: see keras_yolo_mgpu/voc_annotation.py (`python voc_annotation.py --help`)."""
 import sys
 
-from keras_yolo_mgpu.voc_annotation import main
+from keras_yolo_mgpu.data.voc import main
 
 if __name__ == "__main__":
     sys.exit(main())

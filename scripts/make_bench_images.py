@@ -19,7 +19,7 @@ import sys
 import numpy as np
 from PIL import Image
 
-from keras_yolo_mgpu.annotations import format_annotation_line
+from keras_yolo_mgpu.data.annotations import format_annotation_line
 
 WIDTH, HEIGHT = 640, 480
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_yolo_mgpu.model import build_body
-from keras_yolo_mgpu.model_data import default_anchors_path, get_anchors
+from keras_yolo_mgpu.model.yolo3 import build_body
+from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 
 TINY_ANCHORS_PATH = default_anchors_path(True)
 TINY_ANCHORS = get_anchors(TINY_ANCHORS_PATH)

@@ -10,11 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from keras_yolo_mgpu import coco_annotation, voc_annotation
-from keras_yolo_mgpu.annotations import read_annotations
-from keras_yolo_mgpu.coco_annotation import category_mapping, check_class_order, coco_lines
-from keras_yolo_mgpu.model_data import get_classes, model_data_path
-from keras_yolo_mgpu.voc_annotation import parse_voc_xml
+from keras_yolo_mgpu.data import coco as coco_annotation
+from keras_yolo_mgpu.data import voc as voc_annotation
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.coco import category_mapping, check_class_order, coco_lines
+from keras_yolo_mgpu.resources import get_classes, model_data_path
+from keras_yolo_mgpu.data.voc import parse_voc_xml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOC_CLASSES = get_classes(model_data_path("voc_classes.txt"))

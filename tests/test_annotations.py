@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from keras_yolo_mgpu.annotations import (
+from keras_yolo_mgpu.data.annotations import (
     Annotation,
     AnnotationError,
     format_annotation_line,

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_yolo_mgpu.annotations import read_annotations
+from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.bench.pipeline import GENERATORS, run_benchmark
 from keras_yolo_mgpu.bench.reference_generator import data_generator
-from keras_yolo_mgpu.check_dataset import check_annotations
-from keras_yolo_mgpu.model_data import get_anchors, model_data_path
+from keras_yolo_mgpu.data.check import check_annotations
+from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOC_CLASSES = os.path.join(REPO, "model_data", "voc_classes.txt")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_yolo_mgpu.check_dataset import KINDS, Problem, check_annotations, main
+from keras_yolo_mgpu.data.check import KINDS, Problem, check_annotations, main
 
 
 def _jpeg(path, size=(64, 48), seed=0):

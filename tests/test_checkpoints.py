@@ -17,18 +17,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_yolo_mgpu.checkpoints import (
-    LoadReport,
-    TemplateModelCheckpoint,
-    checkpoint_write_path,
-    load_weights,
-    save_weights_atomic,
-    weight_layers,
-)
-from keras_yolo_mgpu.loss import totalloss
-from keras_yolo_mgpu.model import build_body, create_model
-from keras_yolo_mgpu.model_data import default_anchors_path, get_anchors
-from keras_yolo_mgpu.targets import preprocess_true_boxes
+from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, checkpoint_write_path, save_weights_atomic
+from keras_yolo_mgpu.weights.loading import LoadReport, load_weights, weight_layers
+from keras_yolo_mgpu.model.loss import totalloss
+from keras_yolo_mgpu.model.yolo3 import build_body, create_model
+from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 
 TINY_ANCHORS = get_anchors(default_anchors_path(tiny=True))
 FULL_ANCHORS = get_anchors(default_anchors_path(tiny=False))
@@ -249,7 +243,7 @@ def test_keras3_weights_between_body_and_training_model(keras3_tiny, image, tmp_
 
 def test_keras3_nested_template_loads(keras3_tiny, image, tmp_path, logical_cpus):
     """A wrapper holding the template as one layer: the Keras 3 "1 layers" file."""
-    from keras_yolo_mgpu.parallel import multi_gpu_model
+    from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
 
     inputs = keras.Input((None, None, 3), name="image")
     wrapper = keras.Model(inputs, keras3_tiny.body(inputs), name="wrapper")
@@ -452,9 +446,9 @@ _PREDICT_IN_ONE_DEVICE = textwrap.dedent(
     import sys
     import numpy as np
     import tensorflow as tf
-    from keras_yolo_mgpu.checkpoints import load_weights
-    from keras_yolo_mgpu.model import build_body
-    from keras_yolo_mgpu.model_data import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.weights.loading import load_weights
+    from keras_yolo_mgpu.model.yolo3 import build_body
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 
     weights, images, out = sys.argv[1:4]
     assert len(tf.config.list_logical_devices()) == 1, tf.config.list_logical_devices()

@@ -20,9 +20,9 @@ import time
 import numpy as np
 import pytest
 
-from keras_yolo_mgpu import darknet
-from keras_yolo_mgpu.convert import build_matching_body, check_output_path, convert, load_converted, main
-from keras_yolo_mgpu.darknet import DarknetError, DarknetHeader
+from keras_yolo_mgpu.weights import darknet
+from keras_yolo_mgpu.weights.convert import build_matching_body, check_output_path, convert, load_converted, main
+from keras_yolo_mgpu.weights.darknet import DarknetError, DarknetHeader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DARKNET = os.path.join(REPO, "..", "shared", "darknet")
@@ -350,7 +350,7 @@ def test_parameter_counts_of_real_cfgs():
 def test_tiny_converts_into_tiny_yolo_body(tmp_path):
     import keras
 
-    from keras_yolo_mgpu.model import tiny_yolo_body
+    from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body
 
     cfg = shared_cfg("yolov3-tiny.cfg")
     weights = str(tmp_path / "tiny.weights")
@@ -498,7 +498,7 @@ def test_yolov3_converts_into_yolo_body_and_matches_numpy(tmp_path):
     """The goal: yolov3.cfg + random weights reproduce numpy Darknet to 1e-4."""
     import keras
 
-    from keras_yolo_mgpu.model import yolo_body
+    from keras_yolo_mgpu.model.yolo3 import yolo_body
 
     cfg = shared_cfg("yolov3.cfg")
     weights = str(tmp_path / "yolov3.weights")

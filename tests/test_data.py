@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from keras_yolo_mgpu.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
-from keras_yolo_mgpu.augment import (
+from keras_yolo_mgpu.data.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
+from keras_yolo_mgpu.data.augment import (
     JPEG,
     OTHER,
     PNG,
@@ -23,10 +23,10 @@ from keras_yolo_mgpu.augment import (
     sniff_image,
 )
 from keras_yolo_mgpu.bench.reference_generator import get_random_data
-from keras_yolo_mgpu.boxes import letterbox_image
-from keras_yolo_mgpu.data import _element_seed, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
-from keras_yolo_mgpu.model_data import get_anchors, model_data_path
-from keras_yolo_mgpu.targets import preprocess_true_boxes
+from keras_yolo_mgpu.model.boxes import letterbox_image
+from keras_yolo_mgpu.data.pipeline import _element_seed, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
+from keras_yolo_mgpu.resources import get_anchors, model_data_path
+from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 
 FULL_ANCHORS = get_anchors(model_data_path("yolo_anchors.txt"))
 TINY_ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
@@ -403,7 +403,7 @@ def test_failed_decode_mid_run_warns_and_keeps_going(tmp_path, caplog):
     start = data.find(b"\xff\xda") + 40
     data[start:-2] = bytes((b * 31 + 7) % 256 for b in data[start:-2])
     open(corrupt, "wb").write(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu.data"):
+    with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu.data.pipeline"):
         train_batches = list(dataset_train.take(3).as_numpy_iterator())
         val_batches = list(dataset_val.as_numpy_iterator())
     assert len(train_batches) == 3

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_yolo_mgpu.demo import build_parser, format_summary
+from keras_yolo_mgpu.cli.demo import build_parser, format_summary
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,10 @@ import pytest
 from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, random_images, write_classes
 from PIL import Image
 
-from keras_yolo_mgpu.boxes import letterbox_image, yolo_eval
-from keras_yolo_mgpu.detector import YOLO, Detections, as_rgb_array, letterbox_array
-from keras_yolo_mgpu.draw import class_colors, draw_detections
-from keras_yolo_mgpu.inference_layers import YoloDecode, YoloNMS, build_inference_model
+from keras_yolo_mgpu.model.boxes import letterbox_image, yolo_eval
+from keras_yolo_mgpu.inference.detector import YOLO, Detections, as_rgb_array, letterbox_array
+from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
+from keras_yolo_mgpu.inference.layers import YoloDecode, YoloNMS, build_inference_model
 
 SCORE, IOU = 0.5, 0.45
 
@@ -160,11 +160,11 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
     eagerly: a MirroredStrategy `fit` costs over a minute of tracing here,
     and the file written from the template is the same kind either way.
     """
-    from keras_yolo_mgpu.checkpoints import save_weights_atomic
-    from keras_yolo_mgpu.loss import totalloss
-    from keras_yolo_mgpu.model import create_model
-    from keras_yolo_mgpu.parallel import multi_gpu_model
-    from keras_yolo_mgpu.targets import preprocess_true_boxes
+    from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+    from keras_yolo_mgpu.model.loss import totalloss
+    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
+    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 
     keras.utils.set_random_seed(7)
     body, train_model = create_model((64, 64), TINY_ANCHORS, 2, freeze_body=0)

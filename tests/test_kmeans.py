@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_yolo_mgpu.annotations import format_annotation_line
-from keras_yolo_mgpu.kmeans import (
+from keras_yolo_mgpu.data.annotations import format_annotation_line
+from keras_yolo_mgpu.data.kmeans import (
     _lloyd,
     box_sizes_from_annotations,
     iou_wh,
@@ -19,7 +19,7 @@ from keras_yolo_mgpu.kmeans import (
     mean_iou,
     round_anchors,
 )
-from keras_yolo_mgpu.model_data import get_anchors
+from keras_yolo_mgpu.resources import get_anchors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CENTRES = np.array([[10, 13], [16, 30], [33, 23], [30, 61], [62, 45], [59, 119], [116, 90], [156, 198], [373, 326]], float)

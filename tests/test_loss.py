@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu import YoloLoss, get_anchors, model_data_path, preprocess_true_boxes, totalloss, yolo_loss
-from keras_yolo_mgpu.loss import yolo_loss_terms
+from keras_yolo_mgpu.model.loss import yolo_loss_terms
 
 TINY_ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
 FULL_ANCHORS = get_anchors(model_data_path("yolo_anchors.txt"))

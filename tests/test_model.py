@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from keras_yolo_mgpu import create_model, freeze_layers, get_anchors, model_data_path, tiny_yolo_body, yolo_body
-from keras_yolo_mgpu.model import build_body, check_input_shape
+from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 
 TINY_ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
 FULL_ANCHORS = get_anchors(model_data_path("yolo_anchors.txt"))

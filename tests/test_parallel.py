@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes, totalloss
-from keras_yolo_mgpu.parallel import ReplicaParallel, make_strategy, multi_gpu_model, split_sizes
+from keras_yolo_mgpu.parallel.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
+from keras_yolo_mgpu.parallel.devices import make_strategy
 
 ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
 INPUT_SHAPE = (64, 64)
@@ -210,7 +211,7 @@ def test_multi_gpu_model_needs_devices():
 
 
 def test_asking_for_more_gpus_than_visible_fails_with_count():
-    from keras_yolo_mgpu.parallel import select_devices
+    from keras_yolo_mgpu.parallel.devices import select_devices
 
     with pytest.raises(ValueError, match="TensorFlow sees 0"):
         select_devices(4)

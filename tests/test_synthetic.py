@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_yolo_mgpu.synthetic import (
+from keras_yolo_mgpu.data.synthetic import (
     DEFAULT_CLASSES,
     SUPPORTED_CLASSES,
     make_synthetic_dataset,

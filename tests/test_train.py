@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from keras_yolo_mgpu.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "train.py")
@@ -57,9 +57,9 @@ def test_two_simulated_gpus_write_a_checkpoint_that_loads_on_one_device(dataset,
     assert "images_per_sec" in history[0]
 
     # This process sees 4 logical CPUs, but inference needs only one device.
-    from keras_yolo_mgpu.checkpoints import load_weights
-    from keras_yolo_mgpu.model import build_body
-    from keras_yolo_mgpu.model_data import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.weights.loading import load_weights
+    from keras_yolo_mgpu.model.yolo3 import build_body
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 
     body = build_body(get_anchors(default_anchors_path(True)), 4)
     report = load_weights(body, str(log_dir / "trained_weights_final.weights.h5"))

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, random_images, write_classes
 
-from keras_yolo_mgpu import video as video_module
-from keras_yolo_mgpu.detector import YOLO
-from keras_yolo_mgpu.synthetic import make_synthetic_video
-from keras_yolo_mgpu.video import VideoError, VideoReader, VideoWriter
-from keras_yolo_mgpu.yolo_video import main, process_images, process_video
+from keras_yolo_mgpu.inference import video as video_module
+from keras_yolo_mgpu.inference.detector import YOLO
+from keras_yolo_mgpu.data.synthetic import make_synthetic_video
+from keras_yolo_mgpu.inference.video import VideoError, VideoReader, VideoWriter
+from keras_yolo_mgpu.inference.media import main, process_images, process_video
 
 REPO = Path(__file__).resolve().parents[1]
 SCORE = 0.5

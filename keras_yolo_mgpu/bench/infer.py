@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ..cli import input_size, positive_int
+from keras_yolo_mgpu.cli.args import input_size, positive_int
 
 
 def _frame_size(text: str) -> tuple[int, int]:
@@ -62,7 +62,7 @@ def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 
     """
     import keras
 
-    from ..model import OUTPUT_PREFIX, build_body
+    from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX, build_body
 
     keras.utils.set_random_seed(seed)
     body = build_body(anchors, num_classes)
@@ -95,8 +95,8 @@ def time_forward(forward, batches: list[np.ndarray]) -> float:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from ..detector import YOLO, load_body
-    from ..model_data import default_anchors_path, get_anchors, get_classes
+    from keras_yolo_mgpu.inference.detector import YOLO, load_body
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
 
     anchors = get_anchors(args.anchors or default_anchors_path(not args.full))
     if args.weights:
@@ -117,10 +117,10 @@ def main(argv=None) -> int:
 def _run(args, yolo, body, class_names, folder: str) -> int:
     import tensorflow as tf
 
-    from ..detector import letterbox_array
-    from ..synthetic import make_synthetic_video
-    from ..video import VideoReader
-    from ..yolo_video import process_video
+    from keras_yolo_mgpu.inference.detector import letterbox_array
+    from keras_yolo_mgpu.data.synthetic import make_synthetic_video
+    from keras_yolo_mgpu.inference.video import VideoReader
+    from keras_yolo_mgpu.inference.media import process_video
 
     video = make_synthetic_video(os.path.join(folder, "input.mp4"), num_frames=args.frames, frame_size=args.frame_size, fps=25.0)
     with VideoReader(video) as reader:

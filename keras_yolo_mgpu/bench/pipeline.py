@@ -50,13 +50,13 @@ def _decode_only_dataset(annotations, input_shape, batch_size: int):
 def _batches(generator: str, annotations, input_shape, anchors, num_classes, batch_size, seed, cache):
     """An iterator over training batches of the chosen generator."""
     if generator == "reference":
-        from .reference_generator import data_generator
+        from keras_yolo_mgpu.bench.reference_generator import data_generator
 
         np.random.seed(seed)
         return data_generator(annotations, batch_size, input_shape, anchors, num_classes)
     if generator == "decode-only":
         return iter(_decode_only_dataset(annotations, input_shape, batch_size))
-    from ..data import make_dataset
+    from keras_yolo_mgpu.data.pipeline import make_dataset
 
     dataset = make_dataset(
         annotations, input_shape, anchors, num_classes, batch_size, training=True, augment=True, seed=seed, cache=cache
@@ -113,7 +113,7 @@ def run_benchmark(
 
 
 def main(argv=None) -> int:
-    from ..cli import input_size, positive_int, setup_logging
+    from keras_yolo_mgpu.cli.args import input_size, positive_int, setup_logging
 
     parser = argparse.ArgumentParser(
         prog="python -m keras_yolo_mgpu.bench pipeline", description="Input pipeline images/sec with augmentation."
@@ -133,8 +133,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
 
-    from ..annotations import AnnotationError, read_annotations
-    from ..model_data import default_anchors_path, get_anchors, get_classes
+    from keras_yolo_mgpu.data.annotations import AnnotationError, read_annotations
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
 
     try:
         num_classes = len(get_classes(args.classes))

@@ -16,8 +16,8 @@ import numpy as np
 from matplotlib.colors import hsv_to_rgb, rgb_to_hsv
 from PIL import Image
 
-from ..annotations import Annotation
-from ..targets import preprocess_true_boxes
+from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 
 
 def rand(a: float = 0.0, b: float = 1.0) -> float:

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from .. import cli
+from keras_yolo_mgpu.cli import args as cli
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
     import numpy as np
 
-    from ..targets import preprocess_true_boxes
+    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 
     rng = np.random.default_rng(seed)
     height, width = input_shape
@@ -56,15 +56,15 @@ def _synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     cli.setup_logging()
-    from .. import parallel
+    from keras_yolo_mgpu.parallel import devices as parallel
 
     devices = parallel.select_devices(args.gpus, simulate=args.simulate_devices)  # before any TF op
     import keras
     import tensorflow as tf
 
-    from ..loss import totalloss
-    from ..model import create_model
-    from ..model_data import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.model.loss import totalloss
+    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 
     if args.mixed_precision:
         keras.mixed_precision.set_global_policy("mixed_float16")

@@ -9,7 +9,7 @@ import argparse
 import logging
 import os
 
-from .model_data import default_anchors_path, get_anchors, get_classes
+from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
 
 
 def input_size(text: str) -> tuple[int, int]:
@@ -78,7 +78,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_classes(args: argparse.Namespace) -> list[str]:
-    from .model_data import model_data_path
+    from keras_yolo_mgpu.resources import model_data_path
 
     return get_classes(args.classes or model_data_path("coco_classes.txt"))
 

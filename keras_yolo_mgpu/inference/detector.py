@@ -23,10 +23,10 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from .draw import class_colors, draw_detections
-from .inference_layers import build_inference_model
-from .model import build_body, check_input_shape
-from .model_data import get_anchors, get_classes, model_data_path
+from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
+from keras_yolo_mgpu.inference.layers import build_inference_model
+from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
+from keras_yolo_mgpu.resources import get_anchors, get_classes, model_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def load_body(model_path: str, anchors, num_classes: int) -> keras.Model:
         FileNotFoundError: no such file.
         ValueError: the file holds another network, naming the likely cause.
     """
-    from .checkpoints import load_weights  # late import: checkpoints imports model code
+    from keras_yolo_mgpu.weights.loading import load_weights
 
     model_path = os.fspath(model_path)
     if not os.path.isfile(model_path):

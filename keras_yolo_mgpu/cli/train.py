@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from . import cli
+from keras_yolo_mgpu.cli import args as cli
 
 logger = logging.getLogger("train")
 
@@ -71,7 +71,7 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def config_from_args(args):
-    from .training import TrainConfig
+    from keras_yolo_mgpu.training.trainer import TrainConfig
 
     return TrainConfig(
         annotations=args.annotations,
@@ -112,10 +112,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.setup_logging()
     if args.demo:
-        from .demo import main as demo_main
+        from keras_yolo_mgpu.cli.demo import main as demo_main
 
         return demo_main([])
-    from .training import TrainConfig, train
+    from keras_yolo_mgpu.training.trainer import TrainConfig, train
 
     if args.resume:
         if not args.log_dir:

@@ -48,8 +48,8 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from .annotations import Annotation
-from .augment import (
+from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.data.augment import (
     GREY,
     OTHER,
     augment_boxes,
@@ -62,7 +62,7 @@ from .augment import (
     sample_augmentation,
     sniff_image,
 )
-from .boxes import anchor_masks, letterbox_image, num_output_layers, output_strides
+from keras_yolo_mgpu.model.boxes import anchor_masks, letterbox_image, num_output_layers, output_strides
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxe
         if len(bad):
             raise ValueError(
                 f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
-                f"for {num_classes} classes (run keras_yolo_mgpu.check_dataset)"
+                f"for {num_classes} classes (run keras_yolo_mgpu.data.check)"
             )
 
 

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .cli import add_detection_args, add_model_args, positive_int, setup_logging
-from .model_data import default_anchors_path, get_classes, model_data_path
+from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
+from keras_yolo_mgpu.resources import default_anchors_path, get_classes, model_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple
 
 
 def _load_annotations(annotations, root):
-    from .annotations import read_annotations
+    from keras_yolo_mgpu.data.annotations import read_annotations
 
     if isinstance(annotations, (str, os.PathLike)):
         path = os.fspath(annotations)
@@ -363,7 +363,7 @@ def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[lis
     """
     from tqdm import tqdm
 
-    from .yolo_video import read_image
+    from keras_yolo_mgpu.inference.media import read_image
 
     def batches():
         for start in range(0, len(annotations), yolo.batch_size):
@@ -418,8 +418,8 @@ def evaluate_weights(
     Returns:
         `evaluate_detections`'s dict.
     """
-    from .detector import YOLO, load_body
-    from .model_data import get_anchors
+    from keras_yolo_mgpu.inference.detector import YOLO, load_body
+    from keras_yolo_mgpu.resources import get_anchors
 
     annotations = _load_annotations(annotations, root)
     class_names = _class_names(class_names)

@@ -25,8 +25,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
-from .cli import add_detection_args, add_model_args, positive_int, setup_logging
-from .model_data import default_anchors_path, model_data_path
+from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
+from keras_yolo_mgpu.resources import default_anchors_path, model_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ def process_video(
         video.VideoError: the input cannot be opened or read, or no codec
             can write the output.
     """
-    from .detector import letterbox_array
-    from .video import VideoReader, VideoWriter
+    from keras_yolo_mgpu.inference.detector import letterbox_array
+    from keras_yolo_mgpu.inference.video import VideoReader, VideoWriter
 
     batch_size = batch_size or yolo.batch_size
     model_size = yolo.model_image_size
@@ -292,10 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.image:
             collect_images(args.image)
         else:
-            from .video import parse_source
+            from keras_yolo_mgpu.inference.video import parse_source
 
             parse_source(args.input)
-        from .detector import YOLO
+        from keras_yolo_mgpu.inference.detector import YOLO
 
         yolo = YOLO(
             weights,

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .annotations import format_annotation_line
+from keras_yolo_mgpu.data.annotations import format_annotation_line
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .cli import setup_logging
-    from .model_data import get_classes, model_data_path
+    from keras_yolo_mgpu.cli.args import setup_logging
+    from keras_yolo_mgpu.resources import get_classes, model_data_path
 
     setup_logging(args.verbose)
     if args.xml_dir and not (args.image_dir and args.output):

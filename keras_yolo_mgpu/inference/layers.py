@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .boxes import anchor_masks, num_output_layers
+from keras_yolo_mgpu.model.boxes import anchor_masks, num_output_layers
 
 _SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
 

@@ -169,7 +169,7 @@ def box_sizes_from_annotations(
     Returns:
         ``(N, 2)`` float64 sizes; boxes with zero or negative size are dropped.
     """
-    from .annotations import read_annotations
+    from keras_yolo_mgpu.data.annotations import read_annotations
 
     sizes = []
     dropped = 0
@@ -216,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .cli import setup_logging
-    from .model_data import format_anchors
+    from keras_yolo_mgpu.cli.args import setup_logging
+    from keras_yolo_mgpu.resources import format_anchors
 
     setup_logging(args.verbose)
     if args.clusters < 1:

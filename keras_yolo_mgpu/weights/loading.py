@@ -1,30 +1,24 @@
-"""Checkpoints that any machine can load, and a loader for every weight format.
+"""A loader for every weight format this project and keras-yolo3 write.
 
-Two halves:
-
-* `TemplateModelCheckpoint` saves the *template* (the single-device
-  `yolo_body`) during training, whatever wraps it for several devices or for
-  the loss, so a checkpoint written on a 4-GPU box loads on a CPU-only one.
-  Saves are atomic: an interrupted save never destroys the previous file.
-* `load_weights` loads this project's `.weights.h5` and `.keras` files and the
-  Keras 2 HDF5 files keras-yolo3 users have: `model_body.save_weights`, its
-  train.py checkpoints (the training model with the `yolo_loss` Lambda),
-  convert.py's full `model.save`, and files saved from a Keras 2
-  `multi_gpu_model`, where the template is nested as ONE layer (the
-  "weight file containing 1 layers into a model with N layers" error).
+`load_weights` loads this project's `.weights.h5` and `.keras` files and the
+Keras 2 HDF5 files keras-yolo3 users have: `model_body.save_weights`, its
+train.py checkpoints (the training model with the `yolo_loss` Lambda),
+convert.py's full `model.save`, and files saved from a Keras 2
+`multi_gpu_model`, where the template is nested as ONE layer (the "weight
+file containing 1 layers into a model with N layers" error).
 
 How files are matched to a model:
 
 * Keras 3 files by layer name (recorded in the file; this project names
-  every layer deterministically in `model.py`), found wherever the template
-  sits in the saved model (the body itself, a training model, a multi-device
-  wrapper); files of models with other names but the same layers fall back
-  to Keras's own positional keys (`conv2d_3`: the 4th Conv2D).
+  every layer deterministically in `model/yolo3.py`), found wherever the
+  template sits in the saved model (the body itself, a training model, a
+  multi-device wrapper); files of models with other names but the same layers
+  fall back to Keras's own positional keys (`conv2d_3`: the 4th Conv2D).
 * Keras 2 files by order: keras-yolo3's layers have auto-generated names
-  (`conv2d_57`) that say nothing about role, but `model.py` builds the layers
-  in keras-yolo3's order, so the file's weight-bearing layers in `layer_names`
-  order correspond one to one to the model's weight-bearing layers in
-  `model.layers` order. Every pair's array shapes are checked.
+  (`conv2d_57`) that say nothing about role, but `model/yolo3.py` builds the
+  layers in keras-yolo3's order, so the file's weight-bearing layers in
+  `layer_names` order correspond one to one to the model's weight-bearing
+  layers in `model.layers` order. Every pair's array shapes are checked.
 """
 from __future__ import annotations
 
@@ -32,7 +26,6 @@ import dataclasses
 import logging
 import os
 import re
-import shutil
 import zipfile
 from collections import defaultdict
 
@@ -43,173 +36,10 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _WEIGHTS_SUFFIX = ".weights.h5"
-_OUTPUT_PREFIX = "yolo_output_"  # kept in sync with model.OUTPUT_PREFIX
+_OUTPUT_PREFIX = "yolo_output_"  # kept in sync with model.yolo3.OUTPUT_PREFIX
 # Weight-bearing layer counts of keras-yolo3's networks, for error hints.
 _KNOWN_LAYER_COUNTS = {147: "YOLOv3 (yolo_body)", 24: "tiny YOLOv3 (tiny_yolo_body)"}
 
-
-# --------------------------------------------------------------------------
-# Saving
-# --------------------------------------------------------------------------
-
-
-def is_chief(strategy=None) -> bool:
-    """Whether this worker writes checkpoints to their real path.
-
-    Single-machine strategies (default, `MirroredStrategy`) always write. In
-    multi-worker training (`MultiWorkerMirroredStrategy`, `TF_CONFIG`) only
-    the chief does; `StrategyExtended.should_checkpoint` is TensorFlow's own
-    answer to that question (chief, or worker 0 when no chief is listed).
-    """
-    if strategy is None:
-        return True
-    return bool(getattr(strategy.extended, "should_checkpoint", True))
-
-
-def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None]:
-    """Where this worker writes `filepath`, and a temporary folder to delete after.
-
-    Every worker saves (saving is part of the same program on all of them),
-    but a non-chief worker writes into `<dir>/workertemp_<task_id>/`, which
-    the caller deletes, so only the chief's file lands at `filepath`. This is
-    the scheme Keras 2's `distributed_file_utils` used.
-
-    Returns:
-        `(write_path, temp_dir)`; `temp_dir` is None on the chief.
-    """
-    if is_chief(strategy):
-        return filepath, None
-    resolver = getattr(strategy, "cluster_resolver", None)
-    task_id = getattr(resolver, "task_id", None)
-    if task_id is None:
-        task_id = getattr(strategy.extended, "_task_id", 0)
-    temp_dir = os.path.join(os.path.dirname(filepath), f"workertemp_{task_id}")
-    return os.path.join(temp_dir, os.path.basename(filepath)), temp_dir
-
-
-def save_weights_atomic(model: keras.Model, filepath: str) -> None:
-    """`model.save_weights(filepath)`, but the old file survives any failure.
-
-    The weights go to `<dir>/.<name>.tmp.weights.h5` (Keras insists on the
-    `.weights.h5` ending), are flushed to disk, and replace `filepath` with
-    one `os.replace`, which is atomic on POSIX and Windows. If anything fails
-    before that, the temporary file is removed and `filepath` is untouched.
-    """
-    filepath = os.fspath(filepath)
-    if not filepath.endswith(_WEIGHTS_SUFFIX):
-        raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
-    dirname, basename = os.path.split(filepath)
-    if dirname:
-        os.makedirs(dirname, exist_ok=True)
-    temp_path = os.path.join(dirname, f".{basename[: -len(_WEIGHTS_SUFFIX)]}.tmp{_WEIGHTS_SUFFIX}")
-    try:
-        model.save_weights(temp_path, overwrite=True)
-        with open(temp_path, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temp_path, filepath)
-    except BaseException:
-        # BaseException: a KeyboardInterrupt mid-save must not leave the
-        # half-written temporary file behind either.
-        if os.path.exists(temp_path):
-            os.remove(temp_path)
-        raise
-
-
-class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """`ModelCheckpoint` that saves the template's weights, not the trained wrapper's.
-
-    Multi-device training (`parallel.py`) and the loss (`create_model`) wrap
-    the network, and the wrapper is what `fit` sees as `self.model`. Saving
-    the wrapper gives files that only an identical wrapper can load (Keras
-    2's "weight file containing 1 layers" problem); this callback saves the
-    plain body, which `load_weights` (or `body.load_weights`) reads on any
-    machine, with any number of devices.
-
-    Args:
-        filepath: where to save; must end in `.weights.h5`; may contain
-            `{epoch:03d}` and logged metrics, e.g.
-            `"ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"`.
-        template_model: the single-device model whose weights are saved
-            (the `body` returned by `create_model`).
-        monitor: metric for `save_best_only`.
-        save_best_only: only save when `monitor` improves; the best file is
-            never overwritten by a worse one.
-        period: save every `period` epochs (Keras 2's argument, gone in
-            Keras 3), counted from the first epoch this callback sees, as
-            Keras 2 did. Exclusive with an integer `save_freq`.
-        **kwargs: `verbose`, `mode`, `save_freq`, `initial_value_threshold`
-            of `keras.callbacks.ModelCheckpoint`. `save_weights_only` is
-            always True.
-
-    Saves are atomic (`save_weights_atomic`). In multi-worker training only
-    the chief writes to `filepath` (`checkpoint_write_path`).
-    """
-
-    def __init__(self, filepath, template_model, monitor="val_loss", save_best_only=False, period=None, **kwargs):
-        filepath = os.fspath(filepath)
-        if not filepath.endswith(_WEIGHTS_SUFFIX):
-            raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
-        if not isinstance(template_model, keras.Model):
-            raise ValueError(
-                f"`template_model` must be a keras.Model (the single-device body). "
-                f"Received: template_model={template_model!r}"
-            )
-        if not kwargs.pop("save_weights_only", True):
-            raise ValueError(
-                "TemplateModelCheckpoint always saves weights only. Received: save_weights_only=False"
-            )
-        if period is not None:
-            if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-                raise ValueError(f"`period` must be a positive integer (epochs). Received: period={period!r}")
-            if kwargs.get("save_freq", "epoch") != "epoch":
-                raise ValueError(
-                    "`period` counts epochs and cannot be combined with a batch-based `save_freq`. "
-                    f"Received: period={period}, save_freq={kwargs['save_freq']!r}"
-                )
-        super().__init__(
-            filepath, monitor=monitor, save_best_only=save_best_only, save_weights_only=True, **kwargs
-        )
-        self.template_model = template_model
-        self.period = period
-        self._epochs_since_last_save = 0
-
-    def _save_model(self, epoch, batch, logs):
-        # Overrides ModelCheckpoint's single save routine: the decision logic
-        # (`_should_save_model`, `_get_file_path`) is reused as is; only what
-        # is saved, and how, changes.
-        if batch is None and self.period is not None:
-            self._epochs_since_last_save += 1
-            if self._epochs_since_last_save < self.period:
-                return
-            self._epochs_since_last_save = 0
-        filepath = self._get_file_path(epoch, batch, logs)
-        if os.path.isdir(filepath):
-            raise IsADirectoryError(
-                f"TemplateModelCheckpoint needs a file path; {filepath} is an existing directory"
-            )
-        if not self._should_save_model(epoch, batch, logs, filepath):
-            return
-        write_path, temp_dir = checkpoint_write_path(filepath, self._strategy())
-        try:
-            save_weights_atomic(self.template_model, write_path)
-        finally:
-            if temp_dir is not None:
-                shutil.rmtree(temp_dir, ignore_errors=True)
-        if self.verbose > 0 and temp_dir is None:
-            logger.info("Epoch %d: saved template weights to %s", epoch + 1, filepath)
-
-    def _strategy(self):
-        strategy = getattr(self.model, "distribute_strategy", None)
-        if strategy is None:
-            import tensorflow as tf
-
-            strategy = tf.distribute.get_strategy()
-        return strategy
-
-
-# --------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------
 
 
 @dataclasses.dataclass

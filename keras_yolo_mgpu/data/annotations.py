@@ -195,7 +195,7 @@ def read_annotations(path: str, root: str | None = None) -> list[Annotation]:
 
     Raises:
         AnnotationError: on the first malformed line (`FILE:LINE: ...`). Use
-            `keras_yolo_mgpu.check_dataset.check_annotations` to collect every
+            `keras_yolo_mgpu.data.check.check_annotations` to collect every
             problem instead.
     """
     return [

@@ -35,8 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
-from . import darknet
-from .darknet import DarknetError
+from keras_yolo_mgpu.weights import darknet
+from keras_yolo_mgpu.weights.darknet import DarknetError
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def build_matching_body(generic, yolos: Sequence[darknet.YoloSpec], *, check: bo
     """
     import keras
 
-    from .model import tiny_yolo_body, yolo_body
+    from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body, yolo_body
 
     heads = _yolo_heads(yolos)
     if heads is None:
@@ -210,7 +210,7 @@ def convert(
             logger.info("Not a yolo_body/tiny_yolo_body (%s): saving the generic cfg-built model", why)
     if heads is not None:
         anchors, masks, num_classes, _ = heads
-        from .boxes import anchor_masks
+        from keras_yolo_mgpu.model.boxes import anchor_masks
 
         if architecture != "generic" and masks != anchor_masks(len(masks)):
             logger.warning(
@@ -227,7 +227,7 @@ def convert(
         cfg_copy_path = output_path + ".cfg"
         logger.warning(
             "%s holds weights of the generic cfg-built model, not of yolo_body: load it with "
-            "keras_yolo_mgpu.convert.load_converted(%r) (which rebuilds the model from %s), "
+            "keras_yolo_mgpu.weights.convert.load_converted(%r) (which rebuilds the model from %s), "
             "or convert to .keras instead",
             output_path,
             output_path,
@@ -242,7 +242,7 @@ def convert(
         _atomic_write(output_path, model.save_weights)
     logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
     if anchors is not None:
-        from .model_data import format_anchors
+        from keras_yolo_mgpu.resources import format_anchors
 
         logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
     return ConversionResult(model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes)
@@ -295,7 +295,7 @@ def load_converted(path: str | os.PathLike):
     if not os.path.isfile(cfg_copy):
         raise ValueError(
             f"{path} has no {os.path.basename(cfg_copy)} beside it, so it holds yolo_body/tiny_yolo_body "
-            "weights: build the network (keras_yolo_mgpu.model.yolo_body) and call load_weights"
+            "weights: build the network (keras_yolo_mgpu.model.yolo3.yolo_body) and call load_weights"
         )
     model = darknet.build_model(darknet.parse_cfg(cfg_copy))
     model.load_weights(path)
@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .cli import setup_logging
+    from keras_yolo_mgpu.cli.args import setup_logging
 
     setup_logging(args.verbose)
     try:
@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if result.anchors is None:
             print("convert.py: error: the cfg has no [yolo] anchors to write", file=sys.stderr)
             return 1
-        from .model_data import format_anchors
+        from keras_yolo_mgpu.resources import format_anchors
 
         _atomic_write(args.anchors_output, lambda tmp: _write_text(tmp, format_anchors(result.anchors) + "\n"))
     print(

@@ -151,7 +151,7 @@ def _prepare_log_dir(config: TrainConfig) -> None:
 
 def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
     """Checks the annotation files; returns (train, val) annotation lists."""
-    from .check_dataset import check_annotations
+    from keras_yolo_mgpu.data.check import check_annotations
 
     def checked(path):
         report = check_annotations(path, num_classes)
@@ -197,7 +197,7 @@ def _make_optimizer(name: str, learning_rate: float):
 
 def _setup_devices(config: TrainConfig):
     """Selects devices and builds the strategy. Runs before any TF op."""
-    from . import parallel
+    from keras_yolo_mgpu.parallel import devices as parallel
 
     if config.strategy == "multiworker":
         if config.simulate_devices:
@@ -231,12 +231,13 @@ def train(config: TrainConfig) -> TrainResult:
     strategy, devices, replicas = _setup_devices(config)  # before any TF op
     import keras
 
-    from .callbacks import LossPlot, Throughput
-    from .checkpoints import TemplateModelCheckpoint, save_weights_atomic
-    from .data import make_dataset, steps_per_epoch
-    from .model import create_model, freeze_layers
-    from .model_data import default_anchors_path, get_anchors, get_classes
-    from .parallel import multi_gpu_model, patch_multiworker_first_batch_build, patch_multiworker_log_reduction
+    from keras_yolo_mgpu.training.callbacks import LossPlot, Throughput
+    from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
+    from keras_yolo_mgpu.data.pipeline import make_dataset, steps_per_epoch
+    from keras_yolo_mgpu.model.yolo3 import create_model, freeze_layers
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
+    from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
+    from keras_yolo_mgpu.parallel.keras_patches import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
 
     batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
     for batch in batch_sizes:
@@ -366,7 +367,7 @@ def train(config: TrainConfig) -> TrainResult:
     _wait_for_all_workers(strategy)
     epochs_run = len(history.get("loss", []))
     if chief and os.path.isfile(history_csv):
-        from .callbacks import read_history
+        from keras_yolo_mgpu.training.callbacks import read_history
 
         epochs_run = len(read_history(history_csv).get("epoch", []))
     return TrainResult(config.log_dir, final_path, history, epochs_run, replicas)
@@ -385,6 +386,6 @@ def _wait_for_all_workers(strategy) -> None:
 
 
 def _totalloss():
-    from .loss import totalloss
+    from keras_yolo_mgpu.model.loss import totalloss
 
     return totalloss

@@ -19,8 +19,8 @@ from collections import defaultdict
 import keras
 from keras import layers
 
-from .boxes import num_output_layers, output_strides
-from .loss import YoloLoss
+from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides
+from keras_yolo_mgpu.model.loss import YoloLoss
 
 # Darknet's weight decay, applied as an L2 penalty on every kernel.
 WEIGHT_DECAY = 5e-4
@@ -254,7 +254,7 @@ def create_model(
     height, width = check_input_shape(input_shape)
     body = build_body(anchors, num_classes, sync_bn=sync_bn)
     if weights_path:
-        from .checkpoints import load_weights  # late import: checkpoints imports this module
+        from keras_yolo_mgpu.weights.loading import load_weights
 
         load_weights(body, weights_path, skip_mismatch=skip_mismatch)
     freeze_layers(body, freeze_body)

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .boxes import anchor_masks, batched_box_iou, num_output_layers, yolo_head
+from keras_yolo_mgpu.model.boxes import anchor_masks, batched_box_iou, num_output_layers, yolo_head
 
 _SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
 

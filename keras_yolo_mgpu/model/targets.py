@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .boxes import anchor_masks, num_output_layers, output_strides
+from keras_yolo_mgpu.model.boxes import anchor_masks, num_output_layers, output_strides
 
 
 def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int):

@@ -1,0 +1,1 @@
+"""Command-line entry points. Each module is a thin `main(argv) -> int`; the library never reads argv."""

@@ -1,0 +1,290 @@
+"""Dataset checker: every annotation line, every image, every box.
+
+    python -m keras_yolo_mgpu.check_dataset train.txt --classes model_data/voc_classes.txt
+
+prints one line per problem, `FILE:LINE: message` (1-based, as editors and
+compilers do), then a summary, and exits with status 1 when there is any
+problem (2 when the command itself is wrong). It only reads: no file is ever
+modified. Problem kinds:
+
+    malformed           a token that is not x_min,y_min,x_max,y_max,class_id
+    missing-file        the image does not exist
+    unreadable-image    PIL cannot decode it (unknown format, truncated, corrupt)
+    box-outside-image   a coordinate below 0 or beyond the image's width/height
+    degenerate-box      x_max <= x_min or y_max <= y_min
+    class-out-of-range  class id not in [0, num_classes)
+    duplicate-box       the same box twice on one line
+
+Training runs `check_annotations` first and uses `report.annotations`: the
+lines without any problem, plus the lines whose only problems are boxes
+outside the image or repeated boxes, repaired (boxes clipped to the image,
+repeats dropped) as keras-yolo3's generator clipped them.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections import Counter
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from keras_yolo_mgpu.data.annotations import Annotation, AnnotationError, iter_annotation_lines, parse_annotation_line
+
+
+__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "main"]
+
+KINDS = (
+    "malformed",
+    "missing-file",
+    "unreadable-image",
+    "box-outside-image",
+    "degenerate-box",
+    "class-out-of-range",
+    "duplicate-box",
+)
+
+
+@dataclass
+class Problem:
+    """One problem on one annotation line; `str()` gives `FILE:LINE: message`."""
+
+    source: str
+    line_number: int
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line_number}: {self.message}"
+
+
+@dataclass
+class CheckReport:
+    """What `check_annotations` found.
+
+    Attributes:
+        annotations: the lines without any problem, in file order.
+        problems: every problem, by line.
+        num_lines: non-blank lines read.
+        num_images: lines that name an image (all but the malformed ones).
+        num_boxes: boxes on those lines.
+        num_backgrounds: lines with no box.
+        source: the annotation file.
+    """
+
+    annotations: list[Annotation]
+    problems: list[Problem]
+    num_lines: int = 0
+    num_images: int = 0
+    num_boxes: int = 0
+    num_backgrounds: int = 0
+    source: str = ""
+    images_checked: bool = True
+
+    @property
+    def num_bad_lines(self) -> int:
+        return len({(p.source, p.line_number) for p in self.problems})
+
+    @property
+    def problems_by_kind(self) -> dict[str, int]:
+        counts = Counter(p.kind for p in self.problems)
+        return {kind: counts[kind] for kind in KINDS if counts[kind]}
+
+    def summary_text(self) -> str:
+        """One line, e.g. `train.txt: 120 lines, 118 usable; 118 images, ...`."""
+        text = (
+            f"{self.source}: {self.num_lines} lines, {len(self.annotations)} usable; "
+            f"{self.num_images} images, {self.num_boxes} boxes, {self.num_backgrounds} backgrounds"
+        )
+        if not self.images_checked:
+            text += " (images not decoded)"
+        if not self.problems:
+            return text + "; no problems"
+        kinds = ", ".join(f"{kind} {count}" for kind, count in self.problems_by_kind.items())
+        return f"{text}; {len(self.problems)} problems on {self.num_bad_lines} lines ({kinds})"
+
+    def write_problems(self, path: str) -> None:
+        """Writes every problem, one `FILE:LINE: message` per line, then the summary."""
+        with open(path, "w", encoding="utf-8") as f:
+            for problem in self.problems:
+                f.write(f"{problem}\n")
+            f.write(self.summary_text() + "\n")
+
+
+def _inspect_image(path: str) -> tuple[tuple[int, int] | None, str | None, str | None]:
+    """(size, problem kind, message) after a full decode of `path`."""
+    if not os.path.isfile(path):
+        return None, "missing-file", f"image not found: {path}"
+    try:
+        with Image.open(path) as image:
+            image.load()  # the whole file: a truncated image fails here, not at open
+            return image.size, None, None
+    except Exception as error:  # noqa: BLE001 - any decoder failure is a finding
+        return None, "unreadable-image", f"unreadable image {path}: {type(error).__name__}: {error}"
+
+
+# Problems training can repair: clip boxes to the image and drop repeats, as
+# keras-yolo3's generator clipped them. The checker still reports them.
+REPAIRABLE = frozenset({"box-outside-image", "duplicate-box"})
+
+
+def repair_boxes(annotation: Annotation, size: tuple[int, int] | None) -> Annotation:
+    """Boxes clipped to the (width, height) image, repeats and boxes left empty dropped."""
+    boxes = annotation.boxes.copy()
+    if len(boxes):
+        boxes[:, 0:2] = np.maximum(boxes[:, 0:2], 0)
+        if size is not None:
+            boxes[:, 2] = np.minimum(boxes[:, 2], size[0])
+            boxes[:, 3] = np.minimum(boxes[:, 3], size[1])
+        _, first = np.unique(boxes, axis=0, return_index=True)
+        boxes = boxes[np.sort(first)]
+        boxes = boxes[(boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])]
+    return dataclasses.replace(annotation, boxes=boxes.astype(np.float32))
+
+
+def _box_text(box) -> str:
+    return ",".join(f"{v:g}" for v in box)
+
+
+def _box_problems(annotation: Annotation, num_classes: int, size: tuple[int, int] | None) -> list[tuple[str, str]]:
+    problems = []
+    seen: dict[tuple, int] = {}
+    for number, box in enumerate(annotation.boxes.tolist(), start=1):
+        x1, y1, x2, y2, class_id = box
+        text = f"box {number} ({_box_text(box)})"
+        if x2 <= x1 or y2 <= y1:
+            problems.append(("degenerate-box", f"{text}: x_max <= x_min or y_max <= y_min"))
+        if x1 < 0 or y1 < 0 or (size is not None and (x2 > size[0] or y2 > size[1])):
+            where = f"the {size[0]}x{size[1]} image" if size is not None else "the image (negative coordinate)"
+            problems.append(("box-outside-image", f"{text} extends outside {where}"))
+        if not 0 <= class_id < num_classes:
+            problems.append(("class-out-of-range", f"{text}: class id {int(class_id)} not in [0, {num_classes})"))
+        key = tuple(box)
+        if key in seen:
+            problems.append(("duplicate-box", f"{text} duplicates box {seen[key]}"))
+        else:
+            seen[key] = number
+    return problems
+
+
+def check_annotations(
+    path: str,
+    num_classes: int,
+    root: str | None = None,
+    check_images: bool = True,
+    *,
+    workers: int | None = None,
+    progress: bool = False,
+) -> CheckReport:
+    """Checks an annotation file and its images; never modifies anything.
+
+    Args:
+        path: keras-yolo3 annotation file.
+        num_classes: valid class ids are [0, num_classes).
+        root: folder for relative image paths (see `annotations.resolve_image_path`).
+        check_images: decode every image fully (finds truncated files and
+            gives the size that boxes are checked against). When False only
+            the existence of each image is checked.
+        workers: threads decoding images (default: CPU count; PIL releases
+            the GIL while decoding).
+        progress: show a tqdm progress bar.
+
+    Returns:
+        A `CheckReport`; `report.annotations` holds the lines with no problem.
+
+    Raises:
+        OSError: the annotation file cannot be read.
+    """
+    parsed: list[Annotation] = []
+    problems: dict[int, list[Problem]] = {}
+    num_lines = 0
+    for line_number, line in iter_annotation_lines(path):
+        num_lines += 1
+        try:
+            parsed.append(parse_annotation_line(line, source=path, line_number=line_number, root=root))
+        except AnnotationError as error:
+            problems[line_number] = [Problem(path, line_number, "malformed", error.problem)]
+
+    # Decode each distinct image once, in parallel.
+    paths = sorted({a.image_path for a in parsed})
+    if check_images:
+        with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+            results = list(
+                tqdm(pool.map(_inspect_image, paths), total=len(paths), desc="checking images", unit="img", disable=not progress)
+            )
+    else:
+        results = [
+            (None, None, None) if os.path.isfile(p) else (None, "missing-file", f"image not found: {p}") for p in paths
+        ]
+    image_results = dict(zip(paths, results))
+
+    good = []
+    for annotation in parsed:
+        size, kind, message = image_results[annotation.image_path]
+        found = [(kind, message)] if kind else []
+        found += _box_problems(annotation, num_classes, size)
+        if found:
+            problems[annotation.line_number] = [Problem(path, annotation.line_number, k, m) for k, m in found]
+            if all(k in REPAIRABLE for k, _ in found):
+                good.append(repair_boxes(annotation, size))
+        else:
+            good.append(annotation)
+
+    return CheckReport(
+        annotations=good,
+        problems=[p for line_number in sorted(problems) for p in problems[line_number]],
+        num_lines=num_lines,
+        num_images=len(parsed),
+        num_boxes=sum(len(a.boxes) for a in parsed),
+        num_backgrounds=sum(len(a.boxes) == 0 for a in parsed),
+        source=path,
+        images_checked=check_images,
+    )
+
+
+def main(argv=None) -> int:
+    from keras_yolo_mgpu.cli.args import positive_int
+    from keras_yolo_mgpu.resources import get_classes, model_data_path
+
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_yolo_mgpu.check_dataset",
+        description="Check keras-yolo3 annotation files and their images; prints FILE:LINE: problem lines "
+        "and a summary, exits 1 when there are problems. Never modifies a file.",
+    )
+    parser.add_argument("annotations", nargs="+", help="annotation file(s): 'path x1,y1,x2,y2,class ...' per line")
+    parser.add_argument("--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)")
+    parser.add_argument("--root", default=None, help="folder for relative image paths (default: the annotation file's folder, then the working directory)")
+    parser.add_argument("--no-images", action="store_true", help="only check that images exist; do not decode them")
+    parser.add_argument("--workers", type=positive_int, default=None, help="image decoding threads (default: CPU count)")
+    args = parser.parse_args(argv)
+
+    try:
+        num_classes = len(get_classes(args.classes or model_data_path("coco_classes.txt")))
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    any_problem = False
+    for path in args.annotations:
+        try:
+            report = check_annotations(
+                path, num_classes, root=args.root, check_images=not args.no_images,
+                workers=args.workers, progress=sys.stderr.isatty(),
+            )
+        except OSError as error:
+            print(f"error: cannot read {path}: {error}", file=sys.stderr)
+            return 2
+        for problem in report.problems:
+            print(problem)
+        print(report.summary_text())
+        any_problem = any_problem or bool(report.problems)
+    return 1 if any_problem else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

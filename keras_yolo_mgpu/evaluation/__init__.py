@@ -1,0 +1,1 @@
+"""COCO-style mAP on an annotation file, precision/recall and PR curves."""

@@ -1,0 +1,342 @@
+"""Export trained weights as a deployable detector: SavedModel, TFLite or ONNX.
+
+`python -m keras_yolo_mgpu.export --weights W --classes C --anchors A --format savedmodel|tflite|onnx`
+
+The exported model contains the whole inference path after the letterbox:
+the network, decoding (`YoloDecode`) and per-class NMS (`YoloNMS`).
+
+Inputs: `image` (N, H, W, 3) float32 letterboxed RGB in [0, 1] (see
+`detector.letterbox_array`) and `image_shape` (N, 2) float32 original
+(height, width). Outputs: `boxes` (N, M, 4) x_min, y_min, x_max, y_max in
+original pixels (not clipped), `scores` (N, M), `classes` (N, M) int32 and
+`valid_detections` (N,) int32; rows past `valid_detections` are padding.
+
+* savedmodel: any batch size, TensorFlow's batched NMS op; signature
+  `serving_default`.
+* tflite: batch size 1, only TFLite builtin ops (single-image NMS per class),
+  so the stock interpreter runs it without the Flex delegate.
+* onnx: any batch size, through tf2onnx (opset 17) and checked with
+  onnxruntime; both are optional (`pip install tf2onnx onnxruntime`).
+
+`--check` (on by default) runs the exported model and the Keras model on the
+same random images and reports the largest differences; the export fails if
+they exceed the tolerances below (on tiny YOLOv3 the measured differences
+are about 1e-3 px and 1e-6 in score).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
+from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes, model_data_path
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("savedmodel", "tflite", "onnx")
+# Largest differences accepted between an export and the Keras model.
+BOX_TOLERANCE_PX = 0.05
+SCORE_TOLERANCE = 1e-4
+ONNX_OPSET = 17
+ONNX_MISSING = "ONNX export is not available: pip install tf2onnx onnxruntime"
+
+
+class ExportError(RuntimeError):
+    """An export that cannot be made or does not match the Keras model."""
+
+
+def build_export_model(
+    weights: str,
+    anchors,
+    class_names: Sequence[str],
+    *,
+    input_size: tuple[int, int] = (416, 416),
+    score: float = 0.3,
+    iou: float = 0.45,
+    max_boxes: int = 20,
+    max_detections: int = 100,
+    nms_method: str = "combined",
+    batch_size: int | None = None,
+):
+    """The inference model (`inference_layers.build_inference_model`) with `weights` loaded."""
+    from keras_yolo_mgpu.inference.detector import load_body
+    from keras_yolo_mgpu.inference.layers import build_inference_model
+
+    body = load_body(weights, anchors, len(class_names))
+    return build_inference_model(
+        body,
+        anchors,
+        len(class_names),
+        input_shape=input_size,
+        score_threshold=score,
+        iou_threshold=iou,
+        max_boxes_per_class=max_boxes,
+        max_detections=max_detections,
+        nms_method=nms_method,
+        batch_size=batch_size,
+    )
+
+
+def _input_signature(model):
+    import tensorflow as tf
+
+    image, image_shape = model.inputs
+    return [
+        tf.TensorSpec(image.shape, tf.float32, name="image"),
+        tf.TensorSpec(image_shape.shape, tf.float32, name="image_shape"),
+    ]
+
+
+def export_savedmodel(model, path: str) -> str:
+    """Writes a SavedModel directory with a `serving_default` signature."""
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    model.export(path, format="tf_saved_model", verbose=False)
+    return path
+
+
+def export_tflite(model, path: str) -> str:
+    """Writes a `.tflite` file (builtin ops only); `model` must use padded NMS, batch 1."""
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory() as folder:
+        saved = export_savedmodel(model, os.path.join(folder, "saved_model"))
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        try:
+            flatbuffer = converter.convert()
+        except Exception as error:  # the converter raises many kinds
+            raise ExportError(f"TFLite conversion failed: {error}") from None
+    with open(path, "wb") as f:
+        f.write(flatbuffer)
+    return path
+
+
+def _import_onnx_tools():
+    try:
+        import onnxruntime  # noqa: F401
+        import tf2onnx
+    except ImportError:
+        raise ExportError(ONNX_MISSING) from None
+    return tf2onnx
+
+
+def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
+    """Writes an `.onnx` file through tf2onnx."""
+    import tensorflow as tf
+
+    tf2onnx = _import_onnx_tools()
+    signature = _input_signature(model)
+
+    @tf.function(input_signature=signature)
+    def serve(image, image_shape):
+        return model([image, image_shape], training=False)
+
+    try:
+        tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, output_path=path)
+    except Exception as error:  # tf2onnx raises many kinds
+        raise ExportError(f"ONNX conversion failed: {error}") from None
+    return path
+
+
+# ----------------------------------------------------------------------
+# Running an export (for the check and for users' reference)
+
+
+def run_savedmodel(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    out = serve(image=tf.constant(image, tf.float32), image_shape=tf.constant(image_shape, tf.float32))
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def run_tflite(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
+    """Runs a batch-1 `.tflite` export on each image of the batch in turn."""
+    import tensorflow as tf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+        interpreter = tf.lite.Interpreter(model_path=path)
+    runner = interpreter.get_signature_runner()
+    parts = [runner(image=image[i : i + 1].astype(np.float32), image_shape=image_shape[i : i + 1].astype(np.float32)) for i in range(len(image))]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def run_onnx(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ExportError(ONNX_MISSING) from None
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    outs = session.run(None, {"image": image.astype(np.float32), "image_shape": image_shape.astype(np.float32)})
+    return dict(zip(names, outs))
+
+
+RUNNERS = {"savedmodel": run_savedmodel, "tflite": run_tflite, "onnx": run_onnx}
+
+
+def compare_detections(reference: dict, other: dict) -> dict:
+    """Largest differences between two sets of padded detections.
+
+    Returns:
+        `{"valid_equal", "classes_equal", "max_box_diff", "max_score_diff"}`
+        over the valid rows (the padding is not compared).
+    """
+    valid_ref = np.asarray(reference["valid_detections"]).reshape(-1)
+    valid_other = np.asarray(other["valid_detections"]).reshape(-1)
+    result = {"valid_equal": bool(np.array_equal(valid_ref, valid_other)), "classes_equal": True, "max_box_diff": 0.0, "max_score_diff": 0.0}
+    for i, n in enumerate(valid_ref):
+        n = int(min(n, valid_other[i]))
+        if not n:
+            continue
+        result["classes_equal"] &= bool(np.array_equal(reference["classes"][i, :n], other["classes"][i, :n]))
+        result["max_box_diff"] = max(result["max_box_diff"], float(np.abs(reference["boxes"][i, :n] - other["boxes"][i, :n]).max()))
+        result["max_score_diff"] = max(result["max_score_diff"], float(np.abs(reference["scores"][i, :n] - other["scores"][i, :n]).max()))
+    return result
+
+
+def check_export(model, fmt: str, path: str, *, num_images: int = 2, seed: int = 0) -> dict:
+    """Compares an export with the Keras model on random images.
+
+    Raises:
+        ExportError: counts or classes differ, or differences exceed
+            `BOX_TOLERANCE_PX` / `SCORE_TOLERANCE`.
+    """
+    rng = np.random.default_rng(seed)
+    height, width = model.inputs[0].shape[1:3]
+    image = rng.random((num_images, height, width, 3), dtype=np.float32)
+    image_shape = np.stack([rng.integers(height // 2, height * 3, num_images), rng.integers(width // 2, width * 3, num_images)], axis=1).astype(np.float32)
+    if model.inputs[0].shape[0] == 1:
+        reference_parts = [model([image[i : i + 1], image_shape[i : i + 1]], training=False) for i in range(num_images)]
+        reference = {k: np.concatenate([np.asarray(p[k]) for p in reference_parts]) for k in reference_parts[0]}
+    else:
+        reference = {k: np.asarray(v) for k, v in model([image, image_shape], training=False).items()}
+    other = RUNNERS[fmt](path, image, image_shape)
+    result = compare_detections(reference, other)
+    result["detections"] = int(np.asarray(reference["valid_detections"]).sum())
+    if (
+        not result["valid_equal"]
+        or not result["classes_equal"]
+        or result["max_box_diff"] > BOX_TOLERANCE_PX
+        or result["max_score_diff"] > SCORE_TOLERANCE
+    ):
+        raise ExportError(f"the {fmt} export does not match the Keras model: {result}")
+    return result
+
+
+def default_output(weights: str, fmt: str) -> str:
+    stem = os.fspath(weights)
+    for suffix in (".weights.h5", ".keras", ".h5"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return {"savedmodel": stem + "_savedmodel", "tflite": stem + ".tflite", "onnx": stem + ".onnx"}[fmt]
+
+
+def export_model(
+    weights: str,
+    fmt: str,
+    output: str | None = None,
+    *,
+    classes_path: str | None = None,
+    anchors_path: str | None = None,
+    input_size: tuple[int, int] = (416, 416),
+    score: float = 0.3,
+    iou: float = 0.45,
+    max_boxes: int = 20,
+    max_detections: int = 100,
+    check: bool = True,
+) -> dict:
+    """Exports `weights` in format `fmt`; returns `{"format", "path", "check"}`.
+
+    Raises:
+        ExportError: the format cannot be made here (ONNX tools missing) or
+            the export does not match the Keras model.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}. Received: format={fmt!r}")
+    if fmt == "onnx":
+        _import_onnx_tools()  # fail before building anything
+    anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
+    class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
+    model = build_export_model(
+        weights,
+        anchors,
+        class_names,
+        input_size=input_size,
+        score=score,
+        iou=iou,
+        max_boxes=max_boxes,
+        max_detections=max_detections,
+        # TFLite has no batched NMS builtin: single-image NMS on a batch of 1.
+        nms_method="padded" if fmt == "tflite" else "combined",
+        batch_size=1 if fmt == "tflite" else None,
+    )
+    output = output or default_output(weights, fmt)
+    parent = os.path.dirname(os.path.abspath(output))
+    os.makedirs(parent, exist_ok=True)
+    {"savedmodel": export_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
+    logger.info("wrote %s (%s)", output, fmt)
+    result = {"format": fmt, "path": output, "check": None}
+    if check:
+        result["check"] = check_export(model, fmt, output)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_yolo_mgpu.export",
+        description="Export weights as a SavedModel, TFLite or ONNX model with decoding and NMS inside.",
+    )
+    add_model_args(parser, weights_help="weights to export (.weights.h5, .keras or Keras 2 .h5)")
+    add_detection_args(parser)
+    parser.add_argument("--format", required=True, choices=FORMATS, help="savedmodel (folder), tflite (batch 1) or onnx")
+    parser.add_argument("--output", default=None, help="output path (default: next to the weights, e.g. W_savedmodel/, W.tflite, W.onnx)")
+    parser.add_argument("--max-boxes", type=positive_int, default=20, help="most boxes per class and image (default: 20)")
+    parser.add_argument("--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)")
+    parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    if not args.weights:
+        parser.error("--weights is required")
+    setup_logging(args.verbose)
+    try:
+        result = export_model(
+            args.weights,
+            args.format,
+            args.output,
+            classes_path=args.classes,
+            anchors_path=args.anchors or default_anchors_path(args.tiny),
+            input_size=args.input_size,
+            score=args.score,
+            iou=args.iou,
+            max_boxes=args.max_boxes,
+            max_detections=args.max_detections,
+            check=not args.no_check,
+        )
+    except (OSError, ValueError, ExportError) as error:
+        logger.debug("details", exc_info=True)
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if result["check"]:
+        c = result["check"]
+        print(
+            f"check: {c['detections']} detections on random images; largest differences "
+            f"{c['max_box_diff']:.2e} px (tolerance {BOX_TOLERANCE_PX}), score {c['max_score_diff']:.2e} (tolerance {SCORE_TOLERANCE})"
+        )
+    print(f"exported {result['format']}: {result['path']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The trainer: configuration, the two-stage recipe, callbacks and checkpoints."""
