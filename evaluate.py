@@ -3,6 +3,7 @@
 
 Thin wrapper: see keras_yolo_mgpu/evaluate.py (`python evaluate.py --help`).
 """
+
 import os
 import sys
 

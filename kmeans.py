@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Thin wrapper: see keras_yolo_mgpu/kmeans.py (`python kmeans.py --help`)."""
+
 import sys
 
 from keras_yolo_mgpu.data.kmeans import main

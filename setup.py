@@ -1,4 +1,5 @@
 """Installable package for keras-yolo-mgpu (``pip install -e .[test]``)."""
+
 from setuptools import find_packages, setup
 
 setup(
@@ -11,8 +12,7 @@ setup(
     # model_data/ lives at the top level (where keras-yolo3 users look for
     # it) and is installed as the data package keras_yolo_mgpu.model_data so
     # installed commands find the class and anchor files too.
-    packages=find_packages(include=["keras_yolo_mgpu", "keras_yolo_mgpu.*"])
-    + ["keras_yolo_mgpu.model_data"],
+    packages=find_packages(include=["keras_yolo_mgpu", "keras_yolo_mgpu.*"]) + ["keras_yolo_mgpu.model_data"],
     package_dir={"keras_yolo_mgpu": "keras_yolo_mgpu", "keras_yolo_mgpu.model_data": "model_data"},
     package_data={"keras_yolo_mgpu.model_data": ["*.txt"]},
     install_requires=[
@@ -32,5 +32,8 @@ setup(
     ],
     # tf-keras builds real Keras 2 files for the legacy-loading tests;
     # tf2onnx + onnxruntime run the ONNX export test.
-    extras_require={"test": ["pytest", "tf-keras==2.21.*", "tf2onnx", "onnxruntime"], "onnx": ["tf2onnx", "onnxruntime"]},
+    extras_require={
+        "test": ["pytest", "tf-keras==2.21.*", "tf2onnx", "onnxruntime"],
+        "onnx": ["tf2onnx", "onnxruntime"],
+    },
 )

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Train YOLOv3 on one or several GPUs. See `python train.py --help`."""
+
 import sys
 
 from keras_yolo_mgpu.cli.train import main

@@ -3,6 +3,7 @@
 
 Thin wrapper: see keras_yolo_mgpu/yolo_video.py (`python yolo_video.py --help`).
 """
+
 import os
 import sys
 

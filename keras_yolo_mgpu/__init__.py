@@ -4,6 +4,7 @@ The public names follow keras-yolo3 so its users find their way. They are
 imported lazily, so tools that need no TensorFlow (annotation converters,
 k-means, the dataset checker's help) start instantly.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """`python -m keras_yolo_mgpu.check_dataset`: alias of keras_yolo_mgpu.data.check."""
+
 import sys
 
 from keras_yolo_mgpu.data.check import main

@@ -4,6 +4,7 @@
 it) and is also installed as package data, so installed commands find the
 default files without a checkout.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,7 @@ def model_data_path(name: str) -> str:
         candidate = folder / name
         if candidate.is_file():
             return str(candidate)
-    raise FileNotFoundError(
-        f"{name} is not in model_data/ (looked in {', '.join(map(str, _MODEL_DATA_DIRS))})"
-    )
+    raise FileNotFoundError(f"{name} is not in model_data/ (looked in {', '.join(map(str, _MODEL_DATA_DIRS))})")
 
 
 def default_anchors_path(tiny: bool) -> str:
@@ -73,9 +72,7 @@ def parse_anchors(text: str, source: str = "<string>") -> np.ndarray:
         raise ValueError(f"{source}: anchors need an even count of numbers (width,height pairs); got {len(values)}")
     anchors = np.array(values, dtype=np.float32).reshape(-1, 2)
     if len(anchors) not in (6, 9):
-        raise ValueError(
-            f"{source}: expected 9 anchors (YOLOv3) or 6 (tiny YOLOv3); got {len(anchors)}"
-        )
+        raise ValueError(f"{source}: expected 9 anchors (YOLOv3) or 6 (tiny YOLOv3); got {len(anchors)}")
     if (anchors <= 0).any():
         raise ValueError(f"{source}: anchor widths and heights must be positive")
     return anchors

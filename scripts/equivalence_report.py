@@ -12,6 +12,7 @@ replica step starts from the single-device weights before it). Usage:
 
     .venv/bin/python scripts/equivalence_report.py [--floatx float32]
 """
+
 import argparse
 import json
 import os
@@ -31,7 +32,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     keras.config.set_floatx(args.floatx)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    initial = procedure.create_model(procedure.INPUT_SHAPE, procedure.ANCHORS, procedure.NUM_CLASSES, freeze_body=0)[0].get_weights()
+    initial = procedure.create_model(procedure.INPUT_SHAPE, procedure.ANCHORS, procedure.NUM_CLASSES, freeze_body=0)[
+        0
+    ].get_weights()
     for freeze_body in (2, 0):
         reference, _ = procedure._trajectory(initial, freeze_body, "mirrored", devices[:1])
         trainable = procedure._trainable_mask(freeze_body)
@@ -40,12 +43,19 @@ def main(argv=None) -> int:
             for count in (2, 4):
                 results = procedure._forced_steps(reference, freeze_body, engine, devices[:count])
                 differences = [procedure._max_difference(reference[k + 1], w) for k, w in enumerate(results)]
-                print(json.dumps({
-                    "floatx": args.floatx,
-                    "engine": engine, "replicas": count, "stage": "frozen" if freeze_body else "unfrozen",
-                    "step_size": [float(f"{s:.3g}") for s in steps],
-                    "max_abs_difference": [float(f"{d:.3g}") for d in differences],
-                }), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "floatx": args.floatx,
+                            "engine": engine,
+                            "replicas": count,
+                            "stage": "frozen" if freeze_body else "unfrozen",
+                            "step_size": [float(f"{s:.3g}") for s in steps],
+                            "max_abs_difference": [float(f"{d:.3g}") for d in differences],
+                        }
+                    ),
+                    flush=True,
+                )
     return 0
 
 

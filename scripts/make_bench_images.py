@@ -10,6 +10,7 @@ as a box, so augmentation and targets do real work too.
     # -> /tmp/bench_images/img_00000.jpg ... and /tmp/bench_images/train.txt
     #    (paths relative to the annotation file's folder)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-objects", type=int, default=6, help="objects per image, 1..N (default: 6)")
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality (default: 90)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--annotations", default="train.txt", help="annotation file name inside --out (default: train.txt)")
+    parser.add_argument(
+        "--annotations", default="train.txt", help="annotation file name inside --out (default: train.txt)"
+    )
     args = parser.parse_args(argv)
     if args.num <= 0:
         parser.error("--num must be positive")

@@ -5,6 +5,7 @@ no GPU. TensorFlow only accepts a logical-device layout before it initialises
 its devices, so this runs at import time, before any test module imports
 code that touches TensorFlow.
 """
+
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -18,9 +19,7 @@ import tensorflow as tf  # noqa: E402
 NUM_LOGICAL_CPUS = 4
 
 _cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
-)
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 import pytest  # noqa: E402
 

@@ -4,6 +4,7 @@ A tiny YOLOv3 with 2 classes and random weights whose output convolutions
 are scaled up, so scores spread over [0, 1] and random images give a dozen
 well-separated detections instead of thousands of ties at 0.25.
 """
+
 from __future__ import annotations
 
 import keras

@@ -10,6 +10,7 @@ its own construction order with Keras 2's auto-generated layer names
 
 Test helper only: nothing in `keras_yolo_mgpu` imports it.
 """
+
 from __future__ import annotations
 
 from functools import reduce

@@ -1,4 +1,5 @@
 """voc_annotation.py and coco_annotation.py on tiny generated datasets."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from keras_yolo_mgpu.data import coco as coco_annotation
 from keras_yolo_mgpu.data import voc as voc_annotation
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.coco import category_mapping, check_class_order, coco_lines
-from keras_yolo_mgpu.resources import get_classes, model_data_path
 from keras_yolo_mgpu.data.voc import parse_voc_xml
+from keras_yolo_mgpu.resources import get_classes, model_data_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOC_CLASSES = get_classes(model_data_path("voc_classes.txt"))
@@ -72,7 +73,10 @@ def test_voc_devkit_cli(tmp_path, caplog):
     devkit = make_devkit(tmp_path)
     out = tmp_path / "lists"
     with caplog.at_level(logging.INFO):
-        assert voc_annotation.main(["--devkit", str(devkit), "--sets", "2007_train", "2007_val", "--output-dir", str(out)]) == 0
+        assert (
+            voc_annotation.main(["--devkit", str(devkit), "--sets", "2007_train", "2007_val", "--output-dir", str(out)])
+            == 0
+        )
     assert sorted(os.listdir(out)) == ["2007_train.txt", "2007_val.txt"]
     first, second = read_annotations(str(out / "2007_train.txt"))
     jpegs = devkit / "VOC2007" / "JPEGImages"
@@ -81,7 +85,12 @@ def test_voc_devkit_cli(tmp_path, caplog):
     assert second.image_path == str(jpegs / "000002.jpg") and len(second.boxes) == 0  # background image
     assert "2 difficult objects skipped" in caplog.text
 
-    assert voc_annotation.main(["--devkit", str(devkit), "--sets", "2007_val", "--output-dir", str(out), "--keep-difficult"]) == 0
+    assert (
+        voc_annotation.main(
+            ["--devkit", str(devkit), "--sets", "2007_val", "--output-dir", str(out), "--keep-difficult"]
+        )
+        == 0
+    )
     (only,) = read_annotations(str(out / "2007_val.txt"))
     assert only.boxes[:, 4].tolist() == [VOC_CLASSES.index("person")]
 
@@ -96,9 +105,12 @@ def test_voc_xml_dir_mode(tmp_path, caplog):
     classes.write_text("widget\ngadget\n")
     output = tmp_path / "train.txt"
     with caplog.at_level(logging.WARNING):
-        assert voc_annotation.main(
-            ["--xml-dir", str(xml_dir), "--image-dir", "images", "--classes", str(classes), "--output", str(output)]
-        ) == 0
+        assert (
+            voc_annotation.main(
+                ["--xml-dir", str(xml_dir), "--image-dir", "images", "--classes", str(classes), "--output", str(output)]
+            )
+            == 0
+        )
     assert output.read_text() == "images/a.jpg 5,6,7,8,1 1,1,9,9,0\nimages/b.png 1,2,3,4,0\n"
     assert "2 of 2 images named by the XML files do not exist" in caplog.text
 
@@ -123,12 +135,12 @@ def test_voc_cli_errors(tmp_path, capsys):
 COCO_NAMES = [
     name.replace("_", " ")
     for name in (
-    "person bicycle car motorcycle airplane bus train truck boat traffic_light fire_hydrant stop_sign "
-    "parking_meter bench bird cat dog horse sheep cow elephant bear zebra giraffe backpack umbrella handbag "
-    "tie suitcase frisbee skis snowboard sports_ball kite baseball_bat baseball_glove skateboard surfboard "
-    "tennis_racket bottle wine_glass cup fork knife spoon bowl banana apple sandwich orange broccoli carrot "
-    "hot_dog pizza donut cake chair couch potted_plant bed dining_table toilet tv laptop mouse remote keyboard "
-    "cell_phone microwave oven toaster sink refrigerator book clock vase scissors teddy_bear hair_drier toothbrush"
+        "person bicycle car motorcycle airplane bus train truck boat traffic_light fire_hydrant stop_sign "
+        "parking_meter bench bird cat dog horse sheep cow elephant bear zebra giraffe backpack umbrella handbag "
+        "tie suitcase frisbee skis snowboard sports_ball kite baseball_bat baseball_glove skateboard surfboard "
+        "tennis_racket bottle wine_glass cup fork knife spoon bowl banana apple sandwich orange broccoli carrot "
+        "hot_dog pizza donut cake chair couch potted_plant bed dining_table toilet tv laptop mouse remote keyboard "
+        "cell_phone microwave oven toaster sink refrigerator book clock vase scissors teddy_bear hair_drier toothbrush"
     ).split()
 ]
 COCO_IDS = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83)]
@@ -196,9 +208,21 @@ def test_coco_script(tmp_path):
     instances.write_text(json.dumps(coco_json(cats, anns, [{"id": 1, "file_name": "000000000001.jpg"}])))
     output, names = tmp_path / "train.txt", tmp_path / "names.txt"
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "coco_annotation.py"), "--instances", str(instances),
-         "--image-dir", str(tmp_path / "train2017"), "--output", str(output), "--classes-output", str(names)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            os.path.join(REPO, "coco_annotation.py"),
+            "--instances",
+            str(instances),
+            "--image-dir",
+            str(tmp_path / "train2017"),
+            "--output",
+            str(output),
+            "--classes-output",
+            str(names),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     (annotation,) = read_annotations(str(output))
@@ -208,7 +232,19 @@ def test_coco_script(tmp_path):
 
     swapped = tmp_path / "swapped.txt"
     swapped.write_text("\n".join([COCO_NAMES[1], COCO_NAMES[0], *COCO_NAMES[2:]]) + "\n")
-    assert coco_annotation.main(
-        ["--instances", str(instances), "--image-dir", "x", "--output", str(tmp_path / "o.txt"), "--classes", str(swapped)]
-    ) == 1
+    assert (
+        coco_annotation.main(
+            [
+                "--instances",
+                str(instances),
+                "--image-dir",
+                "x",
+                "--output",
+                str(tmp_path / "o.txt"),
+                "--classes",
+                str(swapped),
+            ]
+        )
+        == 1
+    )
     assert not (tmp_path / "o.txt").exists()

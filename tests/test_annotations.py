@@ -1,4 +1,5 @@
 """keras-yolo3 annotation parsing: spaces, CRLF, BOM, blanks, backgrounds, roots."""
+
 import os
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Pipeline benchmark: image generator script, the three generators, the CLI's JSON line."""
+
 import json
 import os
 import subprocess
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.bench.pipeline import GENERATORS, run_benchmark
 from keras_yolo_mgpu.bench.reference_generator import data_generator
+from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.check import check_annotations
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
@@ -22,8 +23,19 @@ VOC_CLASSES = os.path.join(REPO, "model_data", "voc_classes.txt")
 def bench_images(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "make_bench_images.py"), "--out", str(out), "--num", "6", "--seed", "3"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            os.path.join(REPO, "scripts", "make_bench_images.py"),
+            "--out",
+            str(out),
+            "--num",
+            "6",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     return out / "train.txt"
@@ -62,9 +74,28 @@ def test_reference_generator_batches(bench_images):
 
 def test_cli_prints_json_last_line(bench_images):
     result = subprocess.run(
-        [sys.executable, "-m", "keras_yolo_mgpu.bench", "pipeline", "--annotations", str(bench_images),
-         "--classes", VOC_CLASSES, "--input-size", "64", "--batch-size", "4", "--batches", "2", "--warmup", "1"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "keras_yolo_mgpu.bench",
+            "pipeline",
+            "--annotations",
+            str(bench_images),
+            "--classes",
+            VOC_CLASSES,
+            "--input-size",
+            "64",
+            "--batch-size",
+            "4",
+            "--batches",
+            "2",
+            "--warmup",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,4 +1,5 @@
 """Dataset checker: every problem kind, FILE:LINE output, summary, exit status, read-only."""
+
 import hashlib
 import os
 import subprocess
@@ -101,7 +102,9 @@ def test_summary_counts(dataset):
         "duplicate-box": 1,
     }
     text = report.summary_text()
-    assert text.startswith(f"{dataset}: 12 lines, 5 usable; 11 images, 14 boxes, 2 backgrounds; 11 problems on 10 lines")
+    assert text.startswith(
+        f"{dataset}: 12 lines, 5 usable; 11 images, 14 boxes, 2 backgrounds; 11 problems on 10 lines"
+    )
     assert "unreadable-image 2" in text
 
 
@@ -146,9 +149,17 @@ def test_cli_clean_dataset_exits_zero_in_a_subprocess(tmp_path):
     (tmp_path / "ok.txt").write_text("a.jpg 1,1,20,20,0\na.jpg\n")
     before = _snapshot(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-m", "keras_yolo_mgpu.check_dataset", str(tmp_path / "ok.txt"), "--classes",
-         os.path.join(os.path.dirname(__file__), "..", "model_data", "voc_classes.txt")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "keras_yolo_mgpu.check_dataset",
+            str(tmp_path / "ok.txt"),
+            "--classes",
+            os.path.join(os.path.dirname(__file__), "..", "model_data", "voc_classes.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("2 lines, 2 usable; 2 images, 1 boxes, 1 backgrounds; no problems")

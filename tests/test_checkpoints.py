@@ -4,6 +4,7 @@ Keras 2 files are real ones, written with tf_keras by `keras2_reference`
 (keras-yolo3's networks rebuilt in Keras 2); "loads" always means the Keras 3
 network then predicts what the Keras 2 one predicted on the same image.
 """
+
 import hashlib
 import os
 import subprocess
@@ -17,12 +18,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, checkpoint_write_path, save_weights_atomic
-from keras_yolo_mgpu.weights.loading import LoadReport, load_weights, weight_layers
 from keras_yolo_mgpu.model.loss import totalloss
+from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 from keras_yolo_mgpu.model.yolo3 import build_body, create_model
 from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
-from keras_yolo_mgpu.model.targets import preprocess_true_boxes
+from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, checkpoint_write_path, save_weights_atomic
+from keras_yolo_mgpu.weights.loading import LoadReport, load_weights, weight_layers
 
 TINY_ANCHORS = get_anchors(default_anchors_path(tiny=True))
 FULL_ANCHORS = get_anchors(default_anchors_path(tiny=False))
@@ -483,7 +484,11 @@ def test_mirrored_checkpoint_predicts_identically_on_one_device(tmp_path, logica
     before = body.get_weights()[0].copy()
     path = str(tmp_path / "ep{epoch:03d}.weights.h5")
     train_model.fit(
-        inputs, np.zeros((batch, 1), "float32"), batch_size=4, epochs=1, verbose=0,
+        inputs,
+        np.zeros((batch, 1), "float32"),
+        batch_size=4,
+        epochs=1,
+        verbose=0,
         callbacks=[TemplateModelCheckpoint(path, body, monitor="loss")],
     )
     assert not np.array_equal(body.get_weights()[0], before)  # it trained
@@ -496,7 +501,9 @@ def test_mirrored_checkpoint_predicts_identically_on_one_device(tmp_path, logica
     env["CUDA_VISIBLE_DEVICES"] = ""
     subprocess.run(
         [sys.executable, "-c", _PREDICT_IN_ONE_DEVICE, str(tmp_path / "ep001.weights.h5"), images, out],
-        check=True, env=env, timeout=300,
+        check=True,
+        env=env,
+        timeout=300,
     )
     with np.load(out) as saved:
         actual = [saved[f"arr_{i}"] for i in range(len(expected))]

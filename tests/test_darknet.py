@@ -8,6 +8,7 @@ stride 2, 'same' max pooling) and the reader's float bookkeeping. Its one
 deliberate borrowing from Keras is batch norm's ``sqrt(var + 1e-3)``
 (Darknet uses ``sqrt(var) + 1e-6``), which the converter keeps on purpose.
 """
+
 from __future__ import annotations
 
 import os
@@ -366,8 +367,11 @@ def test_tiny_converts_into_tiny_yolo_body(tmp_path):
     image = random_image(64, seed=2)
     reference, _, _ = darknet_forward(cfg, weights, image)
     from_body = keras_outputs(body, image)
-    np.testing.assert_allclose(np.concatenate([o.ravel() for o in from_body]),
-                               np.concatenate([o.ravel() for o in keras_outputs(generic, image)]), atol=1e-5)
+    np.testing.assert_allclose(
+        np.concatenate([o.ravel() for o in from_body]),
+        np.concatenate([o.ravel() for o in keras_outputs(generic, image)]),
+        atol=1e-5,
+    )
     assert max_abs_error(from_body, reference) < 1e-4
 
     # .keras holds the whole tiny_yolo_body; --generic keeps the cfg-built model.
@@ -417,7 +421,7 @@ def test_short_file_names_the_layer_and_writes_nothing(tmp_path):
     weights = tmp_path / "w.weights"
     random_weights_file(cfg, weights)
     raw = weights.read_bytes()
-    weights.write_bytes(raw[:-4 * 30])  # the last conv (layer 12, line of its header) loses 30 floats
+    weights.write_bytes(raw[: -4 * 30])  # the last conv (layer 12, line of its header) loses 30 floats
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(DarknetError, match=r"layer 12 \[convolutional\] \(line \d+\)"):
@@ -481,9 +485,19 @@ def test_convert_script_runs(tmp_path):
     random_weights_file(cfg, weights)
     anchors = tmp_path / "anchors.txt"
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "convert.py"), cfg, weights, str(tmp_path / "mini.keras"),
-         "--anchors-output", str(anchors)],
-        capture_output=True, text=True, cwd=str(tmp_path), timeout=120,
+        [
+            sys.executable,
+            os.path.join(REPO, "convert.py"),
+            cfg,
+            weights,
+            str(tmp_path / "mini.keras"),
+            "--anchors-output",
+            str(anchors),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "as generic" in proc.stdout

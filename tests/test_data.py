@@ -1,4 +1,5 @@
 """tf.data pipeline: targets, augmentation equivalence, batching, weights, robustness."""
+
 import io
 import logging
 import os
@@ -9,6 +10,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from keras_yolo_mgpu.bench.reference_generator import get_random_data
 from keras_yolo_mgpu.data.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
 from keras_yolo_mgpu.data.augment import (
     JPEG,
@@ -22,11 +24,10 @@ from keras_yolo_mgpu.data.augment import (
     sample_augmentation,
     sniff_image,
 )
-from keras_yolo_mgpu.bench.reference_generator import get_random_data
-from keras_yolo_mgpu.model.boxes import letterbox_image
 from keras_yolo_mgpu.data.pipeline import _element_seed, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
-from keras_yolo_mgpu.resources import get_anchors, model_data_path
+from keras_yolo_mgpu.model.boxes import letterbox_image
 from keras_yolo_mgpu.model.targets import preprocess_true_boxes
+from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
 FULL_ANCHORS = get_anchors(model_data_path("yolo_anchors.txt"))
 TINY_ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
@@ -54,7 +55,9 @@ def _write_dataset(folder, sizes, num_classes=2, seed=0, ext="png"):
         boxes = []
         for _ in range(rng.integers(1, 4)):
             x1, y1 = rng.integers(0, w // 2), rng.integers(0, h // 2)
-            boxes.append([x1, y1, x1 + rng.integers(4, w // 2), y1 + rng.integers(4, h // 2), rng.integers(0, num_classes)])
+            boxes.append(
+                [x1, y1, x1 + rng.integers(4, w // 2), y1 + rng.integers(4, h // 2), rng.integers(0, num_classes)]
+            )
         lines.append(format_annotation_line(name, boxes))
     path = os.path.join(folder, "train.txt")
     with open(path, "w") as f:
@@ -185,7 +188,9 @@ def _reference_boxes(annotation, image_size, input_shape, rand):
         reference.Image.open = original_open
 
 
-@pytest.mark.parametrize("hue, sat, val", [(0.1, 1.5, 1.5), (-0.1, 1 / 1.5, 1 / 1.5), (-0.03, 1.2, 0.7), (0.0, 1.0, 1.0)])
+@pytest.mark.parametrize(
+    "hue, sat, val", [(0.1, 1.5, 1.5), (-0.1, 1 / 1.5, 1 / 1.5), (-0.03, 1.2, 0.7), (0.0, 1.0, 1.0)]
+)
 def test_hsv_jitter_matches_matplotlib_float64(hue, sat, val):
     from matplotlib.colors import hsv_to_rgb, rgb_to_hsv
 
@@ -380,7 +385,9 @@ def test_validation_weights_give_the_mean_over_real_samples_in_keras(small_datas
     # The per-sample "loss" is |mean pixel - 0.5|, known without Keras; near 0
     # for the grey padding, so counting the padding would lower the mean.
     per_sample = keras.layers.GlobalAveragePooling2D()(inputs["image"])
-    per_sample = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(1 / 3), use_bias=False)(per_sample)
+    per_sample = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(1 / 3), use_bias=False)(
+        per_sample
+    )
     model = keras.Model(inputs, per_sample)
     model.compile(loss=lambda y_true, y_pred: keras.ops.abs(y_pred[:, 0] - 0.5))
     loss = model.evaluate(dataset, verbose=0)
@@ -421,7 +428,9 @@ def test_cache_gives_the_same_validation_images(small_dataset, tmp_path, cache):
     cache = str(tmp_path / "cache") if cache == "disk" else cache
     plain = list(make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False).as_numpy_iterator())
     for _ in range(2):  # the second pass reads the cache
-        cached = list(make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False, cache=cache).as_numpy_iterator())
+        cached = list(
+            make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False, cache=cache).as_numpy_iterator()
+        )
         for a, b in zip(plain, cached):
             np.testing.assert_array_equal(a[0]["image"], b[0]["image"])
             np.testing.assert_array_equal(a[0]["y_true_0"], b[0]["y_true_0"])

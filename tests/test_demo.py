@@ -3,6 +3,7 @@
 The learning result itself (mAP@0.5 >= 0.8) takes ~10 minutes and is
 measured by `make demo` (BENCHMARKS.md); this is the smoke run.
 """
+
 import importlib.util
 import json
 import os
@@ -35,15 +36,28 @@ def test_quick_demo_runs_end_to_end(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
     proc = subprocess.run(
         [sys.executable, "-m", "keras_yolo_mgpu.demo", "--quick", "--out", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     summary = json.loads((out / "summary.json").read_text())
     # Without a GPU the demo trains on 2 simulated devices: the multi-GPU path.
     assert summary["replicas"] >= 2 or "GPU" in summary["devices"]
     assert summary["mAP50"] is None or 0.0 <= summary["mAP50"] <= 1.0
-    for name in ("train_annotations", "val_annotations", "classes", "anchors", "weights", "metrics",
-                 "input_video", "output_video", "video_detections"):
+    for name in (
+        "train_annotations",
+        "val_annotations",
+        "classes",
+        "anchors",
+        "weights",
+        "metrics",
+        "input_video",
+        "output_video",
+        "video_detections",
+    ):
         assert Path(summary["outputs"][name]).is_file(), name
     assert summary["video"]["frames"] == 8
     assert "Demo outputs:" in proc.stdout and "mAP@0.5" in proc.stdout

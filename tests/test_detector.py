@@ -1,16 +1,25 @@
 """The YOLO detector, the decode/NMS layers and box drawing."""
+
 from __future__ import annotations
 
 import keras
 import numpy as np
 import pytest
-from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, random_images, write_classes
+from inference_helpers import (
+    CLASS_NAMES,
+    INPUT_SHAPE,
+    TINY_ANCHORS,
+    TINY_ANCHORS_PATH,
+    make_body,
+    random_images,
+    write_classes,
+)
 from PIL import Image
 
-from keras_yolo_mgpu.model.boxes import letterbox_image, yolo_eval
 from keras_yolo_mgpu.inference.detector import YOLO, Detections, as_rgb_array, letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import YoloDecode, YoloNMS, build_inference_model
+from keras_yolo_mgpu.model.boxes import letterbox_image, yolo_eval
 
 SCORE, IOU = 0.5, 0.45
 
@@ -30,19 +39,25 @@ def files(tmp_path_factory, body):
 
 @pytest.fixture(scope="module")
 def yolo(body):
-    return YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE, batch_size=3)
+    return YOLO.from_body(
+        body, TINY_ANCHORS, CLASS_NAMES, score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE, batch_size=3
+    )
 
 
 def reference_detections(body, image_float, image_shape, max_boxes=20):
     """keras-yolo3's yolo_eval on one image: rows (x1, y1, x2, y2, score, class), sorted."""
     raw = body(image_float[None], training=False)
-    boxes, scores, classes = yolo_eval(raw, TINY_ANCHORS, 2, image_shape, max_boxes=max_boxes, score_threshold=SCORE, iou_threshold=IOU)
+    boxes, scores, classes = yolo_eval(
+        raw, TINY_ANCHORS, 2, image_shape, max_boxes=max_boxes, score_threshold=SCORE, iou_threshold=IOU
+    )
     rows = np.concatenate([boxes.numpy()[:, [1, 0, 3, 2]], scores.numpy()[:, None], classes.numpy()[:, None]], axis=1)
     return rows[np.lexsort(rows.T[::-1])]
 
 
 def as_rows(boxes, scores, classes):
-    rows = np.concatenate([np.asarray(boxes), np.asarray(scores)[:, None], np.asarray(classes, np.float32)[:, None]], axis=1)
+    rows = np.concatenate(
+        [np.asarray(boxes), np.asarray(scores)[:, None], np.asarray(classes, np.float32)[:, None]], axis=1
+    )
     return rows[np.lexsort(rows.T[::-1])]
 
 
@@ -55,8 +70,15 @@ def test_layers_match_yolo_eval(body, method):
     images = np.random.default_rng(1).random((3, *INPUT_SHAPE, 3), dtype=np.float32)
     shapes = np.array([[96, 128], [200, 300], [480, 100]], np.float32)
     model = build_inference_model(
-        body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, iou_threshold=IOU,
-        max_boxes_per_class=20, max_detections=40, nms_method=method,
+        body,
+        TINY_ANCHORS,
+        2,
+        input_shape=INPUT_SHAPE,
+        score_threshold=SCORE,
+        iou_threshold=IOU,
+        max_boxes_per_class=20,
+        max_detections=40,
+        nms_method=method,
     )
     out = model([images, shapes])
     for i in range(3):
@@ -72,8 +94,12 @@ def test_layers_match_yolo_eval(body, method):
 def test_nms_keeps_the_best_max_detections(body):
     images = np.random.default_rng(2).random((2, *INPUT_SHAPE, 3), dtype=np.float32)
     shapes = np.array([[96, 128], [300, 200]], np.float32)
-    full = build_inference_model(body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, max_detections=40)
-    capped = build_inference_model(body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, max_detections=5, nms_method="padded")
+    full = build_inference_model(
+        body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, max_detections=40
+    )
+    capped = build_inference_model(
+        body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE, max_detections=5, nms_method="padded"
+    )
     a, b = full([images, shapes]), capped([images, shapes])
     assert b["boxes"].shape == (2, 5, 4)
     np.testing.assert_array_equal(b["valid_detections"], [5, 5])
@@ -105,7 +131,9 @@ def test_layers_serialize_and_saved_inference_model_reloads(body, tmp_path):
 
 
 def test_yolo_loads_weights_file_and_detects_like_yolo_eval(files, body):
-    yolo = YOLO(files["weights"], TINY_ANCHORS_PATH, files["classes"], score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE)
+    yolo = YOLO(
+        files["weights"], TINY_ANCHORS_PATH, files["classes"], score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE
+    )
     assert yolo.class_names == CLASS_NAMES
     images = random_images(4, seed=4)
     batch = yolo.detect_batch(images)
@@ -114,7 +142,11 @@ def test_yolo_loads_weights_file_and_detects_like_yolo_eval(files, body):
         assert isinstance(found, Detections)
         assert found.boxes.dtype == np.float32 and found.classes.dtype == np.int32
         height, width = image.shape[:2]
-        assert np.all(found.boxes >= 0) and np.all(found.boxes[:, [0, 2]] <= width) and np.all(found.boxes[:, [1, 3]] <= height)
+        assert (
+            np.all(found.boxes >= 0)
+            and np.all(found.boxes[:, [0, 2]] <= width)
+            and np.all(found.boxes[:, [1, 3]] <= height)
+        )
         single = yolo.detect(image)
         np.testing.assert_allclose(single.boxes, found.boxes, atol=1e-3)
         np.testing.assert_array_equal(single.classes, found.classes)
@@ -130,7 +162,9 @@ def test_yolo_loads_weights_file_and_detects_like_yolo_eval(files, body):
 
 def test_gpu_num_spreads_batches_with_identical_detections(body, yolo, logical_cpus):
     assert len(logical_cpus) >= 4
-    spread = YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE, gpu_num=4, batch_size=7)
+    spread = YOLO.from_body(
+        body, TINY_ANCHORS, CLASS_NAMES, score=SCORE, iou=IOU, model_image_size=INPUT_SHAPE, gpu_num=4, batch_size=7
+    )
     assert len(set(spread.devices)) == 4
     images = random_images(7, seed=5)
     for a, b in zip(yolo.detect_batch(images), spread.detect_batch(images)):
@@ -160,11 +194,11 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
     eagerly: a MirroredStrategy `fit` costs over a minute of tracing here,
     and the file written from the template is the same kind either way.
     """
-    from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
     from keras_yolo_mgpu.model.loss import totalloss
+    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
     from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
-    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
+    from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
 
     keras.utils.set_random_seed(7)
     body, train_model = create_model((64, 64), TINY_ANCHORS, 2, freeze_body=0)
@@ -228,7 +262,9 @@ def test_draw_detections_uses_class_colours():
     assert pixels[20:40, 20:100].any()  # the label sits above the box
     assert not image.any()  # input untouched
     # On an OpenCV BGR frame the colour is swapped, so the written video shows the same colour.
-    bgr = np.asarray(draw_detections(image, np.array([[20, 40, 100, 110]], np.float32), [0.87], [1], CLASS_NAMES, bgr=True))
+    bgr = np.asarray(
+        draw_detections(image, np.array([[20, 40, 100, 110]], np.float32), [0.87], [1], CLASS_NAMES, bgr=True)
+    )
     assert tuple(bgr[75, 20]) == colour[::-1]
 
 

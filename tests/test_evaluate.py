@@ -1,4 +1,5 @@
 """evaluate.py: COCO mAP through faster-coco-eval, P/R at a threshold, PR curve, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body
 
-from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, main
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, main
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog"]
@@ -37,7 +38,9 @@ def dataset(tmp_path):
 
 
 def test_hand_computed_map_precision_and_recall(dataset, tmp_path):
-    result = evaluate_detections(dataset["detections"], dataset["annotations"], dataset["classes"], score=0.5, pr_curve=str(tmp_path / "pr.png"))
+    result = evaluate_detections(
+        dataset["detections"], dataset["annotations"], dataset["classes"], score=0.5, pr_curve=str(tmp_path / "pr.png")
+    )
     cat, dog = result["per_class"]["cat"], result["per_class"]["dog"]
     assert cat["AP"] == pytest.approx(HALF_RECALL_AP) and cat["AP50"] == pytest.approx(HALF_RECALL_AP)
     assert dog["AP"] == pytest.approx(0.3) and dog["AP50"] == pytest.approx(1.0)
@@ -69,8 +72,16 @@ def test_bad_detections_are_named(dataset, entry, message):
 
 
 def test_cli_detections_last_line_is_json(dataset, tmp_path, capsys):
-    argv = ["--annotations", dataset["annotations"], "--classes", dataset["classes"], "--detections", dataset["detections"],
-            "--pr-curve", str(tmp_path / "curve.png")]
+    argv = [
+        "--annotations",
+        dataset["annotations"],
+        "--classes",
+        dataset["classes"],
+        "--detections",
+        dataset["detections"],
+        "--pr-curve",
+        str(tmp_path / "curve.png"),
+    ]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
@@ -78,19 +89,49 @@ def test_cli_detections_last_line_is_json(dataset, tmp_path, capsys):
     assert result["mAP50"] == pytest.approx((HALF_RECALL_AP + 1.0) / 2)
     assert any(line.startswith("cat ") for line in lines) and (tmp_path / "curve.png").is_file()
 
-    assert main(["--annotations", dataset["annotations"], "--classes", dataset["classes"], "--detections", str(tmp_path / "no.json")]) == 1
+    assert (
+        main(
+            [
+                "--annotations",
+                dataset["annotations"],
+                "--classes",
+                dataset["classes"],
+                "--detections",
+                str(tmp_path / "no.json"),
+            ]
+        )
+        == 1
+    )
     assert "error: detections file not found" in capsys.readouterr().err
 
 
 def test_cli_weights_end_to_end_matches_saved_detections(tmp_path):
     """evaluate.py --weights in a subprocess; its saved detections re-scored here give the same mAP."""
-    data = make_synthetic_dataset(tmp_path / "data", num_train=0, num_val=6, image_size=96, classes=("circle", "square"))
+    data = make_synthetic_dataset(
+        tmp_path / "data", num_train=0, num_val=6, image_size=96, classes=("circle", "square")
+    )
     weights = str(tmp_path / "tiny.weights.h5")
     make_body().save_weights(weights)
     saved = tmp_path / "detections.json"
-    command = [sys.executable, str(REPO / "evaluate.py"), "--annotations", data.val, "--classes", data.classes,
-               "--anchors", TINY_ANCHORS_PATH, "--weights", weights, "--input-size", f"{INPUT_SHAPE[0]}x{INPUT_SHAPE[1]}",
-               "--save-detections", str(saved), "--pr-curve", str(tmp_path / "pr.png"), "--no-progress"]
+    command = [
+        sys.executable,
+        str(REPO / "evaluate.py"),
+        "--annotations",
+        data.val,
+        "--classes",
+        data.classes,
+        "--anchors",
+        TINY_ANCHORS_PATH,
+        "--weights",
+        weights,
+        "--input-size",
+        f"{INPUT_SHAPE[0]}x{INPUT_SHAPE[1]}",
+        "--save-detections",
+        str(saved),
+        "--pr-curve",
+        str(tmp_path / "pr.png"),
+        "--no-progress",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,4 +1,5 @@
 """Export with decoding and NMS inside: SavedModel, TFLite (builtins only), ONNX."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,8 +25,14 @@ def files(tmp_path_factory):
 
 def _export(files, fmt, **kwargs):
     return export_model(
-        files["weights"], fmt, str(files["folder"] / f"model.{fmt}"), classes_path=files["classes"],
-        anchors_path=TINY_ANCHORS_PATH, input_size=INPUT_SHAPE, score=SCORE, **kwargs,
+        files["weights"],
+        fmt,
+        str(files["folder"] / f"model.{fmt}"),
+        classes_path=files["classes"],
+        anchors_path=TINY_ANCHORS_PATH,
+        input_size=INPUT_SHAPE,
+        score=SCORE,
+        **kwargs,
     )
 
 
@@ -38,20 +45,41 @@ def _assert_matches(check):
 
 def test_savedmodel_cli_matches_keras(files, capsys):
     output = files["folder"] / "cli_savedmodel"
-    argv = ["--weights", files["weights"], "--classes", files["classes"], "--anchors", TINY_ANCHORS_PATH,
-            "--input-size", "96x128", "--score", str(SCORE), "--format", "savedmodel", "--output", str(output)]
+    argv = [
+        "--weights",
+        files["weights"],
+        "--classes",
+        files["classes"],
+        "--anchors",
+        TINY_ANCHORS_PATH,
+        "--input-size",
+        "96x128",
+        "--score",
+        str(SCORE),
+        "--format",
+        "savedmodel",
+        "--output",
+        str(output),
+    ]
     assert main(argv) == 0
     assert (output / "saved_model.pb").is_file()
     out = capsys.readouterr().out
     assert "check:" in out and "exported savedmodel" in out
 
     # The signature any TensorFlow user calls, on a batch of 3 of different sizes.
-    model = export.build_export_model(files["weights"], export.get_anchors(TINY_ANCHORS_PATH), ["a", "b"], input_size=INPUT_SHAPE, score=SCORE)
+    model = export.build_export_model(
+        files["weights"], export.get_anchors(TINY_ANCHORS_PATH), ["a", "b"], input_size=INPUT_SHAPE, score=SCORE
+    )
     images = np.random.default_rng(0).random((3, *INPUT_SHAPE, 3), dtype=np.float32)
     shapes = np.array([[96, 128], [300, 200], [50, 400]], np.float32)
     served = export.run_savedmodel(str(output), images, shapes)
     assert served["boxes"].shape == (3, 100, 4) and served["valid_detections"].shape == (3,)
-    _assert_matches({**export.compare_detections({k: np.asarray(v) for k, v in model([images, shapes]).items()}, served), "detections": int(served["valid_detections"].sum())})
+    _assert_matches(
+        {
+            **export.compare_detections({k: np.asarray(v) for k, v in model([images, shapes]).items()}, served),
+            "detections": int(served["valid_detections"].sum()),
+        }
+    )
 
 
 def test_tflite_uses_builtin_ops_and_matches_keras(files):

@@ -1,4 +1,5 @@
 """IoU k-means anchors: recovery of known clusters, file format, CLI."""
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,9 @@ from keras_yolo_mgpu.data.kmeans import (
 from keras_yolo_mgpu.resources import get_anchors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CENTRES = np.array([[10, 13], [16, 30], [33, 23], [30, 61], [62, 45], [59, 119], [116, 90], [156, 198], [373, 326]], float)
+CENTRES = np.array(
+    [[10, 13], [16, 30], [33, 23], [30, 61], [62, 45], [59, 119], [116, 90], [156, 198], [373, 326]], float
+)
 
 
 def clustered_boxes(centres, per_cluster=200, noise=0.05, seed=0):
@@ -123,7 +126,9 @@ def test_script_reports_errors(tmp_path):
     write_annotations(annotations, [[10, 10], [20, 20]])
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "kmeans.py"), "--annotations", str(annotations), "--clusters", "9"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert "9 clusters need at least 9 distinct box sizes; found 2" in proc.stderr

@@ -1,4 +1,5 @@
 """yolo_loss against an independent numpy implementation of keras-yolo3's formula."""
+
 import keras
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
 """Network shapes, parameter counts, layer roles and serialization."""
+
 import keras
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def test_freeze_by_role(freeze_body, trainable_prefixes):
         assert len(body.trainable_weights) == 6  # 3 output kernels + 3 biases
     if freeze_body == 1:
         # Darknet-53 has 52 convolutions, each with a BatchNormalization.
-        frozen_convs = [l for l in weighted if isinstance(l, keras.layers.Conv2D) and not l.trainable]
+        frozen_convs = [layer for layer in weighted if isinstance(layer, keras.layers.Conv2D) and not layer.trainable]
         assert len(frozen_convs) == 52
 
 

@@ -4,14 +4,15 @@ Keras's own distribute tests are the model: the same model trained with and
 without replication from the same initial weights on the same batches; the
 template weights must agree to 1e-5.
 """
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes, totalloss
-from keras_yolo_mgpu.parallel.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
 from keras_yolo_mgpu.parallel.devices import make_strategy
+from keras_yolo_mgpu.parallel.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
 
 ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
 INPUT_SHAPE = (64, 64)

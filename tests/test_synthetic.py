@@ -1,4 +1,5 @@
 """The synthetic dataset: exact boxes, reproducibility, file layout, video."""
+
 import numpy as np
 import pytest
 from PIL import Image

@@ -1,4 +1,5 @@
 """preprocess_true_boxes on hand-computed boxes."""
+
 import numpy as np
 import pytest
 

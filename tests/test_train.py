@@ -1,4 +1,5 @@
 """train.py as users run it: real subprocesses on a few generated images."""
+
 import json
 import os
 import signal
@@ -37,18 +38,40 @@ def dataset(tmp_path_factory):
 
 def _small_run_args(dataset, log_dir, *extra):
     return [
-        "--annotations", dataset.train, "--val-annotations", dataset.val, "--classes", dataset.classes,
-        "--tiny", "--input-size", "64", "--batch-size", "4", "--log-dir", str(log_dir), "--quiet", *extra,
+        "--annotations",
+        dataset.train,
+        "--val-annotations",
+        dataset.val,
+        "--classes",
+        dataset.classes,
+        "--tiny",
+        "--input-size",
+        "64",
+        "--batch-size",
+        "4",
+        "--log-dir",
+        str(log_dir),
+        "--quiet",
+        *extra,
     ]
 
 
 @pytest.mark.slow
 def test_two_simulated_gpus_write_a_checkpoint_that_loads_on_one_device(dataset, tmp_path):
     log_dir = tmp_path / "run"
-    result = _run(_small_run_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2", "--freeze-epochs", "1"))
+    result = _run(
+        _small_run_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2", "--freeze-epochs", "1")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     files = set(os.listdir(log_dir))
-    for name in ("args.json", "history.csv", "loss.png", "trained_weights_final.weights.h5", "trained_weights_stage_1.weights.h5", "tensorboard"):
+    for name in (
+        "args.json",
+        "history.csv",
+        "loss.png",
+        "trained_weights_final.weights.h5",
+        "trained_weights_stage_1.weights.h5",
+        "tensorboard",
+    ):
         assert name in files, (name, files)
     assert any(f.startswith("ep") and f.endswith(".weights.h5") for f in files)
     assert "2 replica(s)" in result.stderr
@@ -57,9 +80,9 @@ def test_two_simulated_gpus_write_a_checkpoint_that_loads_on_one_device(dataset,
     assert "images_per_sec" in history[0]
 
     # This process sees 4 logical CPUs, but inference needs only one device.
-    from keras_yolo_mgpu.weights.loading import load_weights
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.weights.loading import load_weights
 
     body = build_body(get_anchors(default_anchors_path(True)), 4)
     report = load_weights(body, str(log_dir / "trained_weights_final.weights.h5"))
@@ -76,7 +99,9 @@ def test_more_gpus_than_visible_stops_with_the_count(dataset, tmp_path):
 
 
 def test_global_batch_that_does_not_divide_is_refused(dataset, tmp_path):
-    result = _run(_small_run_args(dataset, tmp_path / "run", "--gpus", "3", "--simulate-devices", "--epochs", "1"), timeout=120)
+    result = _run(
+        _small_run_args(dataset, tmp_path / "run", "--gpus", "3", "--simulate-devices", "--epochs", "1"), timeout=120
+    )
     assert result.returncode != 0
     assert "does not divide over 3 replicas" in result.stderr
 
@@ -107,10 +132,24 @@ def test_existing_run_is_not_overwritten(dataset, tmp_path):
 def test_killed_run_resumes_to_the_same_epoch_count(dataset, tmp_path):
     log_dir = tmp_path / "run"
     epochs = 6
-    args = _small_run_args(dataset, log_dir, "--epochs", str(epochs), "--freeze-epochs", "2", "--freeze-body", "0",
-                           "--lr", "1e-3", "--lr2", "5e-4", "--no-augment")
-    process = subprocess.Popen([sys.executable, TRAIN, *args], env=_env(), cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = _small_run_args(
+        dataset,
+        log_dir,
+        "--epochs",
+        str(epochs),
+        "--freeze-epochs",
+        "2",
+        "--freeze-body",
+        "0",
+        "--lr",
+        "1e-3",
+        "--lr2",
+        "5e-4",
+        "--no-augment",
+    )
+    process = subprocess.Popen(
+        [sys.executable, TRAIN, *args], env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     history = log_dir / "history.csv"
     deadline = time.time() + 240
     # Kill mid-training once three epochs are done (stage 2 has started).
@@ -148,10 +187,28 @@ def test_multiworker_two_processes_on_localhost(dataset, tmp_path):
     processes = []
     for index in range(2):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        args = _small_run_args(dataset, tmp_path / "run", "--strategy", "multiworker", "--epochs", "1",
-                               "--freeze-epochs", "0", "--steps-per-epoch", "2")
-        processes.append(subprocess.Popen([sys.executable, TRAIN, *args], env=_env(TF_CONFIG=tf_config), cwd=REPO,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        args = _small_run_args(
+            dataset,
+            tmp_path / "run",
+            "--strategy",
+            "multiworker",
+            "--epochs",
+            "1",
+            "--freeze-epochs",
+            "0",
+            "--steps-per-epoch",
+            "2",
+        )
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, TRAIN, *args],
+                env=_env(TF_CONFIG=tf_config),
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output[-3000:]

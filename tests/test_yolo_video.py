@@ -1,4 +1,5 @@
 """Video and image detection: threads, colours, codecs, the CLI, the benchmark."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,21 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, random_images, write_classes
+from inference_helpers import (
+    CLASS_NAMES,
+    INPUT_SHAPE,
+    TINY_ANCHORS,
+    TINY_ANCHORS_PATH,
+    make_body,
+    random_images,
+    write_classes,
+)
 
+from keras_yolo_mgpu.data.synthetic import make_synthetic_video
 from keras_yolo_mgpu.inference import video as video_module
 from keras_yolo_mgpu.inference.detector import YOLO
-from keras_yolo_mgpu.data.synthetic import make_synthetic_video
-from keras_yolo_mgpu.inference.video import VideoError, VideoReader, VideoWriter
 from keras_yolo_mgpu.inference.media import main, process_images, process_video
+from keras_yolo_mgpu.inference.video import VideoError, VideoReader, VideoWriter
 
 REPO = Path(__file__).resolve().parents[1]
 SCORE = 0.5
@@ -130,7 +139,9 @@ def test_process_video_detects_on_rgb_frames(yolo, clip, tmp_path):
         np.testing.assert_allclose([d["box"] for d in got] or np.zeros((0, 4)), expected.boxes, atol=0.01)
         np.testing.assert_allclose([d["score"] for d in got], expected.scores, atol=1e-4)
         swapped = yolo.detect(bgr)  # what keras-yolo3 fed its RGB model
-        differs_from_bgr |= swapped.classes.tolist() != expected.classes.tolist() or not np.allclose(swapped.boxes, expected.boxes)
+        differs_from_bgr |= swapped.classes.tolist() != expected.classes.tolist() or not np.allclose(
+            swapped.boxes, expected.boxes
+        )
     assert differs_from_bgr  # the test can tell the channel order apart
 
 
@@ -140,7 +151,9 @@ def test_process_images_annotates_folder_and_skips_unreadable(yolo, tmp_path):
     for i, image in enumerate(random_images(3, seed=4)):
         cv2.imwrite(str(folder / f"img{i}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
     (folder / "broken.jpg").write_text("not an image")
-    stats = process_images(yolo, [str(folder)], str(tmp_path / "out"), save_json=str(tmp_path / "images.jsonl"), progress=False)
+    stats = process_images(
+        yolo, [str(folder)], str(tmp_path / "out"), save_json=str(tmp_path / "images.jsonl"), progress=False
+    )
     assert (stats["images"], stats["failed"]) == (3, 1)
     for i, image in enumerate(random_images(3, seed=4)):
         annotated = cv2.imread(str(tmp_path / "out" / f"img{i}.png"))
@@ -175,8 +188,23 @@ def test_cli_image_folder_in_process(tmp_path):
     folder.mkdir()
     for i, image in enumerate(random_images(2, seed=4)):
         cv2.imwrite(str(folder / f"{i}.jpg"), image)
-    argv = ["--model", str(weights), "--anchors", TINY_ANCHORS_PATH, "--classes", classes, "--input-size", "96x128",
-            "--score", str(SCORE), "--image", str(folder), "--output", str(tmp_path / "annotated"), "--no-progress"]
+    argv = [
+        "--model",
+        str(weights),
+        "--anchors",
+        TINY_ANCHORS_PATH,
+        "--classes",
+        classes,
+        "--input-size",
+        "96x128",
+        "--score",
+        str(SCORE),
+        "--image",
+        str(folder),
+        "--output",
+        str(tmp_path / "annotated"),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert sorted(os.listdir(tmp_path / "annotated")) == ["0.jpg", "1.jpg"]
 
@@ -189,9 +217,30 @@ def test_cli_video_with_keras2_multi_gpu_file(tmp_path, clip, body):
     k2.build_multi_gpu_wrapper(keras2_body, gpus=2).save_weights(model_file)
     classes = write_classes(tmp_path / "classes.txt")
     out, jsonl = tmp_path / "out.mp4", tmp_path / "frames.jsonl"
-    command = [sys.executable, str(REPO / "yolo_video.py"), "--model", model_file, "--anchors", TINY_ANCHORS_PATH,
-               "--classes", classes, "--input-size", "96x128", "--score", "0.05", "--gpu_num", "1",
-               "--input", str(clip), "--output", str(out), "--save-json", str(jsonl), "--batch-size", "4"]
+    command = [
+        sys.executable,
+        str(REPO / "yolo_video.py"),
+        "--model",
+        model_file,
+        "--anchors",
+        TINY_ANCHORS_PATH,
+        "--classes",
+        classes,
+        "--input-size",
+        "96x128",
+        "--score",
+        "0.05",
+        "--gpu_num",
+        "1",
+        "--input",
+        str(clip),
+        "--output",
+        str(out),
+        "--save-json",
+        str(jsonl),
+        "--batch-size",
+        "4",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "frame/s" in result.stderr  # the progress bar with the frame rate
@@ -209,7 +258,20 @@ def test_cli_video_with_keras2_multi_gpu_file(tmp_path, clip, body):
 def test_bench_infer_prints_json_last(capsys):
     from keras_yolo_mgpu.bench.infer import main as bench_main
 
-    argv = ["--frames", "8", "--frame-size", "64x96", "--input-size", "64", "--batch-size", "4", "--repeats", "1", "--num-classes", "2"]
+    argv = [
+        "--frames",
+        "8",
+        "--frame-size",
+        "64x96",
+        "--input-size",
+        "64",
+        "--batch-size",
+        "4",
+        "--repeats",
+        "1",
+        "--num-classes",
+        "2",
+    ]
     assert bench_main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["fps"] > 0 and result["forward_fps"] > 0

@@ -2,6 +2,7 @@
 
 Each benchmark prints progress, then one JSON object as its last line.
 """
+
 from __future__ import annotations
 
 import importlib

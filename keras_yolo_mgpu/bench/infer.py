@@ -10,9 +10,10 @@ Two measurements on the same frames of one generated video:
 
 Both are warmed up first (tracing is not timed). The two are measured in
 alternating rounds and each reports its best round, so other work on a
-shared machine slows both alike rather than whichever ran second. The last line printed is JSON with `fps`, `forward_fps`
-and `ratio` = fps / forward_fps.
+shared machine slows both alike rather than whichever ran second. The last line
+printed is JSON with `fps`, `forward_fps` and `ratio` = fps / forward_fps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,17 +39,37 @@ def _frame_size(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m keras_yolo_mgpu.bench infer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=positive_int, default=96, help="frames in the generated video (default: 96)")
-    parser.add_argument("--frame-size", type=_frame_size, default=(480, 640), metavar="HxW", help="video frame size (default: 480x640)")
-    parser.add_argument("--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input (default: 416)")
-    parser.add_argument("--batch-size", type=positive_int, default=4, help="frames per forward pass, both measurements (default: 4)")
+    parser.add_argument(
+        "--frame-size", type=_frame_size, default=(480, 640), metavar="HxW", help="video frame size (default: 480x640)"
+    )
+    parser.add_argument(
+        "--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input (default: 416)"
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=4, help="frames per forward pass, both measurements (default: 4)"
+    )
     parser.add_argument("--full", action="store_true", help="YOLOv3 (Darknet-53) instead of tiny YOLOv3")
-    parser.add_argument("--num-classes", type=positive_int, default=80, help="classes of the random model (default: 80, COCO)")
-    parser.add_argument("--output-gain", type=float, default=4.5, help="random model: scale of the output kernels, sets the boxes per frame (default: 4.5)")
-    parser.add_argument("--weights", default=None, help="trained weights instead of a random model (with --anchors and --classes)")
+    parser.add_argument(
+        "--num-classes", type=positive_int, default=80, help="classes of the random model (default: 80, COCO)"
+    )
+    parser.add_argument(
+        "--output-gain",
+        type=float,
+        default=4.5,
+        help="random model: scale of the output kernels, sets the boxes per frame (default: 4.5)",
+    )
+    parser.add_argument(
+        "--weights", default=None, help="trained weights instead of a random model (with --anchors and --classes)"
+    )
     parser.add_argument("--anchors", default=None, help="anchors file for --weights")
     parser.add_argument("--classes", default=None, help="classes file for --weights")
     parser.add_argument("--score", type=float, default=0.3, help="detection score threshold (default: 0.3)")
-    parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved runs of each measurement; the best counts (default: 5)")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="interleaved runs of each measurement; the best counts (default: 5)",
+    )
     parser.add_argument("--output-dir", default=None, help="keep the video files here (default: a temporary folder)")
     return parser
 
@@ -78,7 +99,9 @@ def make_forward(body, input_shape):
     import tensorflow as tf
 
     height, width = input_shape
-    return tf.function(lambda x: body(x, training=False), input_signature=[tf.TensorSpec([None, height, width, 3], tf.float32)])
+    return tf.function(
+        lambda x: body(x, training=False), input_signature=[tf.TensorSpec([None, height, width, 3], tf.float32)]
+    )
 
 
 def time_forward(forward, batches: list[np.ndarray]) -> float:
@@ -105,7 +128,9 @@ def main(argv=None) -> int:
     else:
         class_names = [f"class_{i}" for i in range(args.num_classes)]
         body = _random_body(anchors, len(class_names), output_gain=args.output_gain)
-    yolo = YOLO.from_body(body, anchors, class_names, score=args.score, model_image_size=args.input_size, batch_size=args.batch_size)
+    yolo = YOLO.from_body(
+        body, anchors, class_names, score=args.score, model_image_size=args.input_size, batch_size=args.batch_size
+    )
 
     if args.output_dir:
         os.makedirs(args.output_dir, exist_ok=True)
@@ -117,12 +142,14 @@ def main(argv=None) -> int:
 def _run(args, yolo, body, class_names, folder: str) -> int:
     import tensorflow as tf
 
-    from keras_yolo_mgpu.inference.detector import letterbox_array
     from keras_yolo_mgpu.data.synthetic import make_synthetic_video
-    from keras_yolo_mgpu.inference.video import VideoReader
+    from keras_yolo_mgpu.inference.detector import letterbox_array
     from keras_yolo_mgpu.inference.media import process_video
+    from keras_yolo_mgpu.inference.video import VideoReader
 
-    video = make_synthetic_video(os.path.join(folder, "input.mp4"), num_frames=args.frames, frame_size=args.frame_size, fps=25.0)
+    video = make_synthetic_video(
+        os.path.join(folder, "input.mp4"), num_frames=args.frames, frame_size=args.frame_size, fps=25.0
+    )
     with VideoReader(video) as reader:
         frames = np.stack([letterbox_array(rgb, args.input_size) for _, rgb, _ in reader])
     model_name = "YOLOv3" if args.full else "tiny YOLOv3"
@@ -134,7 +161,9 @@ def _run(args, yolo, body, class_names, folder: str) -> int:
     )
 
     forward = make_forward(body, args.input_size)
-    batches = [frames[i : i + args.batch_size].astype(np.float32) / 255.0 for i in range(0, len(frames), args.batch_size)]
+    batches = [
+        frames[i : i + args.batch_size].astype(np.float32) / 255.0 for i in range(0, len(frames), args.batch_size)
+    ]
     output = os.path.join(folder, "output.mp4")
     # Warm-up: tracing and first-shape setup are not timed.
     time_forward(forward, batches[:2])

@@ -17,6 +17,7 @@ its last line, one JSON object (`images_per_sec`, `batches_per_sec`,
   input size with TF's native ops in a parallel tf.data map; no augmentation,
   no targets: the ceiling for any pipeline on these files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -120,9 +121,13 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--annotations", required=True, help="keras-yolo3 annotation file")
     parser.add_argument("--classes", required=True, help="class names file, one per line")
-    parser.add_argument("--anchors", default=None, help="anchors file (default: model_data/yolo_anchors.txt, or tiny with --tiny)")
+    parser.add_argument(
+        "--anchors", default=None, help="anchors file (default: model_data/yolo_anchors.txt, or tiny with --tiny)"
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 anchors (2 output scales)")
-    parser.add_argument("--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input (default: 416)")
+    parser.add_argument(
+        "--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input (default: 416)"
+    )
     parser.add_argument("--batch-size", type=positive_int, default=32, help="global batch size (default: 32)")
     parser.add_argument("--batches", type=positive_int, default=20, help="timed batches (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
@@ -148,11 +153,24 @@ def main(argv=None) -> int:
         return 2
     logger.info(
         "timing %s: %d images, input %dx%d, batch %d, %d+%d batches",
-        args.generator, len(annotations), *args.input_size, args.batch_size, args.warmup, args.batches,
+        args.generator,
+        len(annotations),
+        *args.input_size,
+        args.batch_size,
+        args.warmup,
+        args.batches,
     )
     result = run_benchmark(
-        args.generator, annotations, args.input_size, anchors, num_classes,
-        args.batch_size, args.batches, args.warmup, args.seed, args.cache,
+        args.generator,
+        annotations,
+        args.input_size,
+        anchors,
+        num_classes,
+        args.batch_size,
+        args.batches,
+        args.warmup,
+        args.seed,
+        args.cache,
     )
     print(json.dumps(result))
     return 0

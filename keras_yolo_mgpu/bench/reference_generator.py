@@ -8,9 +8,10 @@ numpy `preprocess_true_boxes` per batch. It is also the reference that the
 tf.data pipeline's augmentation is tested against: `rand` can be replaced to
 feed both the same random numbers.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from matplotlib.colors import hsv_to_rgb, rgb_to_hsv

@@ -5,6 +5,7 @@ dataset), so the number measures the model step and the replica
 communication, not the input pipeline (`bench pipeline` measures that).
 Prints one line per timed step, then a JSON object as the last line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (default: full YOLOv3)")
     parser.add_argument("--input-size", type=cli.input_size, default=(416, 416), metavar="HxW")
     parser.add_argument("--num-classes", type=cli.positive_int, default=80)
-    parser.add_argument("--batch-size", type=cli.positive_int, default=None, help="GLOBAL batch (default: 8 per replica)")
+    parser.add_argument(
+        "--batch-size", type=cli.positive_int, default=None, help="GLOBAL batch (default: 8 per replica)"
+    )
     parser.add_argument("--freeze-body", type=int, choices=(0, 1, 2), default=0)
     parser.add_argument("--parallel", choices=("strategy", "multi_gpu_model"), default="strategy")
     parser.add_argument("--no-sync-bn", action="store_true")
@@ -80,10 +83,17 @@ def main(argv=None) -> int:
         strategy = tf.distribute.get_strategy()
     with strategy.scope():
         body, train_model = create_model(
-            args.input_size, anchors, args.num_classes, freeze_body=args.freeze_body,
+            args.input_size,
+            anchors,
+            args.num_classes,
+            freeze_body=args.freeze_body,
             sync_bn=not args.no_sync_bn and replicas > 1 and args.parallel == "strategy",
         )
-        model = parallel.multi_gpu_model(train_model, devices=devices) if args.parallel == "multi_gpu_model" else train_model
+        model = (
+            parallel.multi_gpu_model(train_model, devices=devices)
+            if args.parallel == "multi_gpu_model"
+            else train_model
+        )
         model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=totalloss)
     x, y = _synthetic_batch(global_batch, args.input_size, anchors, args.num_classes)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
@@ -102,7 +112,7 @@ def main(argv=None) -> int:
     timer = Timer()
     total_steps = args.warmup_steps + args.steps
     model.fit(dataset, steps_per_epoch=total_steps, epochs=1, verbose=0, callbacks=[timer])
-    timed = timer.times[args.warmup_steps:]
+    timed = timer.times[args.warmup_steps :]
     for index, seconds in enumerate(timed, 1):
         print(f"step {index:3d}: {seconds * 1000:8.1f} ms  {global_batch / seconds:8.1f} images/sec")
     seconds_per_step = sorted(timed)[len(timed) // 2]

@@ -3,6 +3,7 @@
 Scripts call the `add_*` functions and convert parsed arguments to library
 parameters explicitly; the library itself never reads argv.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,15 @@ def input_size(text: str) -> tuple[int, int]:
     try:
         values = [int(p) for p in parts]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 416 or 320x416 (height x width), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a size like 416 or 320x416 (height x width), got {text!r}"
+        ) from None
     if len(values) == 1:
         values = values * 2
     if len(values) != 2 or any(v <= 0 or v % 32 for v in values):
-        raise argparse.ArgumentTypeError(f"input size must be positive multiples of 32 (e.g. 416 or 320x416), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"input size must be positive multiples of 32 (e.g. 416 or 320x416), got {text!r}"
+        )
     return values[0], values[1]
 
 
@@ -54,10 +59,22 @@ def existing_file(text: str) -> str:
 
 def add_model_args(parser: argparse.ArgumentParser, *, weights_help: str = "weights file to load") -> None:
     """--classes, --anchors, --tiny, --input-size, --weights."""
-    parser.add_argument("--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)")
-    parser.add_argument("--anchors", default=None, help="anchors file (default: model_data/yolo_anchors.txt, or tiny_yolo_anchors.txt with --tiny)")
+    parser.add_argument(
+        "--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)"
+    )
+    parser.add_argument(
+        "--anchors",
+        default=None,
+        help="anchors file (default: model_data/yolo_anchors.txt, or tiny_yolo_anchors.txt with --tiny)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (6 anchors) when --anchors is not given")
-    parser.add_argument("--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input, multiples of 32 (default: 416)")
+    parser.add_argument(
+        "--input-size",
+        type=input_size,
+        default=(416, 416),
+        metavar="HxW",
+        help="network input, multiples of 32 (default: 416)",
+    )
     parser.add_argument("--weights", default=None, help=weights_help)
 
 
@@ -69,7 +86,9 @@ def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, i
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
     """--gpus, --simulate-devices."""
-    parser.add_argument("--gpus", type=positive_int, default=None, help="number of GPUs (default: all visible GPUs, else the CPU)")
+    parser.add_argument(
+        "--gpus", type=positive_int, default=None, help="number of GPUs (default: all visible GPUs, else the CPU)"
+    )
     parser.add_argument(
         "--simulate-devices",
         action="store_true",

@@ -13,6 +13,7 @@
 
 Everything goes under `--out`; a rerun replaces the previous demo's outputs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -219,7 +220,10 @@ def run_demo(
     video_dir = out / "video"
     frame_size = (240, 320)
     clip = make_synthetic_video(
-        video_dir / "input.mp4", num_frames=video_frames, frame_size=frame_size, seed=seed + 1,
+        video_dir / "input.mp4",
+        num_frames=video_frames,
+        frame_size=frame_size,
+        seed=seed + 1,
         texture_scale=max(frame_size) / image_size,
     )
     yolo = YOLO(
@@ -240,8 +244,15 @@ def run_demo(
         "replicas": result.replicas,
         "epochs_run": result.epochs_run,
         "settings": dict(
-            num_train=num_train, num_val=num_val, image_size=image_size, epochs=epochs, drop_epoch=drop_epoch,
-            batch_size=global_batch, lr=lr, max_objects=max_objects, seed=seed,
+            num_train=num_train,
+            num_val=num_val,
+            image_size=image_size,
+            epochs=epochs,
+            drop_epoch=drop_epoch,
+            batch_size=global_batch,
+            lr=lr,
+            max_objects=max_objects,
+            seed=seed,
         ),
         "outputs": {
             "dataset": str(out / "data"),
@@ -271,6 +282,7 @@ def format_summary(summary: dict) -> str:
     lines = ["", "Demo outputs:"]
     lines += [f"  {name:<{width}}  {path}" for name, path in summary["outputs"].items() if path]
     seconds = ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items())
+
     def fmt(value):
         return "n/a" if value is None else f"{value:.3f}"
 
@@ -290,14 +302,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m keras_yolo_mgpu.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_output", help="folder for all outputs")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run of every stage (no learning result)")
-    parser.add_argument("--epochs", type=positive_int, default=None, help=f"training epochs (default: {DEFAULTS['epochs']})")
-    parser.add_argument("--drop-epoch", type=positive_int, default=None, help=f"epochs before the learning rate drops 10x (default: {DEFAULTS['drop_epoch']}, or 3/4 of --epochs)")
-    parser.add_argument("--num-train", type=positive_int, default=None, help=f"training images (default: {DEFAULTS['num_train']})")
-    parser.add_argument("--num-val", type=positive_int, default=None, help=f"validation images (default: {DEFAULTS['num_val']})")
-    parser.add_argument("--input-size", type=positive_int, default=None, help=f"image and network side, multiple of 32 (default: {DEFAULTS['image_size']})")
-    parser.add_argument("--batch-size", type=positive_int, default=None, help=f"global batch (default: {DEFAULTS['batch_size']})")
+    parser.add_argument(
+        "--epochs", type=positive_int, default=None, help=f"training epochs (default: {DEFAULTS['epochs']})"
+    )
+    parser.add_argument(
+        "--drop-epoch",
+        type=positive_int,
+        default=None,
+        help=f"epochs before the learning rate drops 10x (default: {DEFAULTS['drop_epoch']}, or 3/4 of --epochs)",
+    )
+    parser.add_argument(
+        "--num-train", type=positive_int, default=None, help=f"training images (default: {DEFAULTS['num_train']})"
+    )
+    parser.add_argument(
+        "--num-val", type=positive_int, default=None, help=f"validation images (default: {DEFAULTS['num_val']})"
+    )
+    parser.add_argument(
+        "--input-size",
+        type=positive_int,
+        default=None,
+        help=f"image and network side, multiple of 32 (default: {DEFAULTS['image_size']})",
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=None, help=f"global batch (default: {DEFAULTS['batch_size']})"
+    )
     parser.add_argument("--lr", type=float, default=None, help=f"Adam learning rate (default: {DEFAULTS['lr']})")
-    parser.add_argument("--gpus", type=positive_int, default=None, help="devices to train on (default: all visible GPUs, else 2 simulated)")
+    parser.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        help="devices to train on (default: all visible GPUs, else 2 simulated)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -320,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_val=pick("num_val", args.num_val),
         image_size=pick("image_size", args.input_size),
         epochs=pick("epochs", args.epochs),
-        drop_epoch=args.drop_epoch or (base["drop_epoch"] if args.epochs is None else max(1, round(0.75 * args.epochs))),
+        drop_epoch=args.drop_epoch
+        or (base["drop_epoch"] if args.epochs is None else max(1, round(0.75 * args.epochs))),
         batch_size=pick("batch_size", args.batch_size),
         lr=pick("lr", args.lr),
         max_objects=base["max_objects"],

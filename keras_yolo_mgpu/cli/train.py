@@ -6,6 +6,7 @@ Examples:
     python train.py --resume --log-dir logs/003
     python train.py --demo
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,35 +38,79 @@ def build_parser() -> cli.ArgumentParser:
     parser = cli.ArgumentParser(prog="train.py", description="Train YOLOv3 on one or several GPUs (keras-yolo-mgpu).")
     data = parser.add_argument_group("data")
     data.add_argument("--annotations", help="annotation file: `path x1,y1,x2,y2,class ...` per line")
-    data.add_argument("--val-annotations", default=None, help="validation annotation file (default: split --val-split off --annotations)")
+    data.add_argument(
+        "--val-annotations",
+        default=None,
+        help="validation annotation file (default: split --val-split off --annotations)",
+    )
     data.add_argument("--val-split", type=cli.unit_float, default=0.1, help="fraction held out for validation")
     data.add_argument("--no-augment", action="store_true", help="turn training augmentation off")
     data.add_argument("--cache", default=None, help="cache decoded images: 'ram' or a file path")
-    data.add_argument("--strict", action="store_true", help="refuse to start when the annotation check finds problems (default: skip bad lines)")
+    data.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse to start when the annotation check finds problems (default: skip bad lines)",
+    )
     model = parser.add_argument_group("model")
     cli.add_model_args(model, weights_help="start weights: .weights.h5, .keras, or a Keras 2 .h5 from keras-yolo3")
-    model.add_argument("--freeze-body", type=int, choices=(0, 1, 2), default=2, help="stage 1: 1 freezes Darknet-53, 2 all but the output convs, 0 nothing")
-    model.add_argument("--no-sync-bn", action="store_true", help="per-replica BatchNormalization statistics under MirroredStrategy")
+    model.add_argument(
+        "--freeze-body",
+        type=int,
+        choices=(0, 1, 2),
+        default=2,
+        help="stage 1: 1 freezes Darknet-53, 2 all but the output convs, 0 nothing",
+    )
+    model.add_argument(
+        "--no-sync-bn", action="store_true", help="per-replica BatchNormalization statistics under MirroredStrategy"
+    )
     recipe = parser.add_argument_group("recipe")
     recipe.add_argument("--epochs", type=cli.positive_int, default=100, help="total epochs")
-    recipe.add_argument("--freeze-epochs", type=int, default=None, help="end of stage 1 (frozen body); 0 skips stage 1 (default: half of --epochs, keras-yolo3's 50 of 100)")
-    recipe.add_argument("--batch-size", type=cli.positive_int, default=32, help="GLOBAL batch size of stage 1 (split over the replicas)")
-    recipe.add_argument("--batch-size2", type=cli.positive_int, default=None, help="global batch size of stage 2 (default: --batch-size)")
+    recipe.add_argument(
+        "--freeze-epochs",
+        type=int,
+        default=None,
+        help="end of stage 1 (frozen body); 0 skips stage 1 (default: half of --epochs, keras-yolo3's 50 of 100)",
+    )
+    recipe.add_argument(
+        "--batch-size", type=cli.positive_int, default=32, help="GLOBAL batch size of stage 1 (split over the replicas)"
+    )
+    recipe.add_argument(
+        "--batch-size2",
+        type=cli.positive_int,
+        default=None,
+        help="global batch size of stage 2 (default: --batch-size)",
+    )
     recipe.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     recipe.add_argument("--lr", "--lr1", dest="lr1", type=float, default=1e-3, help="stage 1 learning rate")
     recipe.add_argument("--lr2", type=float, default=1e-4, help="stage 2 learning rate")
     recipe.add_argument("--seed", type=int, default=0)
-    recipe.add_argument("--steps-per-epoch", type=cli.positive_int, default=None, help="override steps per epoch (default: all images once)")
+    recipe.add_argument(
+        "--steps-per-epoch",
+        type=cli.positive_int,
+        default=None,
+        help="override steps per epoch (default: all images once)",
+    )
     recipe.add_argument("--mixed-precision", action="store_true", help="mixed_float16 on GPU (loss kept in float32)")
     recipe.add_argument("--jit", action="store_true", help="try XLA compilation")
     devices = parser.add_argument_group("devices")
     cli.add_device_args(devices)
-    devices.add_argument("--strategy", choices=("mirrored", "multiworker"), default="mirrored", help="multiworker reads TF_CONFIG")
-    devices.add_argument("--parallel", choices=("strategy", "multi_gpu_model"), default="strategy", help="tf.distribute strategy or the in-graph multi_gpu_model")
+    devices.add_argument(
+        "--strategy", choices=("mirrored", "multiworker"), default="mirrored", help="multiworker reads TF_CONFIG"
+    )
+    devices.add_argument(
+        "--parallel",
+        choices=("strategy", "multi_gpu_model"),
+        default="strategy",
+        help="tf.distribute strategy or the in-graph multi_gpu_model",
+    )
     run = parser.add_argument_group("run")
     run.add_argument("--log-dir", default=None, help="run folder (default: next free logs/NNN)")
-    run.add_argument("--resume", action="store_true", help="continue the interrupted run in --log-dir with its saved arguments")
-    run.add_argument("--demo", action="store_true", help="generate the synthetic demo dataset and train on it (same as `make demo`)")
+    run.add_argument(
+        "--resume", action="store_true", help="continue the interrupted run in --log-dir with its saved arguments"
+    )
+    run.add_argument(
+        "--demo", action="store_true", help="generate the synthetic demo dataset and train on it (same as `make demo`)"
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -129,8 +174,13 @@ def main(argv=None) -> int:
             return 2
         if args.simulate_devices and args.gpus is None:
             parser.error("--simulate-devices needs --gpus N (the number of devices to simulate)")
-        for flag, path in (("--annotations", args.annotations), ("--val-annotations", args.val_annotations),
-                           ("--classes", args.classes), ("--anchors", args.anchors), ("--weights", args.weights)):
+        for flag, path in (
+            ("--annotations", args.annotations),
+            ("--val-annotations", args.val_annotations),
+            ("--classes", args.classes),
+            ("--anchors", args.anchors),
+            ("--weights", args.weights),
+        ):
             if path and not os.path.isfile(path):
                 parser.error(f"{flag}: file not found: {path}")
         if not args.classes:

@@ -18,13 +18,14 @@ background image. What this parser accepts beyond the original:
 
 Errors name the place: `AnnotationError("train.txt:12: malformed box token ...")`.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
@@ -70,10 +71,11 @@ class Annotation:
     def __eq__(self, other) -> bool:  # ndarray fields break the generated __eq__
         if not isinstance(other, Annotation):
             return NotImplemented
-        return (
-            (self.image_path, self.source, self.line_number) == (other.image_path, other.source, other.line_number)
-            and np.array_equal(self.boxes, other.boxes)
-        )
+        return (self.image_path, self.source, self.line_number) == (
+            other.image_path,
+            other.source,
+            other.line_number,
+        ) and np.array_equal(self.boxes, other.boxes)
 
 
 def _parse_box(token: str) -> tuple[float, ...] | None:

@@ -35,13 +35,13 @@ Differences from keras-yolo3, all deliberate:
 Validation images are letterboxed with PIL BICUBIC exactly as the detector
 does (`boxes.letterbox_image`).
 """
+
 from __future__ import annotations
 
 import cv2
 import numpy as np
 import tensorflow as tf
 from PIL import Image
-
 
 GREY = 128  # keras-yolo3's canvas colour
 JITTER = 0.3

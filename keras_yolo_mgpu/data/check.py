@@ -20,6 +20,7 @@ lines without any problem, plus the lines whose only problems are boxes
 outside the image or repeated boxes, repaired (boxes clipped to the image,
 repeats dropped) as keras-yolo3's generator clipped them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,6 @@ import dataclasses
 import os
 import sys
 from collections import Counter
-
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -36,7 +36,6 @@ from PIL import Image
 from tqdm import tqdm
 
 from keras_yolo_mgpu.data.annotations import Annotation, AnnotationError, iter_annotation_lines, parse_annotation_line
-
 
 __all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "main"]
 
@@ -216,7 +215,13 @@ def check_annotations(
     if check_images:
         with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
             results = list(
-                tqdm(pool.map(_inspect_image, paths), total=len(paths), desc="checking images", unit="img", disable=not progress)
+                tqdm(
+                    pool.map(_inspect_image, paths),
+                    total=len(paths),
+                    desc="checking images",
+                    unit="img",
+                    disable=not progress,
+                )
             )
     else:
         results = [
@@ -258,10 +263,18 @@ def main(argv=None) -> int:
         "and a summary, exits 1 when there are problems. Never modifies a file.",
     )
     parser.add_argument("annotations", nargs="+", help="annotation file(s): 'path x1,y1,x2,y2,class ...' per line")
-    parser.add_argument("--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)")
-    parser.add_argument("--root", default=None, help="folder for relative image paths (default: the annotation file's folder, then the working directory)")
+    parser.add_argument(
+        "--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)"
+    )
+    parser.add_argument(
+        "--root",
+        default=None,
+        help="folder for relative image paths (default: the annotation file's folder, then the working directory)",
+    )
     parser.add_argument("--no-images", action="store_true", help="only check that images exist; do not decode them")
-    parser.add_argument("--workers", type=positive_int, default=None, help="image decoding threads (default: CPU count)")
+    parser.add_argument(
+        "--workers", type=positive_int, default=None, help="image decoding threads (default: CPU count)"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -273,8 +286,12 @@ def main(argv=None) -> int:
     for path in args.annotations:
         try:
             report = check_annotations(
-                path, num_classes, root=args.root, check_images=not args.no_images,
-                workers=args.workers, progress=sys.stderr.isatty(),
+                path,
+                num_classes,
+                root=args.root,
+                check_images=not args.no_images,
+                workers=args.workers,
+                progress=sys.stderr.isatty(),
             )
         except OSError as error:
             print(f"error: cannot read {path}: {error}", file=sys.stderr)

@@ -17,6 +17,7 @@ Boxes: ``[x, y, width, height]`` becomes ``x, y, x + width, y + height``
 size are skipped; images left without boxes are left out unless
 ``--keep-empty``. Image paths are ``--image-dir`` joined with ``file_name``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ import json
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -74,7 +75,9 @@ def check_class_order(
     if not strict and len(json_names) != len(file_names):
         logger.info(
             "The JSON has %d categories, %s %d: a different dataset, class order not checked",
-            len(json_names), source, len(file_names),
+            len(json_names),
+            source,
+            len(file_names),
         )
         return
     file_index = {name: i for i, name in enumerate(file_names)}
@@ -82,7 +85,9 @@ def check_class_order(
     if not shared:
         logger.info("No class name in common with %s: class order not checked", source)
         return
-    moved = [(name, i, file_index[name]) for i, name in enumerate(json_names) if name in file_index and file_index[name] != i]
+    moved = [
+        (name, i, file_index[name]) for i, name in enumerate(json_names) if name in file_index and file_index[name] != i
+    ]
     if moved:
         details = ", ".join(f"{name!r} is {i} in the JSON but {j} in {source}" for name, i, j in moved[:5])
         raise ValueError(
@@ -150,7 +155,9 @@ def coco_lines(
             empty += 1
             if not keep_empty:
                 continue
-        lines.append(format_annotation_line(os.path.join(image_dir, image["file_name"]), np.array(boxes).reshape(-1, 5)))
+        lines.append(
+            format_annotation_line(os.path.join(image_dir, image["file_name"]), np.array(boxes).reshape(-1, 5))
+        )
     logger.info(
         "%d images written, %d without boxes %s; skipped %d crowd and %d zero-size boxes",
         len(lines),
@@ -183,8 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from keras_yolo_mgpu.cli.args import setup_logging
-    from keras_yolo_mgpu.resources import get_classes, model_data_path
     from keras_yolo_mgpu.data.voc import write_lines
+    from keras_yolo_mgpu.resources import get_classes, model_data_path
 
     setup_logging(args.verbose)
     if not os.path.isfile(args.instances):
@@ -205,7 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.classes_output:
             write_lines(args.classes_output, names)
     except KeyError as error:
-        print(f"coco_annotation.py: error: {args.instances}: malformed instances JSON, missing key {error}", file=sys.stderr)
+        print(
+            f"coco_annotation.py: error: {args.instances}: malformed instances JSON, missing key {error}",
+            file=sys.stderr,
+        )
         return 1
     except (ValueError, OSError) as error:
         print(f"coco_annotation.py: error: {error}", file=sys.stderr)

@@ -15,13 +15,14 @@ used in pixels of the network input, so with ``--input-size 416`` every box
 is first scaled like the letterboxed image (``min(416 / w, 416 / h)``),
 which reads each image's size from its header.
 """
+
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -196,19 +197,24 @@ def box_sizes_from_annotations(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Anchors by IoU k-means over the boxes of an annotation file.")
     parser.add_argument("--annotations", required=True, help="annotation file (path x1,y1,x2,y2,class ...)")
-    parser.add_argument("--clusters", type=int, default=9, help="number of anchors: 9 for YOLOv3, 6 for tiny (default: 9)")
+    parser.add_argument(
+        "--clusters", type=int, default=9, help="number of anchors: 9 for YOLOv3, 6 for tiny (default: 9)"
+    )
     parser.add_argument("--output", default=None, help="anchors file to write (model_data format); printed either way")
     parser.add_argument(
         "--input-size",
         type=int,
         default=None,
         metavar="N",
-        help="scale boxes as when letterboxing images to NxN (reads image sizes); default: image pixels, as keras-yolo3",
+        help="scale boxes as when letterboxing images to NxN (reads image sizes); "
+        "default: image pixels, as keras-yolo3",
     )
     parser.add_argument("--root", default=None, help="folder for relative image paths (with --input-size)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument("--restarts", type=int, default=5, help="k-means++ restarts, best kept (default: 5)")
-    parser.add_argument("--centre", choices=("median", "mean"), default="median", help="cluster centre (default: median)")
+    parser.add_argument(
+        "--centre", choices=("median", "mean"), default="median", help="cluster centre (default: median)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -230,9 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.warning("%d anchors: the models here expect 9 (YOLOv3) or 6 (tiny YOLOv3)", args.clusters)
     try:
         boxes = box_sizes_from_annotations(args.annotations, root=args.root, input_size=args.input_size)
-        anchors, _ = kmeans_anchors(
-            boxes, args.clusters, seed=args.seed, restarts=args.restarts, centre=args.centre
-        )
+        anchors, _ = kmeans_anchors(boxes, args.clusters, seed=args.seed, restarts=args.restarts, centre=args.centre)
     except (ValueError, OSError) as error:
         print(f"kmeans.py: error: {error}", file=sys.stderr)
         return 1

@@ -36,6 +36,7 @@ names the file once, and the sample becomes a grey image with no boxes (with
 weight 0 in validation, so the validation loss is then the sum over the
 readable images divided by n; nothing is dropped).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -237,7 +238,9 @@ class _ImageSource:
         if first:
             logger.warning(
                 "cannot read image %s (%s: %s); using a grey image with no boxes in its place",
-                path, type(error).__name__, error,
+                path,
+                type(error).__name__,
+                error,
             )
 
     # The tf.numpy_function bodies.
@@ -284,7 +287,9 @@ def _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxe
     if not annotations:
         raise ValueError("`annotations` is empty: no image to build a dataset from")
     if len(input_shape) != 2 or any(int(s) <= 0 or int(s) % 32 for s in input_shape):
-        raise ValueError(f"`input_shape` must be (height, width), positive multiples of 32. Received: input_shape={input_shape}")
+        raise ValueError(
+            f"`input_shape` must be (height, width), positive multiples of 32. Received: input_shape={input_shape}"
+        )
     if batch_size <= 0 or max_boxes <= 0 or num_classes <= 0:
         raise ValueError(
             f"`batch_size`, `max_boxes` and `num_classes` must be positive. "
@@ -431,7 +436,9 @@ def make_dataset(
             return tf.fill([1, 1, 3], tf.constant(GREY, tf.uint8)), size, tf.ones([2]), tf.constant(False)
 
         # kind: -1 unreadable (warned), JPEG, PNG, OTHER (PIL).
-        return tf.switch_case(kind + 1, [failed, lambda: guarded(jpeg), lambda: guarded(png), lambda: decode_pil(index)])
+        return tf.switch_case(
+            kind + 1, [failed, lambda: guarded(jpeg), lambda: guarded(png), lambda: decode_pil(index)]
+        )
 
     def augmented_element(position, index):
         element_seed = _element_seed(seed, position)

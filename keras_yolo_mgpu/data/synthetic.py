@@ -19,14 +19,16 @@ Output layout of `make_synthetic_dataset(out_dir, ...)`:
     out_dir/images/train/00000.png   the images (PNG: lossless, exact)
     out_dir/images/val/00000.png
 """
+
 from __future__ import annotations
 
 import colorsys
 import logging
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -106,13 +108,15 @@ def _background(rng: np.random.Generator, height: int, width: int, clutter: floa
     c0, c1 = _random_colour(rng), _random_colour(rng)
     angle = rng.uniform(0, 2 * np.pi)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    t = (np.cos(angle) * xx / width + np.sin(angle) * yy / height)
+    t = np.cos(angle) * xx / width + np.sin(angle) * yy / height
     t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
     image = c0[None, None] * (1 - t[..., None]) + c1[None, None] * t[..., None]
 
     # Low-frequency blotches: upsampled coarse noise.
     coarse = rng.normal(0, 40 * clutter, size=(max(2, height // 16), max(2, width // 16), 3)).astype(np.float32)
-    blotches = np.asarray(Image.fromarray(np.uint8(np.clip(coarse + 128, 0, 255))).resize((width, height), Image.BILINEAR))
+    blotches = np.asarray(
+        Image.fromarray(np.uint8(np.clip(coarse + 128, 0, 255))).resize((width, height), Image.BILINEAR)
+    )
     image = image + (blotches.astype(np.float32) - 128)
 
     canvas = Image.fromarray(np.uint8(np.clip(image, 0, 255)))
@@ -120,7 +124,7 @@ def _background(rng: np.random.Generator, height: int, width: int, clutter: floa
     for _ in range(rng.integers(0, int(3 * clutter) + 1)):
         pw, ph = rng.integers(width // 8, width // 2), rng.integers(height // 8, height // 2)
         px, py = rng.integers(0, width - pw), rng.integers(0, height - ph)
-        patch = np.asarray(canvas, dtype=np.float32)[py:py + ph, px:px + pw]
+        patch = np.asarray(canvas, dtype=np.float32)[py : py + ph, px : px + pw]
         patch = patch + rng.normal(0, 35, size=patch.shape)
         canvas.paste(Image.fromarray(np.uint8(np.clip(patch, 0, 255))), (int(px), int(py)))
     # Distractor lines, polylines and arcs (thin: never confused with filled shapes).
@@ -154,7 +158,9 @@ def _background(rng: np.random.Generator, height: int, width: int, clutter: floa
 # Shapes
 
 
-def _shape_mask(name: str, height: int, width: int, x0: int, y0: int, w: int, h: int, rng: np.random.Generator) -> np.ndarray:
+def _shape_mask(
+    name: str, height: int, width: int, x0: int, y0: int, w: int, h: int, rng: np.random.Generator
+) -> np.ndarray:
     """Bool (H, W) mask of a filled shape drawn inside the box (x0, y0, w, h)."""
     canvas = Image.new("L", (width, height), 0)
     draw = ImageDraw.Draw(canvas)
@@ -262,13 +268,13 @@ def render_sample(
             continue
         class_id = int(rng.integers(0, len(classes)))
         mask = _shape_mask(classes[class_id], height, width, x0, y0, w, h, rng)
-        colour = _contrasting_colour(rng, image[y0:y0 + h, x0:x0 + w])
+        colour = _contrasting_colour(rng, image[y0 : y0 + h, x0 : x0 + w])
         # Subtle shading so objects are not perfectly flat.
         shade = 1.0 + rng.uniform(-0.15, 0.15) * np.linspace(-1, 1, h)[:, None, None]
         region = np.clip(colour[None, None] * shade, 0, 255) if noise > 0 else colour[None, None]
         block = np.broadcast_to(region, (h, w, 3))
-        sub = image[y0:y0 + h, x0:x0 + w]
-        sub[mask[y0:y0 + h, x0:x0 + w]] = block[mask[y0:y0 + h, x0:x0 + w]]
+        sub = image[y0 : y0 + h, x0 : x0 + w]
+        sub[mask[y0 : y0 + h, x0 : x0 + w]] = block[mask[y0 : y0 + h, x0 : x0 + w]]
         placed.append((x0, y0, x0 + w, y0 + h))
         boxes.append((*_mask_box(mask), class_id))
         masks.append(mask)

@@ -15,6 +15,7 @@ still written (a background image). Image paths are written as the given
 folder joined with the file name, so an absolute ``--devkit`` gives absolute
 paths and a relative one paths relative to where training runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ import logging
 import os
 import sys
 import xml.etree.ElementTree as ET
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -142,7 +143,9 @@ def voc_set_lines(
     tally = _Tally()
     lines = []
     for image_id in image_ids:
-        image = parse_voc_xml(os.path.join(voc, "Annotations", f"{image_id}.xml"), class_names, keep_difficult=keep_difficult)
+        image = parse_voc_xml(
+            os.path.join(voc, "Annotations", f"{image_id}.xml"), class_names, keep_difficult=keep_difficult
+        )
         tally.add(image)
         lines.append(format_annotation_line(os.path.join(voc, "JPEGImages", f"{image_id}.jpg"), image.boxes))
     tally.log(f"{year}_{image_set}")
@@ -207,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--image-dir", help="with --xml-dir: folder of the images")
     parser.add_argument("--output", help="with --xml-dir: annotation file to write")
     parser.add_argument("--classes", default=None, help="class names file (default: model_data/voc_classes.txt)")
-    parser.add_argument("--keep-difficult", action="store_true", help="keep objects marked difficult (skipped by default)")
+    parser.add_argument(
+        "--keep-difficult", action="store_true", help="keep objects marked difficult (skipped by default)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -224,7 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         class_names = get_classes(args.classes or model_data_path("voc_classes.txt"))
         if args.xml_dir:
-            write_lines(args.output, xml_dir_lines(args.xml_dir, args.image_dir, class_names, keep_difficult=args.keep_difficult))
+            write_lines(
+                args.output,
+                xml_dir_lines(args.xml_dir, args.image_dir, class_names, keep_difficult=args.keep_difficult),
+            )
             print(f"Wrote {args.output}")
             return 0
         for year, image_set in args.sets:

@@ -16,6 +16,7 @@ Detections in COCO results format: `image_id` is the 0-based index of the
 image's line among the annotation file's non-blank lines, `category_id` the
 class index, `bbox` `[x, y, width, height]` in pixels, `score`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,14 @@ def coco_ground_truth(annotations, class_names: Sequence[str], image_sizes: Sequ
             w, h = x2 - x1, y2 - y1
             # Ids from 1: pycocotools treats a matched ground-truth id of 0 as unmatched.
             objects.append(
-                {"id": len(objects) + 1, "image_id": image_id, "category_id": cls, "bbox": [x1, y1, w, h], "area": w * h, "iscrowd": 0}
+                {
+                    "id": len(objects) + 1,
+                    "image_id": image_id,
+                    "category_id": cls,
+                    "bbox": [x1, y1, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
             )
     categories = [{"id": i, "name": name} for i, name in enumerate(class_names)]
     return {"images": images, "annotations": objects, "categories": categories}
@@ -151,7 +159,9 @@ def _iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
 
 
-def precision_recall_at(annotations, detections: list[dict], score: float, num_classes: int, iou: float = MATCH_IOU) -> dict:
+def precision_recall_at(
+    annotations, detections: list[dict], score: float, num_classes: int, iou: float = MATCH_IOU
+) -> dict:
     """TP, FP, FN, precision and recall of detections scoring >= `score`."""
     by_image: dict[int, list[dict]] = {}
     for d in detections:
@@ -212,13 +222,22 @@ def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple
         if (curve < 0).all():
             continue  # no ground truth of this class
         curve = np.clip(curve, 0, None)
-        ax.plot(recall, curve, linewidth=1, alpha=0.6, label=f"{name} (AP50 {curve.mean():.3f})" if show_classes else None)
+        ax.plot(
+            recall, curve, linewidth=1, alpha=0.6, label=f"{name} (AP50 {curve.mean():.3f})" if show_classes else None
+        )
     valid = precision[:, (precision > -1).any(axis=0)]
     if valid.size:
         mean_curve = np.clip(valid, 0, None).mean(axis=1)
         ax.plot(recall, mean_curve, color="black", linewidth=2.5, label=f"all classes (mAP50 {mean_curve.mean():.3f})")
     if point is not None:
-        ax.plot(point[1], point[0], "o", color="red", markersize=8, label=f"score threshold: P {point[0]:.2f}, R {point[1]:.2f}")
+        ax.plot(
+            point[1],
+            point[0],
+            "o",
+            color="red",
+            markersize=8,
+            label=f"score threshold: P {point[0]:.2f}, R {point[1]:.2f}",
+        )
     ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02), title="Precision-recall at IoU 0.5")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
@@ -326,7 +345,9 @@ def evaluate_detections(
         "pr_curve": None,
     }
     if pr_curve:
-        result["pr_curve"] = plot_pr_curve(evaluator, class_names, pr_curve, (at_threshold["precision"], at_threshold["recall"]))
+        result["pr_curve"] = plot_pr_curve(
+            evaluator, class_names, pr_curve, (at_threshold["precision"], at_threshold["recall"])
+        )
     return result
 
 
@@ -373,7 +394,9 @@ def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[lis
                 try:
                     images.append(read_image(a.image_path))
                 except (OSError, ValueError) as error:
-                    raise FileNotFoundError(f"{a.source}:{a.line_number}: cannot read image {a.image_path}: {error}") from None
+                    raise FileNotFoundError(
+                        f"{a.source}:{a.line_number}: cannot read image {a.image_path}: {error}"
+                    ) from None
             prepared = [yolo.preprocess(image) for image in images]
             yield start, prepared
 
@@ -385,7 +408,12 @@ def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[lis
                 sizes.append((int(width), int(height)))
                 for (x1, y1, x2, y2), s, c in zip(dets.boxes.tolist(), dets.scores.tolist(), dets.classes.tolist()):
                     results.append(
-                        {"image_id": start + offset, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s}
+                        {
+                            "image_id": start + offset,
+                            "category_id": int(c),
+                            "bbox": [x1, y1, x2 - x1, y2 - y1],
+                            "score": s,
+                        }
                     )
             bar.update(len(prepared))
     return results, sizes
@@ -445,7 +473,9 @@ def evaluate_weights(
         os.makedirs(os.path.dirname(os.path.abspath(save_detections)), exist_ok=True)
         with open(save_detections, "w", encoding="utf-8") as f:
             json.dump(detections, f)
-    result = evaluate_detections(detections, annotations, class_names, score=score, pr_curve=pr_curve, image_sizes=sizes)
+    result = evaluate_detections(
+        detections, annotations, class_names, score=score, pr_curve=pr_curve, image_sizes=sizes
+    )
     result["weights"] = os.fspath(weights)
     return result
 
@@ -456,13 +486,17 @@ def evaluate_weights(
 
 def format_report(result: dict) -> str:
     """A human-readable table of the results."""
+
     def fmt(value):
         return "  n/a" if value is None else f"{value:.3f}"
 
     width = max([len(n) for n in result["per_class"]] + [5])
     lines = [f"{'class':<{width}}  {'AP':>6}  {'AP50':>6}  {'gt':>6}  {'dets':>6}"]
     for name, row in result["per_class"].items():
-        lines.append(f"{name:<{width}}  {fmt(row['AP']):>6}  {fmt(row['AP50']):>6}  {row['ground_truth']:>6}  {row['detections']:>6}")
+        lines.append(
+            f"{name:<{width}}  {fmt(row['AP']):>6}  {fmt(row['AP50']):>6}  "
+            f"{row['ground_truth']:>6}  {row['detections']:>6}"
+        )
     lines.append(f"mAP@[.5:.95] {fmt(result['mAP'])}   mAP@.5 {fmt(result['mAP50'])}   mAP@.75 {fmt(result['mAP75'])}")
     lines.append(
         f"at score >= {result['score_threshold']:g} (IoU >= {MATCH_IOU}): precision {result['precision']:.3f}, "
@@ -479,7 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="COCO mAP@[.5:.95] and mAP@.5 (faster-coco-eval), AP per class, precision/recall "
         "and a PR curve, of weights or of saved detections on a keras-yolo3 annotation file.",
     )
-    parser.add_argument("--annotations", required=True, metavar="FILE", help="annotation file (keras-yolo3 format) with the ground truth")
+    parser.add_argument(
+        "--annotations",
+        required=True,
+        metavar="FILE",
+        help="annotation file (keras-yolo3 format) with the ground truth",
+    )
     add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
     parser.add_argument(
         "--detections",
@@ -490,9 +529,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_detection_args(parser)
     parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
-    parser.add_argument("--gpu_num", "--gpus", dest="gpu_num", type=positive_int, default=1, help="GPUs to spread batches over (default: 1)")
-    parser.add_argument("--pr-curve", default="pr_curve.png", metavar="PNG", help="precision-recall plot (default: pr_curve.png; '' for none)")
-    parser.add_argument("--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON")
+    parser.add_argument(
+        "--gpu_num",
+        "--gpus",
+        dest="gpu_num",
+        type=positive_int,
+        default=1,
+        help="GPUs to spread batches over (default: 1)",
+    )
+    parser.add_argument(
+        "--pr-curve",
+        default="pr_curve.png",
+        metavar="PNG",
+        help="precision-recall plot (default: pr_curve.png; '' for none)",
+    )
+    parser.add_argument(
+        "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
@@ -507,7 +560,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         classes = args.classes or model_data_path("coco_classes.txt")
         if args.detections:
-            result = evaluate_detections(args.detections, args.annotations, classes, score=args.score, root=args.root, pr_curve=args.pr_curve or None)
+            result = evaluate_detections(
+                args.detections,
+                args.annotations,
+                classes,
+                score=args.score,
+                root=args.root,
+                pr_curve=args.pr_curve or None,
+            )
         else:
             result = evaluate_weights(
                 args.weights,

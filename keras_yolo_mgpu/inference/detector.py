@@ -10,6 +10,7 @@ project's checkpoints from a 4-GPU run, Keras 2 `.h5` files from keras-yolo3
 `gpu_num > 1` spreads a batch of frames over that many GPUs, one model
 replica per GPU, each image whole on one GPU.
 """
+
 from __future__ import annotations
 
 import logging
@@ -203,7 +204,9 @@ class YOLO:
         class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
         body = load_body(model_path, anchors, len(class_names))
         self.model_path = model_path
-        self._setup(body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size)
+        self._setup(
+            body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size
+        )
 
     @classmethod
     def from_body(
@@ -224,10 +227,23 @@ class YOLO:
         self = cls.__new__(cls)
         self.model_path = None
         anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
-        self._setup(body, anchors, list(class_names), score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size)
+        self._setup(
+            body,
+            anchors,
+            list(class_names),
+            score,
+            iou,
+            model_image_size,
+            gpu_num,
+            max_boxes,
+            max_detections,
+            batch_size,
+        )
         return self
 
-    def _setup(self, body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size):
+    def _setup(
+        self, body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size
+    ):
         if not 0.0 <= float(score) <= 1.0 or not 0.0 <= float(iou) <= 1.0:
             raise ValueError(f"score and iou must be in [0, 1]. Received: score={score}, iou={iou}")
         if int(batch_size) < 1:

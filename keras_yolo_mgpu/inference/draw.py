@@ -4,6 +4,7 @@ keras-yolo3 measured labels with `ImageDraw.textsize`, which Pillow 10
 removed; this module uses `textbbox` and Pillow's bundled scalable font, so
 it needs no font file (keras-yolo3 shipped `font/FiraMono-Medium.otf`).
 """
+
 from __future__ import annotations
 
 import colorsys
@@ -87,7 +88,9 @@ def draw_detections(
     font_size = max(10, int(np.floor(3e-2 * height + 0.5)))
     thickness = max(1, (width + height) // 300)  # keras-yolo3's line width
     draw = ImageDraw.Draw(canvas)
-    for box, score, cls in zip(np.asarray(boxes).reshape(-1, 4), np.asarray(scores).reshape(-1), np.asarray(classes).reshape(-1)):
+    for box, score, cls in zip(
+        np.asarray(boxes).reshape(-1, 4), np.asarray(scores).reshape(-1), np.asarray(classes).reshape(-1)
+    ):
         cls = int(cls)
         name = class_names[cls] if 0 <= cls < len(class_names) else str(cls)
         rgb = tuple(colors[cls % len(colors)])
@@ -110,6 +113,8 @@ def draw_detections(
     return canvas
 
 
-def draw_detections_array(image: np.ndarray, boxes, scores, classes, class_names: Sequence[str], **kwargs) -> np.ndarray:
+def draw_detections_array(
+    image: np.ndarray, boxes, scores, classes, class_names: Sequence[str], **kwargs
+) -> np.ndarray:
     """`draw_detections` for (H, W, 3) uint8 arrays (RGB, or BGR with `bgr=True`); returns a new array."""
     return np.asarray(draw_detections(image, boxes, scores, classes, class_names, **kwargs))

@@ -23,6 +23,7 @@ same random images and reports the largest differences; the export fails if
 they exceed the tolerances below (on tiny YOLOv3 the measured differences
 are about 1e-3 px and 1e-6 in score).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -167,7 +168,10 @@ def run_tflite(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
         warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
         interpreter = tf.lite.Interpreter(model_path=path)
     runner = interpreter.get_signature_runner()
-    parts = [runner(image=image[i : i + 1].astype(np.float32), image_shape=image_shape[i : i + 1].astype(np.float32)) for i in range(len(image))]
+    parts = [
+        runner(image=image[i : i + 1].astype(np.float32), image_shape=image_shape[i : i + 1].astype(np.float32))
+        for i in range(len(image))
+    ]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
@@ -194,14 +198,23 @@ def compare_detections(reference: dict, other: dict) -> dict:
     """
     valid_ref = np.asarray(reference["valid_detections"]).reshape(-1)
     valid_other = np.asarray(other["valid_detections"]).reshape(-1)
-    result = {"valid_equal": bool(np.array_equal(valid_ref, valid_other)), "classes_equal": True, "max_box_diff": 0.0, "max_score_diff": 0.0}
+    result = {
+        "valid_equal": bool(np.array_equal(valid_ref, valid_other)),
+        "classes_equal": True,
+        "max_box_diff": 0.0,
+        "max_score_diff": 0.0,
+    }
     for i, n in enumerate(valid_ref):
         n = int(min(n, valid_other[i]))
         if not n:
             continue
         result["classes_equal"] &= bool(np.array_equal(reference["classes"][i, :n], other["classes"][i, :n]))
-        result["max_box_diff"] = max(result["max_box_diff"], float(np.abs(reference["boxes"][i, :n] - other["boxes"][i, :n]).max()))
-        result["max_score_diff"] = max(result["max_score_diff"], float(np.abs(reference["scores"][i, :n] - other["scores"][i, :n]).max()))
+        result["max_box_diff"] = max(
+            result["max_box_diff"], float(np.abs(reference["boxes"][i, :n] - other["boxes"][i, :n]).max())
+        )
+        result["max_score_diff"] = max(
+            result["max_score_diff"], float(np.abs(reference["scores"][i, :n] - other["scores"][i, :n]).max())
+        )
     return result
 
 
@@ -215,7 +228,9 @@ def check_export(model, fmt: str, path: str, *, num_images: int = 2, seed: int =
     rng = np.random.default_rng(seed)
     height, width = model.inputs[0].shape[1:3]
     image = rng.random((num_images, height, width, 3), dtype=np.float32)
-    image_shape = np.stack([rng.integers(height // 2, height * 3, num_images), rng.integers(width // 2, width * 3, num_images)], axis=1).astype(np.float32)
+    image_shape = np.stack(
+        [rng.integers(height // 2, height * 3, num_images), rng.integers(width // 2, width * 3, num_images)], axis=1
+    ).astype(np.float32)
     if model.inputs[0].shape[0] == 1:
         reference_parts = [model([image[i : i + 1], image_shape[i : i + 1]], training=False) for i in range(num_images)]
         reference = {k: np.concatenate([np.asarray(p[k]) for p in reference_parts]) for k in reference_parts[0]}
@@ -300,10 +315,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_model_args(parser, weights_help="weights to export (.weights.h5, .keras or Keras 2 .h5)")
     add_detection_args(parser)
-    parser.add_argument("--format", required=True, choices=FORMATS, help="savedmodel (folder), tflite (batch 1) or onnx")
-    parser.add_argument("--output", default=None, help="output path (default: next to the weights, e.g. W_savedmodel/, W.tflite, W.onnx)")
-    parser.add_argument("--max-boxes", type=positive_int, default=20, help="most boxes per class and image (default: 20)")
-    parser.add_argument("--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)")
+    parser.add_argument(
+        "--format", required=True, choices=FORMATS, help="savedmodel (folder), tflite (batch 1) or onnx"
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="output path (default: next to the weights, e.g. W_savedmodel/, W.tflite, W.onnx)",
+    )
+    parser.add_argument(
+        "--max-boxes", type=positive_int, default=20, help="most boxes per class and image (default: 20)"
+    )
+    parser.add_argument(
+        "--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)"
+    )
     parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
@@ -332,7 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         c = result["check"]
         print(
             f"check: {c['detections']} detections on random images; largest differences "
-            f"{c['max_box_diff']:.2e} px (tolerance {BOX_TOLERANCE_PX}), score {c['max_score_diff']:.2e} (tolerance {SCORE_TOLERANCE})"
+            f"{c['max_box_diff']:.2e} px (tolerance {BOX_TOLERANCE_PX}), "
+            f"score {c['max_score_diff']:.2e} (tolerance {SCORE_TOLERANCE})"
         )
     print(f"exported {result['format']}: {result['path']}")
     return 0

@@ -12,6 +12,7 @@ Both layers compute in float32 whatever the body's dtype policy, have
 `get_config` and are registered serializable, so an inference model saved
 as `.keras` loads back without custom objects or `Lambda` layers.
 """
+
 from __future__ import annotations
 
 import keras

@@ -8,6 +8,7 @@ way); the model gets RGB: each letterboxed frame is converted, which is what
 keras-yolo3 forgot. `process_images` annotates image files. Both can write every
 detection as JSON lines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,8 @@ def _show(frame_bgr: np.ndarray) -> bool:
     except cv2.error as error:
         raise RuntimeError(
             "--show needs a display and an OpenCV build with GUI support "
-            f"(pip install opencv-python instead of opencv-python-headless): {error.msg if hasattr(error, 'msg') else error}"
+            "(pip install opencv-python instead of opencv-python-headless): "
+            f"{error.msg if hasattr(error, 'msg') else error}"
         ) from None
 
 
@@ -115,9 +117,12 @@ def process_video(
             f", {reader.frame_count} frames" if reader.frame_count else "",
             writer.path if writer else "(no output video)",
         )
-        with _json_sink(save_json) as sink, tqdm(
-            total=reader.frame_count, unit="frame", disable=not progress, dynamic_ncols=True, desc="detect"
-        ) as bar:
+        with (
+            _json_sink(save_json) as sink,
+            tqdm(
+                total=reader.frame_count, unit="frame", disable=not progress, dynamic_ncols=True, desc="detect"
+            ) as bar,
+        ):
             stop = False
             for batch in reader.batches(batch_size):
                 detections = yolo.detect_letterboxed(np.stack([b[2] for b in batch]), [b[1].shape[:2] for b in batch])
@@ -125,7 +130,11 @@ def process_video(
                     if writer is not None:
                         writer.write(frame, found)
                     if sink is not None:
-                        record = {"frame": index, "time": round(index / reader.fps, 4), "detections": found.to_records(yolo.class_names)}
+                        record = {
+                            "frame": index,
+                            "time": round(index / reader.fps, 4),
+                            "detections": found.to_records(yolo.class_names),
+                        }
                         sink.write(json.dumps(record) + "\n")
                     if show and not _show(np.asarray(yolo.draw(frame, found, bgr=True))):
                         stop = True
@@ -223,7 +232,10 @@ def process_images(
         out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     done = failed = boxes = 0
-    with _json_sink(save_json) as sink, tqdm(total=len(paths), unit="image", disable=not progress, desc="detect") as bar:
+    with (
+        _json_sink(save_json) as sink,
+        tqdm(total=len(paths), unit="image", disable=not progress, desc="detect") as bar,
+    ):
         for first in range(0, len(paths), yolo.batch_size):
             batch = []
             for path in paths[first : first + yolo.batch_size]:
@@ -239,13 +251,24 @@ def process_images(
                 if out is not None:
                     yolo.draw(image, found).save(_output_image_path(path, out))
                 if sink is not None:
-                    record = {"image": path, "width": image.shape[1], "height": image.shape[0], "detections": found.to_records(yolo.class_names)}
+                    record = {
+                        "image": path,
+                        "width": image.shape[1],
+                        "height": image.shape[0],
+                        "detections": found.to_records(yolo.class_names),
+                    }
                     sink.write(json.dumps(record) + "\n")
                 logger.debug("%s: %d boxes", path, found.num_boxes)
                 boxes += found.num_boxes
                 done += 1
                 bar.update(1)
-    return {"images": done, "failed": failed, "detections": boxes, "seconds": time.perf_counter() - start, "output_dir": str(out) if out else None}
+    return {
+        "images": done,
+        "failed": failed,
+        "detections": boxes,
+        "seconds": time.perf_counter() - start,
+        "output_dir": str(out) if out else None,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,7 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="keras-yolo3's name for --weights (default: model_data/yolo.h5)",
     )
     add_detection_args(parser)
-    parser.add_argument("--gpu_num", "--gpus", dest="gpu_num", type=positive_int, default=1, help="GPUs to spread batches of frames over (default: 1)")
+    parser.add_argument(
+        "--gpu_num",
+        "--gpus",
+        dest="gpu_num",
+        type=positive_int,
+        default=1,
+        help="GPUs to spread batches of frames over (default: 1)",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", nargs="+", metavar="PATH", help="image files and/or folders to annotate")
     source.add_argument("--input", metavar="VIDEO", help="video file, or camera index (0, 1, ...)")
@@ -273,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch-size", type=positive_int, default=8, help="most frames per forward pass (default: 8)")
     parser.add_argument("--show", action="store_true", help="show the frames in a window (off: the tool runs headless)")
-    parser.add_argument("--save-json", metavar="FILE", help="write the detections of every frame or image as JSON lines")
+    parser.add_argument(
+        "--save-json", metavar="FILE", help="write the detections of every frame or image as JSON lines"
+    )
     parser.add_argument("--max-frames", type=positive_int, default=None, help="stop after this many video frames")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")

@@ -13,6 +13,7 @@ the input that often would not open. Here:
 * the end of the stream is a normal end, and an input that cannot be opened
   or read raises `VideoError` with a message that says which and why.
 """
+
 from __future__ import annotations
 
 import logging
@@ -303,7 +304,7 @@ class VideoWriter:
             except queue.Full:
                 if not self._worker.is_alive():
                     self._worker.raise_if_failed()
-                    raise VideoError("the video writer thread stopped")
+                    raise VideoError("the video writer thread stopped") from None
 
     def write(self, frame: np.ndarray, *args) -> None:
         """Queues one (H, W, 3) uint8 frame (blocks while the queue is full)."""

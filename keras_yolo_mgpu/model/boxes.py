@@ -4,6 +4,7 @@ Conventions: `input_shape` is (height, width) of the network input in pixels;
 boxes are `xywh` (centre, size) relative to the input unless a docstring says
 otherwise; anchors are (width, height) in input pixels.
 """
+
 from __future__ import annotations
 
 import numpy as np

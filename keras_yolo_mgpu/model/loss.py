@@ -6,6 +6,7 @@ returning a scalar. A scalar loss is what broke Keras 2 `multi_gpu_model`
 1/replicas scaling so gradients are summed over replicas (NOTES.md). Here the
 loss is per sample, shape (N, 1): its batch mean equals the original scalar.
 """
+
 from __future__ import annotations
 
 import keras
@@ -30,7 +31,9 @@ def _true_boxes_per_sample(y_true_layer, object_mask):
     """
     positions = tf.where(object_mask)  # (T, 4): sample, j, i, k
     boxes = tf.gather_nd(y_true_layer[..., 0:4], positions)  # (T, 4)
-    ragged = tf.RaggedTensor.from_value_rowids(boxes, positions[:, 0], nrows=tf.shape(y_true_layer, out_type=tf.int64)[0])
+    ragged = tf.RaggedTensor.from_value_rowids(
+        boxes, positions[:, 0], nrows=tf.shape(y_true_layer, out_type=tf.int64)[0]
+    )
     return ragged.to_tensor(shape=[None, None, 4])
 
 
@@ -159,7 +162,9 @@ class YoloLoss(keras.layers.Layer):
     The layer always runs in float32 (mixed precision keeps the loss exact).
     """
 
-    def __init__(self, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, **kwargs):
+    def __init__(
+        self, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, **kwargs
+    ):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.anchors = np.asarray(anchors, dtype=np.float32).reshape(-1, 2)

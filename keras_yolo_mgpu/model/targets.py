@@ -4,6 +4,7 @@ The tf.data pipeline builds the same targets with vectorised TF ops
 (`data.py`); this function is the faithful reference it is tested against,
 and what keras-yolo3 users call directly.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -12,6 +12,7 @@ The layers are created in keras-yolo3's order, so the sequence of weight
 shapes (and the topological layer order Keras derives from it) is the
 original's and Keras 2 weight files load in order (see `checkpoints.py`).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -262,11 +263,13 @@ def create_model(
     num_layers = num_output_layers(len(anchors))
     anchors_per_scale = len(anchors) // num_layers
     y_true = [
-        keras.Input(shape=(height // stride, width // stride, anchors_per_scale, num_classes + 5), name=f"y_true_{layer}")
+        keras.Input(
+            shape=(height // stride, width // stride, anchors_per_scale, num_classes + 5), name=f"y_true_{layer}"
+        )
         for layer, stride in enumerate(output_strides(num_layers))
     ]
-    loss = YoloLoss(
-        anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, name="yolo_loss"
-    )([*body.outputs, *y_true])
+    loss = YoloLoss(anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, name="yolo_loss")(
+        [*body.outputs, *y_true]
+    )
     train_model = keras.Model([*body.inputs, *y_true], loss, name="yolo_train")
     return body, train_model

@@ -9,6 +9,7 @@ Both compute what one device computes at the same global batch, because the
 loss is per sample (see `loss.py`): the compiled loss averages over the whole
 global batch exactly once.
 """
+
 from __future__ import annotations
 
 import json
@@ -114,5 +115,3 @@ def make_strategy(devices: Sequence[str], kind: str = "mirrored") -> tf.distribu
         # NCCL only runs on GPUs; logical CPU devices reduce on one device.
         cross_device_ops = tf.distribute.ReductionToOneDevice()
     return tf.distribute.MirroredStrategy(devices=list(devices), cross_device_ops=cross_device_ops)
-
-

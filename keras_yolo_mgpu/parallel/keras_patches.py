@@ -3,6 +3,7 @@
 Each patch names the Keras behaviour it works around. They are applied only
 where needed (MultiWorkerMirroredStrategy) and never process-wide by default.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,9 +30,11 @@ def patch_multiworker_first_batch_build(model: keras.Model) -> None:
         if iterator is not None:
             for _, _, batches in iterator:
                 data_batch = tf.nest.map_structure(
-                    lambda value: strategy.reduce("MEAN", value, axis=None)
-                    if isinstance(value, tf.distribute.DistributedValues)
-                    else value,
+                    lambda value: (
+                        strategy.reduce("MEAN", value, axis=None)
+                        if isinstance(value, tf.distribute.DistributedValues)
+                        else value
+                    ),
                     next(batches),
                 )
                 break

@@ -6,6 +6,7 @@ the template on each device and joins the per-sample outputs. Because the
 loss is per sample (`model/loss.py`), the compiled loss averages over the
 whole global batch exactly once, as on one device.
 """
+
 from __future__ import annotations
 
 import logging
@@ -115,5 +116,3 @@ def multi_gpu_model(model: keras.Model, gpus: int | None = None, devices: Sequen
     inputs = [keras.Input(shape=t.shape[1:], dtype=t.dtype, name=t.name) for t in model.inputs]
     outputs = ReplicaParallel(model, devices, name="replica_parallel")(inputs if len(inputs) > 1 else inputs[0])
     return keras.Model(inputs, outputs, name=f"{model.name}_parallel")
-
-

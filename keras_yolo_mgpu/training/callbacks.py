@@ -1,4 +1,5 @@
 """Training callbacks: throughput in the progress bar and a loss plot."""
+
 from __future__ import annotations
 
 import logging

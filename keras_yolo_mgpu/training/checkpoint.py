@@ -6,6 +6,7 @@ checkpoint written on a 4-GPU box loads on a CPU-only one. Saves are atomic:
 an interrupted save never destroys the previous file. Loading every weight
 format lives in `keras_yolo_mgpu.weights.loading`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -129,9 +130,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 f"Received: template_model={template_model!r}"
             )
         if not kwargs.pop("save_weights_only", True):
-            raise ValueError(
-                "TemplateModelCheckpoint always saves weights only. Received: save_weights_only=False"
-            )
+            raise ValueError("TemplateModelCheckpoint always saves weights only. Received: save_weights_only=False")
         if period is not None:
             if isinstance(period, bool) or not isinstance(period, int) or period < 1:
                 raise ValueError(f"`period` must be a positive integer (epochs). Received: period={period!r}")
@@ -140,9 +139,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
                     "`period` counts epochs and cannot be combined with a batch-based `save_freq`. "
                     f"Received: period={period}, save_freq={kwargs['save_freq']!r}"
                 )
-        super().__init__(
-            filepath, monitor=monitor, save_best_only=save_best_only, save_weights_only=True, **kwargs
-        )
+        super().__init__(filepath, monitor=monitor, save_best_only=save_best_only, save_weights_only=True, **kwargs)
         self.template_model = template_model
         self.period = period
         self._epochs_since_last_save = 0
@@ -158,9 +155,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self._epochs_since_last_save = 0
         filepath = self._get_file_path(epoch, batch, logs)
         if os.path.isdir(filepath):
-            raise IsADirectoryError(
-                f"TemplateModelCheckpoint needs a file path; {filepath} is an existing directory"
-            )
+            raise IsADirectoryError(f"TemplateModelCheckpoint needs a file path; {filepath} is an existing directory")
         if not self._should_save_model(epoch, batch, logs, filepath):
             return
         write_path, temp_dir = checkpoint_write_path(filepath, self._strategy())
@@ -179,5 +174,3 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
             strategy = tf.distribute.get_strategy()
         return strategy
-
-

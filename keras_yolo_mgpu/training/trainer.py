@@ -11,6 +11,7 @@ selected GPUs (or MultiWorkerMirroredStrategy), `parallel="multi_gpu_model"`
 the in-graph replica model. Either way the global batch must divide by the
 number of replicas, so that every replica sees the same batch size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -101,7 +102,7 @@ class TrainConfig:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "TrainConfig":
+    def from_json(cls, text: str) -> TrainConfig:
         values = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
@@ -166,8 +167,14 @@ def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
             lines = {p.line_number for p in report.problems}
             used = {a.line_number for a in report.annotations}
             logger.warning(
-                "%s: %d line(s) with problems: %d skipped, %d kept with boxes clipped/deduplicated (first: %s); list in %s",
-                path, len(lines), len(lines - used), len(lines & used), report.problems[0], listing,
+                "%s: %d line(s) with problems: %d skipped, %d kept with boxes clipped/deduplicated "
+                "(first: %s); list in %s",
+                path,
+                len(lines),
+                len(lines - used),
+                len(lines & used),
+                report.problems[0],
+                listing,
             )
         if not report.annotations:
             raise ValueError(f"{path}: no usable annotation lines")
@@ -181,7 +188,10 @@ def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
     if config.val_split > 0 and num_val == 0 and len(annotations) > 1:
         num_val = 1
     if num_val >= len(annotations):
-        raise ValueError(f"{config.annotations}: {len(annotations)} image(s) leave nothing to train on with val_split={config.val_split}")
+        raise ValueError(
+            f"{config.annotations}: {len(annotations)} image(s) leave nothing to train on "
+            f"with val_split={config.val_split}"
+        )
     val = [annotations[i] for i in sorted(order[:num_val])]
     train = [annotations[i] for i in order[num_val:]]
     return train, val
@@ -231,13 +241,16 @@ def train(config: TrainConfig) -> TrainResult:
     strategy, devices, replicas = _setup_devices(config)  # before any TF op
     import keras
 
-    from keras_yolo_mgpu.training.callbacks import LossPlot, Throughput
-    from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
     from keras_yolo_mgpu.data.pipeline import make_dataset, steps_per_epoch
     from keras_yolo_mgpu.model.yolo3 import create_model, freeze_layers
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
+    from keras_yolo_mgpu.parallel.keras_patches import (
+        patch_multiworker_first_batch_build,
+        patch_multiworker_log_reduction,
+    )
     from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
-    from keras_yolo_mgpu.parallel.keras_patches import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
+    from keras_yolo_mgpu.training.callbacks import LossPlot, Throughput
+    from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
 
     batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
     for batch in batch_sizes:
@@ -260,20 +273,39 @@ def train(config: TrainConfig) -> TrainResult:
     train_annotations, val_annotations = _load_annotations(config, len(class_names), run_dir)
     logger.info(
         "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
-        len(train_annotations), len(val_annotations), len(class_names), len(anchors), replicas,
+        len(train_annotations),
+        len(val_annotations),
+        len(class_names),
+        len(anchors),
+        replicas,
         ", ".join(devices) or "the cluster",
     )
 
     def datasets(batch):
         train_ds = make_dataset(
-            train_annotations, config.input_shape, anchors, len(class_names), batch,
-            training=True, augment=config.augment, seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES,
+            train_annotations,
+            config.input_shape,
+            anchors,
+            len(class_names),
+            batch,
+            training=True,
+            augment=config.augment,
+            seed=config.seed,
+            cache=config.cache,
+            max_boxes=MAX_BOXES,
         )
         val_ds = None
         if val_annotations:
             val_ds = make_dataset(
-                val_annotations, config.input_shape, anchors, len(class_names), batch,
-                training=False, seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES,
+                val_annotations,
+                config.input_shape,
+                anchors,
+                len(class_names),
+                batch,
+                training=False,
+                seed=config.seed,
+                cache=config.cache,
+                max_boxes=MAX_BOXES,
             )
         steps = config.steps_per_epoch or steps_per_epoch(len(train_annotations), batch)
         return train_ds, val_ds, steps
@@ -283,7 +315,9 @@ def train(config: TrainConfig) -> TrainResult:
     use_sync_bn = config.sync_bn and replicas > 1 and config.parallel == "strategy"
     with strategy.scope():
         body, train_model = create_model(
-            config.input_shape, anchors, len(class_names),
+            config.input_shape,
+            anchors,
+            len(class_names),
             freeze_body=config.freeze_body if config.freeze_epochs > 0 and not stage1_done else 0,
             weights_path=None if stage1_done else config.weights,
             sync_bn=use_sync_bn,
@@ -294,7 +328,9 @@ def train(config: TrainConfig) -> TrainResult:
         if stage1_done:
             body.load_weights(stage1_path)
             logger.info("resume: stage 1 already finished, loaded %s", stage1_path)
-        fit_model = multi_gpu_model(train_model, devices=devices) if config.parallel == "multi_gpu_model" else train_model
+        fit_model = (
+            multi_gpu_model(train_model, devices=devices) if config.parallel == "multi_gpu_model" else train_model
+        )
     if config.strategy == "multiworker":
         # Two Keras 3.15 bugs with the collective strategy, see parallel.py.
         patch_multiworker_first_batch_build(fit_model)
@@ -310,7 +346,8 @@ def train(config: TrainConfig) -> TrainResult:
         keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
         TemplateModelCheckpoint(
             os.path.join(run_dir, CHECKPOINT_PATTERN if val_annotations else CHECKPOINT_PATTERN_NO_VAL),
-            body, monitor="val_loss" if val_annotations else "loss",
+            body,
+            monitor="val_loss" if val_annotations else "loss",
             save_best_only=True,
         ),
     ]
@@ -324,15 +361,27 @@ def train(config: TrainConfig) -> TrainResult:
                 loss=_totalloss(),
                 jit_compile=bool(config.jit),
             )
-        backup = keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup", f"stage{stage}"), delete_checkpoint=True)
+        backup = keras.callbacks.BackupAndRestore(
+            os.path.join(run_dir, "backup", f"stage{stage}"), delete_checkpoint=True
+        )
         logger.info(
             "stage %d: epochs %d-%d, lr %g, global batch %d (%d per replica), %d steps/epoch, %d trainable weights",
-            stage, initial_epoch + 1, end_epoch, learning_rate, batch, batch // replicas, steps,
+            stage,
+            initial_epoch + 1,
+            end_epoch,
+            learning_rate,
+            batch,
+            batch // replicas,
+            steps,
             len(fit_model.trainable_weights),
         )
         result = fit_model.fit(
-            train_ds, steps_per_epoch=steps, validation_data=val_ds, epochs=end_epoch,
-            initial_epoch=initial_epoch, callbacks=[backup, *common_callbacks, *extra_callbacks],
+            train_ds,
+            steps_per_epoch=steps,
+            validation_data=val_ds,
+            epochs=end_epoch,
+            initial_epoch=initial_epoch,
+            callbacks=[backup, *common_callbacks, *extra_callbacks],
             verbose=config.verbose,
         )
         return result.history
@@ -348,10 +397,16 @@ def train(config: TrainConfig) -> TrainResult:
         freeze_layers(body, 0)
         monitor = "val_loss" if val_annotations else "loss"
         stage2_callbacks = [
-            keras.callbacks.ReduceLROnPlateau(monitor=monitor, factor=0.1, patience=config.reduce_lr_patience, verbose=1),
-            keras.callbacks.EarlyStopping(monitor=monitor, min_delta=0, patience=config.early_stopping_patience, verbose=1),
+            keras.callbacks.ReduceLROnPlateau(
+                monitor=monitor, factor=0.1, patience=config.reduce_lr_patience, verbose=1
+            ),
+            keras.callbacks.EarlyStopping(
+                monitor=monitor, min_delta=0, patience=config.early_stopping_patience, verbose=1
+            ),
         ]
-        for key, values in fit(2, config.lr2, batch_sizes[1], config.freeze_epochs, config.epochs, stage2_callbacks).items():
+        for key, values in fit(
+            2, config.lr2, batch_sizes[1], config.freeze_epochs, config.epochs, stage2_callbacks
+        ).items():
             history.setdefault(key, []).extend(values)
 
     final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)

@@ -23,6 +23,7 @@ What is saved:
 Outputs are written to a temporary file in the output folder and renamed at
 the end, so a failed conversion never leaves a partial file behind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -245,7 +246,9 @@ def convert(
         from keras_yolo_mgpu.resources import format_anchors
 
         logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
-    return ConversionResult(model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes)
+    return ConversionResult(
+        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes
+    )
 
 
 def _write_text(path: str, text: str) -> None:
@@ -316,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
     )
-    parser.add_argument("--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)")
+    parser.add_argument(
+        "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -348,7 +353,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _atomic_write(args.anchors_output, lambda tmp: _write_text(tmp, format_anchors(result.anchors) + "\n"))
     print(
         f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
-        f"as {result.architecture}"
-        + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
+        f"as {result.architecture}" + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
     )
     return 0

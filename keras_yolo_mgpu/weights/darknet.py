@@ -25,13 +25,14 @@ literal numpy re-implementation of Darknet's layers):
   the ``epsilon`` that ``yolo_body`` uses (:data:`BN_EPSILON`); for trained
   weights the difference is far below detection noise.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -157,8 +158,7 @@ def _resolve(section: CfgSection, offset: int) -> int:
     target = section.index + offset if offset < 0 else offset
     if not 0 <= target < section.index:
         raise DarknetError(
-            f"{section.describe()}: refers to layer {offset}, i.e. layer {target}, "
-            f"which is not an earlier layer"
+            f"{section.describe()}: refers to layer {offset}, i.e. layer {target}, which is not an earlier layer"
         )
     return target
 
@@ -255,8 +255,7 @@ def _maxpool_geometry(section: CfgSection) -> tuple[int, int]:
     # the combinations where the two agree (covers yolov3-tiny and SPP).
     if padding != size - 1 or (size - 1) // 2 != max(size - stride, 0) // 2:
         raise DarknetError(
-            f"{section.describe()}: maxpool size={size} stride={stride} padding={padding} "
-            "has no exact Keras equivalent"
+            f"{section.describe()}: maxpool size={size} stride={stride} padding={padding} has no exact Keras equivalent"
         )
     return size, stride
 
@@ -445,9 +444,7 @@ def read_weights(path: str | os.PathLike, convs: Sequence[ConvSpec]) -> tuple[Da
     return header, weights
 
 
-def write_weights(
-    path: str | os.PathLike, weights: Iterable[ConvWeights], header: DarknetHeader | None = None
-) -> int:
+def write_weights(path: str | os.PathLike, weights: Iterable[ConvWeights], header: DarknetHeader | None = None) -> int:
     """Writes conv weights in Darknet's ``.weights`` layout; returns the float count."""
     header = header or DarknetHeader()
     count = 0
@@ -611,9 +608,7 @@ def build_model(
     return keras.Model(inputs, outputs if len(outputs) > 1 else outputs[0], name=name)
 
 
-def load_darknet(
-    cfg_path: str | os.PathLike, weights_path: str | os.PathLike | None = None, **kwargs
-):
+def load_darknet(cfg_path: str | os.PathLike, weights_path: str | os.PathLike | None = None, **kwargs):
     """Parses ``cfg_path``, reads ``weights_path`` and builds the Keras model.
 
     Returns:

@@ -20,6 +20,7 @@ How files are matched to a model:
   `layer_names` order correspond one to one to the model's weight-bearing
   layers in `model.layers` order. Every pair's array shapes are checked.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +40,6 @@ _WEIGHTS_SUFFIX = ".weights.h5"
 _OUTPUT_PREFIX = "yolo_output_"  # kept in sync with model.yolo3.OUTPUT_PREFIX
 # Weight-bearing layer counts of keras-yolo3's networks, for error hints.
 _KNOWN_LAYER_COUNTS = {147: "YOLOv3 (yolo_body)", 24: "tiny YOLOv3 (tiny_yolo_body)"}
-
 
 
 @dataclasses.dataclass
