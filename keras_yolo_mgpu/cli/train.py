@@ -9,6 +9,7 @@ Examples:
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -90,6 +91,7 @@ def build_parser() -> cli.ArgumentParser:
         default=None,
         help="override steps per epoch (default: all images once)",
     )
+    add_recipe_args(recipe)
     recipe.add_argument("--mixed-precision", action="store_true", help="mixed_float16 on GPU (loss kept in float32)")
     recipe.add_argument("--jit", action="store_true", help="try XLA compilation")
     devices = parser.add_argument_group("devices")
@@ -113,6 +115,51 @@ def build_parser() -> cli.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
+
+
+def multi_scale_range(text: str) -> tuple[int, int]:
+    """`320,608` -> (320, 608): the range of multi-scale training sizes."""
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX like 320,608, got {text!r}") from None
+    if low % 32 or high % 32 or not 32 <= low <= high:
+        raise argparse.ArgumentTypeError(f"MIN,MAX must be multiples of 32 with 32 <= MIN <= MAX, got {text!r}")
+    return low, high
+
+
+def add_recipe_args(group) -> None:
+    """The modern recipe's options (keras_yolo_mgpu/training/recipe.py); defaults are keras-yolo3's."""
+    group.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="COCO mAP@[.5:.95] / mAP@.5 on the validation set every N epochs, logged as val_mAP / val_mAP50 "
+        "(default: 0 = never, or 1 with --monitor val_mAP)",
+    )
+    group.add_argument(
+        "--monitor",
+        choices=("val_loss", "val_mAP"),
+        default="val_loss",
+        help="what checkpoints (best.weights.h5), ReduceLROnPlateau and EarlyStopping follow",
+    )
+    group.add_argument(
+        "--lr-schedule",
+        choices=("plateau", "cosine"),
+        default="plateau",
+        help="plateau: constant rate, ReduceLROnPlateau in stage 2 (keras-yolo3); cosine: per-step cosine decay",
+    )
+    group.add_argument(
+        "--warmup-epochs", type=float, default=0.0, metavar="E", help="linear warm-up of the rate, per step"
+    )
+    group.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        metavar="DECAY",
+        help="exponential moving average of the weights (e.g. 0.999); evaluated and saved weights use it",
+    )
 
 
 def config_from_args(args):
@@ -149,6 +196,11 @@ def config_from_args(args):
         cache=args.cache,
         steps_per_epoch=args.steps_per_epoch,
         verbose=0 if args.quiet else 1,
+        eval_every=(1 if args.monitor == "val_mAP" else 0) if args.eval_every is None else args.eval_every,
+        monitor=args.monitor,
+        lr_schedule=args.lr_schedule,
+        warmup_epochs=args.warmup_epochs,
+        ema=args.ema,
     )
 
 

@@ -109,3 +109,33 @@ def plot_history(history_csv: str, output_png: str) -> None:
     figure.savefig(temporary)
     plt.close(figure)
     os.replace(temporary, output_png)
+
+
+class HistoryCSVLogger(keras.callbacks.CSVLogger):
+    """`CSVLogger` whose columns stay the same for the whole run.
+
+    Keras's logger takes its columns from the first epoch it sees, so a key
+    that some epochs lack (`val_mAP` with `--eval-every N > 1`) would be
+    dropped or, after a resume, shift the columns under the file's header.
+    Here the columns are the existing file's header when appending to one,
+    else the first epoch's keys plus `required_columns`; a missing value is
+    written as `NA`.
+    """
+
+    def __init__(self, filename: str, required_columns=(), append: bool = True):
+        super().__init__(filename, append=append)
+        self.required_columns = tuple(required_columns)
+
+    def on_train_begin(self, logs=None):
+        header = None
+        if self.append and os.path.isfile(self.filename):
+            with open(self.filename, encoding="utf-8") as handle:
+                header = handle.readline().strip()
+        super().on_train_begin(logs)
+        if header:
+            self.keys = [key for key in header.split(self.sep) if key != "epoch"]
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.keys is None:
+            self.keys = sorted(set(logs or {}) | set(self.required_columns))
+        super().on_epoch_end(epoch, logs)

@@ -32,6 +32,7 @@ MAX_BOXES = 20
 STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
 CHECKPOINT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"
 CHECKPOINT_PATTERN_NO_VAL = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
+CHECKPOINT_PATTERN_MAP = "ep{epoch:03d}-loss{loss:.3f}-val_mAP{val_mAP:.3f}.weights.h5"
 
 
 @dataclass
@@ -71,6 +72,14 @@ class TrainConfig:
     reduce_lr_patience: int = 3
     early_stopping_patience: int = 10
     verbose: int = 1
+    # The modern recipe's options (training/recipe.py); defaults: keras-yolo3's.
+    eval_every: int = 0
+    monitor: str = "val_loss"
+    lr_schedule: str = "plateau"
+    warmup_epochs: float = 0.0
+    ema: float = 0.0
+    multi_scale: tuple[int, int] | None = None
+    mosaic: float = 0.0
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -97,6 +106,9 @@ class TrainConfig:
             raise ValueError(f"freeze_body must be 0, 1 or 2. Received: freeze_body={self.freeze_body}")
         if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
             raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
+        from keras_yolo_mgpu.training.recipe import validate_recipe
+
+        validate_recipe(self)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -108,8 +120,9 @@ class TrainConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"args.json has unknown settings {unknown}")
-        if "input_shape" in values:
-            values["input_shape"] = tuple(values["input_shape"])
+        for key in ("input_shape", "multi_scale"):
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
         return cls(**values)
 
 
@@ -197,14 +210,6 @@ def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
     return train, val
 
 
-def _make_optimizer(name: str, learning_rate: float):
-    import keras
-
-    if name == "sgd":
-        return keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
-    return keras.optimizers.Adam(learning_rate=learning_rate)
-
-
 def _setup_devices(config: TrainConfig):
     """Selects devices and builds the strategy. Runs before any TF op."""
     from keras_yolo_mgpu.parallel import devices as parallel
@@ -249,8 +254,9 @@ def train(config: TrainConfig) -> TrainResult:
     )
     from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
     from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
-    from keras_yolo_mgpu.training.callbacks import LossPlot, Throughput
+    from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, LossPlot, Throughput
     from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
+    from keras_yolo_mgpu.training.recipe import RecipeCallbacks, make_optimizer
 
     batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
     for batch in batch_sizes:
@@ -337,18 +343,25 @@ def train(config: TrainConfig) -> TrainResult:
         patch_multiworker_log_reduction()
 
     history_csv = os.path.join(run_dir, "history.csv")
+    recipe = RecipeCallbacks(config, body, run_dir, val_annotations, class_names, anchors, history_csv)
+    checkpoint_pattern = CHECKPOINT_PATTERN if val_annotations else CHECKPOINT_PATTERN_NO_VAL
+    if recipe.monitor == "val_mAP":
+        checkpoint_pattern = CHECKPOINT_PATTERN_MAP
     common_callbacks = [
         Throughput(batch_sizes[0]),
         # Append: both stages (and a resumed run) add rows to one file; a new
         # run always starts in an empty folder.
-        keras.callbacks.CSVLogger(history_csv, append=True),
+        HistoryCSVLogger(history_csv, recipe.required_columns, append=True),
         LossPlot(history_csv, os.path.join(run_dir, "loss.png")),
         keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
-        TemplateModelCheckpoint(
-            os.path.join(run_dir, CHECKPOINT_PATTERN if val_annotations else CHECKPOINT_PATTERN_NO_VAL),
-            body,
-            monitor="val_loss" if val_annotations else "loss",
-            save_best_only=True,
+        recipe.monitored(
+            TemplateModelCheckpoint(
+                os.path.join(run_dir, checkpoint_pattern),
+                body,
+                monitor=recipe.monitor,
+                mode=recipe.mode,
+                save_best_only=True,
+            )
         ),
     ]
 
@@ -357,7 +370,7 @@ def train(config: TrainConfig) -> TrainResult:
         common_callbacks[0].global_batch_size = batch
         with strategy.scope():
             fit_model.compile(
-                optimizer=_make_optimizer(config.optimizer, learning_rate),
+                optimizer=make_optimizer(config, learning_rate, initial_epoch, steps),
                 loss=_totalloss(),
                 jit_compile=bool(config.jit),
             )
@@ -381,7 +394,13 @@ def train(config: TrainConfig) -> TrainResult:
             validation_data=val_ds,
             epochs=end_epoch,
             initial_epoch=initial_epoch,
-            callbacks=[backup, *common_callbacks, *extra_callbacks],
+            callbacks=[
+                backup,
+                *recipe.first(learning_rate, initial_epoch, steps),
+                *common_callbacks,
+                *extra_callbacks,
+                *recipe.last(),
+            ],
             verbose=config.verbose,
         )
         return result.history
@@ -395,15 +414,7 @@ def train(config: TrainConfig) -> TrainResult:
 
     if config.epochs > config.freeze_epochs:
         freeze_layers(body, 0)
-        monitor = "val_loss" if val_annotations else "loss"
-        stage2_callbacks = [
-            keras.callbacks.ReduceLROnPlateau(
-                monitor=monitor, factor=0.1, patience=config.reduce_lr_patience, verbose=1
-            ),
-            keras.callbacks.EarlyStopping(
-                monitor=monitor, min_delta=0, patience=config.early_stopping_patience, verbose=1
-            ),
-        ]
+        stage2_callbacks = recipe.plateau_callbacks(config.reduce_lr_patience, config.early_stopping_patience)
         for key, values in fit(
             2, config.lr2, batch_sizes[1], config.freeze_epochs, config.epochs, stage2_callbacks
         ).items():

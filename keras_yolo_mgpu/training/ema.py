@@ -1,0 +1,98 @@
+"""Exponential moving average of the weights (`--ema DECAY`).
+
+The average is the Keras optimizer's own (`use_ema=True`,
+`ema_momentum=DECAY`): after every step each trainable variable's average
+becomes `DECAY * average + (1 - DECAY) * weight` (the first step copies the
+weight). The averages are optimizer variables, so they are mirrored like the
+weights (identical on every replica, updated once per global step) and saved
+and restored with the optimizer by `BackupAndRestore` (`--resume` keeps the
+average). At the end of each `fit` Keras writes the averages into the weights
+(`finalize_variable_values`), so a stage ends, and the final weights are
+saved, with the averaged weights.
+
+During training the averaged weights are what is validated and saved:
+`SwapInAverages` (placed after `BackupAndRestore`, before the callbacks that
+evaluate or save) writes the averages into the model at the end of each epoch
+and around the validation pass, and `SwapOutAverages` (placed last) puts the
+trained weights back, bit for bit, before the next step.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+def make_ema_kwargs(decay: float | None) -> dict:
+    """Optimizer keyword arguments for an EMA of `decay` (None or 0: none)."""
+    if not decay:
+        return {}
+    if not 0.0 < decay < 1.0:
+        raise ValueError(f"EMA decay must be in (0, 1). Received: ema={decay}")
+    return {"use_ema": True, "ema_momentum": float(decay)}
+
+
+def _averaged_pairs(optimizer):
+    """[(trainable variable, its average)] of an optimizer that keeps an EMA."""
+    if optimizer is None or not getattr(optimizer, "use_ema", False) or not optimizer.built:
+        return []
+    averages = optimizer._model_variables_moving_average  # Keras keeps no public accessor
+    return [(v, a) for v, a in zip(optimizer._trainable_variables, averages) if a is not None]
+
+
+class _AverageSwap:
+    """Shared state of the two swap callbacks: the trained values set aside."""
+
+    def __init__(self):
+        self.saved = None
+
+    def swap_in(self, optimizer):
+        if self.saved is not None:
+            return
+        pairs = _averaged_pairs(optimizer)
+        self.saved = [(variable, keras.ops.convert_to_numpy(variable)) for variable, _ in pairs]
+        for variable, average in pairs:
+            variable.assign(average)
+
+    def swap_out(self):
+        if self.saved is None:
+            return
+        for variable, value in self.saved:
+            variable.assign(value)
+        self.saved = None
+
+
+class SwapInAverages(keras.callbacks.Callback):
+    """Puts the averaged weights into the model for validation and end-of-epoch callbacks."""
+
+    def __init__(self, swap: _AverageSwap):
+        super().__init__()
+        self.swap = swap
+
+    def on_test_begin(self, logs=None):
+        self.swap.swap_in(self.model.optimizer)
+
+    def on_test_end(self, logs=None):
+        self.swap.swap_out()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.swap.swap_in(self.model.optimizer)
+
+
+class SwapOutAverages(keras.callbacks.Callback):
+    """Restores the trained weights after the end-of-epoch callbacks (place it last)."""
+
+    def __init__(self, swap: _AverageSwap):
+        super().__init__()
+        self.swap = swap
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.swap.swap_out()
+
+    def on_train_end(self, logs=None):
+        self.swap.swap_out()
+
+
+def average_swap_callbacks() -> tuple[SwapInAverages, SwapOutAverages]:
+    """(first, last): put the first right after BackupAndRestore, the last at the end."""
+    swap = _AverageSwap()
+    return SwapInAverages(swap), SwapOutAverages(swap)

@@ -1,0 +1,226 @@
+"""Validation mAP during training (`--eval-every N`).
+
+Every N epochs (and after the last epoch of the run) the template weights
+(the averaged ones with `--ema`, see `ema.py`) are copied into a separate
+single-device inference body and scored with the project's evaluator
+(`evaluation.mean_ap.evaluate_detections`, the COCO protocol) on the
+validation annotations, at the validation input size. The results go into
+the epoch's logs as `val_mAP` (mAP@[.5:.95]) and `val_mAP50` (mAP@.5), so
+`history.csv`, TensorBoard, the progress line, checkpoints,
+ReduceLROnPlateau and EarlyStopping see them like `val_loss`;
+`val_mAP_seconds` and `epoch_seconds` say what the evaluation cost.
+
+Epochs without an evaluation have no `val_mAP` in their logs; the callbacks
+that monitor it are wrapped in `OnEvaluatedEpochs`, so their patience counts
+evaluations, not epochs.
+
+Validation images are letterboxed once and kept in memory when they fit in
+`EVAL_CACHE_BYTES`; otherwise they are read again for every evaluation. An
+unreadable image is scored as a grey image (its boxes count as missed), with
+one warning, as in the training pipeline: a bad file never stops the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+MAP_KEY = "val_mAP"
+MAP50_KEY = "val_mAP50"
+# Letterboxed validation images are kept in RAM up to this many bytes.
+EVAL_CACHE_BYTES = 1 << 30
+
+
+class MeanAPEvaluation(keras.callbacks.Callback):
+    """Adds `val_mAP` and `val_mAP50` to the logs every `every` epochs.
+
+    Args:
+        template_model: the single-device body being trained.
+        annotations: validation `Annotation`s.
+        class_names: the class names.
+        anchors: (A, 2) anchors of the body.
+        input_shape: (height, width) evaluation size, multiples of 32.
+        every: evaluate after epochs `every`, `2 * every`, ... (1-based).
+        last_epoch: the run's final epoch (1-based), always evaluated.
+        batch_size: images per forward pass.
+    """
+
+    def __init__(
+        self,
+        template_model: keras.Model,
+        annotations: Sequence,
+        class_names: Sequence[str],
+        anchors,
+        input_shape: tuple[int, int],
+        every: int,
+        last_epoch: int,
+        batch_size: int = 8,
+    ):
+        super().__init__()
+        if every < 1:
+            raise ValueError(f"`every` must be >= 1 epoch. Received: every={every}")
+        if not annotations:
+            raise ValueError("validation mAP needs validation images; none were given")
+        self.template_model = template_model
+        self.annotations = list(annotations)
+        self.class_names = list(class_names)
+        self.anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
+        self.input_shape = (int(input_shape[0]), int(input_shape[1]))
+        self.every = int(every)
+        self.last_epoch = int(last_epoch)
+        self.batch_size = int(batch_size)
+        self._detector = None
+        self._prepared = None
+        self._epoch_start = None
+        self._warned: set[str] = set()
+
+    def due(self, epoch: int) -> bool:
+        """Whether the 0-based `epoch` ends with an evaluation."""
+        return (epoch + 1) % self.every == 0 or epoch + 1 == self.last_epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or not self.due(epoch):
+            return
+        start = time.perf_counter()
+        metrics = self.evaluate()
+        seconds = time.perf_counter() - start
+        logs[MAP_KEY] = metrics["mAP"]
+        logs[MAP50_KEY] = metrics["mAP50"]
+        logs["val_mAP_seconds"] = seconds
+        if self._epoch_start is not None:
+            epoch_seconds = time.perf_counter() - self._epoch_start
+            logs["epoch_seconds"] = epoch_seconds
+            logger.info(
+                "epoch %d: val_mAP %.4f, val_mAP50 %.4f (%.1f s, %.1f%% of the epoch's %.1f s)",
+                epoch + 1,
+                metrics["mAP"],
+                metrics["mAP50"],
+                seconds,
+                100.0 * seconds / max(epoch_seconds, 1e-9),
+                epoch_seconds,
+            )
+
+    def evaluate(self) -> dict:
+        """The evaluator's result dict for the template's current weights."""
+        from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections
+
+        detector = self._detector_with_current_weights()
+        detections, sizes = [], []
+        for start, images, shapes in self._batches(detector):
+            for offset, found in enumerate(detector.detect_letterboxed(images, shapes)):
+                for (x1, y1, x2, y2), score, cls in zip(
+                    found.boxes.tolist(), found.scores.tolist(), found.classes.tolist()
+                ):
+                    box = [x1, y1, x2 - x1, y2 - y1]
+                    detections.append(
+                        {"image_id": start + offset, "category_id": int(cls), "bbox": box, "score": score}
+                    )
+            sizes.extend((int(w), int(h)) for h, w in shapes)
+        result = evaluate_detections(detections, self.annotations, self.class_names, image_sizes=sizes)
+        for key in ("mAP", "mAP50"):
+            if result[key] is None:  # no ground truth at all
+                result[key] = 0.0
+        return result
+
+    def _detector_with_current_weights(self):
+        from keras_yolo_mgpu.evaluation.mean_ap import EVAL_MAX_DETECTIONS, EVAL_MIN_SCORE
+        from keras_yolo_mgpu.inference.detector import YOLO
+        from keras_yolo_mgpu.model.yolo3 import build_body
+
+        if self._detector is None:
+            # A body of its own, outside any distribution strategy, so the
+            # detector's compiled function never touches mirrored variables.
+            body = build_body(self.anchors, len(self.class_names))
+            self._detector = YOLO.from_body(
+                body,
+                self.anchors,
+                self.class_names,
+                score=EVAL_MIN_SCORE,
+                model_image_size=self.input_shape,
+                max_boxes=EVAL_MAX_DETECTIONS,
+                max_detections=EVAL_MAX_DETECTIONS,
+                batch_size=self.batch_size,
+            )
+        self._detector.body.set_weights(self.template_model.get_weights())
+        return self._detector
+
+    def _read(self, detector, annotation):
+        from keras_yolo_mgpu.inference.media import read_image
+
+        try:
+            return detector.preprocess(read_image(annotation.image_path))
+        except (OSError, ValueError) as error:
+            if annotation.image_path not in self._warned:
+                self._warned.add(annotation.image_path)
+                logger.warning(
+                    "validation mAP: cannot read %s (%s); scored as a grey image", annotation.image_path, error
+                )
+            from keras_yolo_mgpu.evaluation.mean_ap import _image_size
+
+            width, height = _image_size(annotation)
+            grey = np.full((*self.input_shape, 3), 128, np.uint8)
+            return grey, (max(height, 1), max(width, 1))
+
+    def _batches(self, detector):
+        """Yields (first index, (B, H, W, 3) uint8 letterboxed, (B, 2) original (h, w))."""
+        height, width = self.input_shape
+        cache = len(self.annotations) * height * width * 3 <= EVAL_CACHE_BYTES
+        if cache and self._prepared is not None:
+            yield from self._prepared
+            return
+        prepared = []
+        for start in range(0, len(self.annotations), self.batch_size):
+            chunk = [self._read(detector, a) for a in self.annotations[start : start + self.batch_size]]
+            batch = (start, np.stack([c[0] for c in chunk]), np.array([c[1] for c in chunk], np.float32))
+            if cache:
+                prepared.append(batch)
+            yield batch
+        if cache:
+            self._prepared = prepared
+
+
+class OnEvaluatedEpochs(keras.callbacks.Callback):
+    """Runs `callback`'s epoch-end only on epochs whose logs hold `key`.
+
+    For callbacks that monitor `val_mAP` when it is computed every N > 1
+    epochs: their patience then counts evaluations, and no epoch without one
+    warns about a missing metric. Every other hook is passed through.
+    """
+
+    def __init__(self, callback: keras.callbacks.Callback, key: str):
+        super().__init__()
+        self.callback = callback
+        self.key = key
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def on_train_begin(self, logs=None):
+        self.callback.on_train_begin(logs)
+
+    def on_train_end(self, logs=None):
+        self.callback.on_train_end(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.callback.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self.key in logs:
+            self.callback.on_epoch_end(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.callback.on_train_batch_end(batch, logs)

@@ -1,0 +1,177 @@
+"""The training recipe's options, assembled for `trainer.train`.
+
+Each option lives in its own module; this one checks the settings and
+builds, per stage, the optimizer and the callbacks in the order they must
+run at the end of an epoch:
+
+    BackupAndRestore            saves the *trained* weights for --resume
+    SwapInAverages              --ema: averaged weights in (ema.py)
+    MeanAPEvaluation            --eval-every: val_mAP, val_mAP50 (evaluation_callback.py)
+    LinearWarmup                --warmup-epochs with plateau (schedules.py)
+    Throughput, CSV, plot, TensorBoard, checkpoints, best/last, LR/early stop
+    SwapOutAverages             trained weights back
+
+Defaults are keras-yolo3's recipe: no mAP, `val_loss` monitored, constant
+rate with ReduceLROnPlateau, no warm-up, no EMA, one input size, no mosaic.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from keras_yolo_mgpu.training import ema as ema_module
+from keras_yolo_mgpu.training.evaluation_callback import MAP50_KEY, MAP_KEY, MeanAPEvaluation, OnEvaluatedEpochs
+from keras_yolo_mgpu.training.schedules import SCHEDULES, LinearWarmup, PlateauAfterWarmup, StageSchedule
+
+MONITORS = ("val_loss", MAP_KEY)
+BEST_WEIGHTS = "best.weights.h5"
+LAST_WEIGHTS = "last.weights.h5"
+
+
+def validate_recipe(config) -> None:
+    """Raises ValueError naming the bad recipe setting of a `TrainConfig`."""
+    if config.eval_every < 0:
+        raise ValueError(f"eval_every must be >= 0 (0: no validation mAP). Received: eval_every={config.eval_every}")
+    if config.monitor not in MONITORS:
+        raise ValueError(f"monitor must be one of {MONITORS}. Received: monitor={config.monitor!r}")
+    if config.monitor == MAP_KEY and config.eval_every < 1:
+        raise ValueError("monitor='val_mAP' needs eval_every >= 1 (--eval-every N)")
+    if config.lr_schedule not in SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {SCHEDULES}. Received: lr_schedule={config.lr_schedule!r}")
+    if not 0 <= config.warmup_epochs <= config.epochs:
+        raise ValueError(f"warmup_epochs must be in [0, epochs]. Received: warmup_epochs={config.warmup_epochs}")
+    ema_module.make_ema_kwargs(config.ema)  # validates the decay
+    if config.multi_scale is not None or config.mosaic:
+        raise ValueError("multi_scale and mosaic are not available yet")
+    if not 0.0 <= config.mosaic <= 1.0:
+        raise ValueError(f"mosaic must be a probability in [0, 1]. Received: mosaic={config.mosaic}")
+    if config.multi_scale is not None:
+        low, high = config.multi_scale
+        if low % 32 or high % 32 or not 32 <= low <= high:
+            raise ValueError(
+                f"multi_scale must be (MIN, MAX), multiples of 32 with 32 <= MIN <= MAX. "
+                f"Received: multi_scale={config.multi_scale}"
+            )
+
+
+def monitor_and_mode(config, has_validation: bool) -> tuple[str, str]:
+    """What checkpoints, ReduceLROnPlateau and EarlyStopping follow, and its direction."""
+    if not has_validation:
+        if config.eval_every:
+            raise ValueError("--eval-every needs validation images (--val-annotations or --val-split > 0)")
+        return "loss", "min"
+    return config.monitor, ("max" if config.monitor == MAP_KEY else "min")
+
+
+def make_optimizer(config, base_rate: float, first_epoch: int, steps_per_epoch: int):
+    """The stage's optimizer: Adam or SGD, with the schedule and the EMA."""
+    rate = base_rate
+    if config.lr_schedule == "cosine":
+        rate = StageSchedule(base_rate, first_epoch, steps_per_epoch, config.epochs, config.warmup_epochs, cosine=True)
+    kwargs = ema_module.make_ema_kwargs(config.ema)
+    if config.optimizer == "sgd":
+        return keras.optimizers.SGD(learning_rate=rate, momentum=0.9, **kwargs)
+    return keras.optimizers.Adam(learning_rate=rate, **kwargs)
+
+
+class RecipeCallbacks:
+    """Builds each stage's recipe callbacks; one instance per run.
+
+    Args:
+        config: the run's `TrainConfig`.
+        template_model: the single-device body.
+        run_dir: the run folder.
+        val_annotations: validation `Annotation`s (may be empty).
+        class_names, anchors: the model's classes and anchors.
+        history_csv: the run's history file (best value so far on resume).
+    """
+
+    def __init__(self, config, template_model, run_dir, val_annotations, class_names, anchors, history_csv):
+        from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
+
+        self.config = config
+        self.monitor, self.mode = monitor_and_mode(config, bool(val_annotations))
+        self.evaluation = None
+        if config.eval_every:
+            self.evaluation = MeanAPEvaluation(
+                template_model,
+                val_annotations,
+                class_names,
+                anchors,
+                config.input_shape,
+                every=config.eval_every,
+                last_epoch=config.epochs,
+            )
+        best_so_far = best_logged_value(history_csv, self.monitor, self.mode) if config.resume else None
+        self.checkpoints = [
+            TemplateModelCheckpoint(
+                os.path.join(run_dir, BEST_WEIGHTS),
+                template_model,
+                monitor=self.monitor,
+                mode=self.mode,
+                save_best_only=True,
+                initial_value_threshold=best_so_far,
+            ),
+            TemplateModelCheckpoint(os.path.join(run_dir, LAST_WEIGHTS), template_model, save_best_only=False),
+        ]
+        self._swap_in, self._swap_out = ema_module.average_swap_callbacks() if config.ema else (None, None)
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """Log keys that history.csv must have though some epochs lack them."""
+        return (MAP_KEY, MAP50_KEY, "val_mAP_seconds", "epoch_seconds") if self.evaluation else ()
+
+    def monitored(self, callback):
+        """`callback` as it must run when it follows the monitored value."""
+        if self.monitor == MAP_KEY and self.config.eval_every > 1:
+            return OnEvaluatedEpochs(callback, MAP_KEY)
+        return callback
+
+    def first(self, stage_rate: float, first_epoch: int, steps_per_epoch: int) -> list:
+        """Callbacks right after BackupAndRestore."""
+        callbacks = [c for c in (self._swap_in, self.evaluation) if c is not None]
+        if self.config.lr_schedule == "plateau" and self.config.warmup_epochs > first_epoch:
+            callbacks.append(LinearWarmup(stage_rate, first_epoch, steps_per_epoch, self.config.warmup_epochs))
+        return callbacks
+
+    def last(self) -> list:
+        """Callbacks after every other one: best/last checkpoints, then the EMA swap-out."""
+        best, last = self.checkpoints
+        return [self.monitored(best), last, *([self._swap_out] if self._swap_out else [])]
+
+    def plateau_callbacks(self, reduce_lr_patience: int, early_stopping_patience: int) -> list:
+        """Stage 2's ReduceLROnPlateau (plateau schedule only) and EarlyStopping."""
+        callbacks = []
+        if self.config.lr_schedule == "plateau":
+            callbacks.append(
+                PlateauAfterWarmup(
+                    self.config.warmup_epochs,
+                    monitor=self.monitor,
+                    mode=self.mode,
+                    factor=0.1,
+                    patience=reduce_lr_patience,
+                    verbose=1,
+                )
+            )
+        callbacks.append(
+            keras.callbacks.EarlyStopping(
+                monitor=self.monitor, mode=self.mode, min_delta=0, patience=early_stopping_patience, verbose=1
+            )
+        )
+        return [self.monitored(c) for c in callbacks]
+
+
+def best_logged_value(history_csv: str, monitor: str, mode: str) -> float | None:
+    """Best `monitor` value in an existing history.csv (a resumed run's best so far)."""
+    import math
+
+    from keras_yolo_mgpu.training.callbacks import read_history
+
+    if not os.path.isfile(history_csv):
+        return None
+    values = [v for v in read_history(history_csv).get(monitor, []) if not math.isnan(v)]
+    if not values:
+        return None
+    return max(values) if mode == "max" else min(values)

@@ -1,0 +1,163 @@
+"""The modern recipe's pieces on their own: schedules, EMA swap, mAP callback, CSV, flags."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, read_history
+from keras_yolo_mgpu.training.ema import average_swap_callbacks
+from keras_yolo_mgpu.training.evaluation_callback import OnEvaluatedEpochs
+from keras_yolo_mgpu.training.schedules import (
+    COSINE_FINAL_FRACTION,
+    WARMUP_START_FRACTION,
+    LinearWarmup,
+    StageSchedule,
+    rate_factor,
+)
+
+
+def _ultralytics_one_cycle(x, steps, y1=1.0, y2=COSINE_FINAL_FRACTION):
+    # ultralytics.utils.one_cycle: a sinusoidal ramp from y1 to y2 over `steps`.
+    return ((1 - math.cos(x * math.pi / steps)) / 2) * (y2 - y1) + y1
+
+
+def test_cosine_follows_ultralytics_one_cycle_after_a_linear_warmup():
+    epochs, warmup, steps = 10, 2.0, 5
+    schedule = StageSchedule(1e-3, first_epoch=0, steps_per_epoch=steps, total_epochs=epochs, warmup_epochs=warmup)
+    for step in range(epochs * steps + 1):
+        position = step / steps
+        expected = 1e-3 * _ultralytics_one_cycle(position, epochs)
+        if position < warmup:
+            expected *= np.interp(position, [0, warmup], [WARMUP_START_FRACTION, 1.0])
+        assert float(schedule(step)) == pytest.approx(expected, rel=1e-5), step
+
+
+def test_stage_two_continues_the_run_position_with_its_own_base_rate():
+    stage2 = StageSchedule(1e-4, first_epoch=4, steps_per_epoch=3, total_epochs=8)
+    assert float(stage2(0)) == pytest.approx(1e-4 * _ultralytics_one_cycle(4, 8), rel=1e-6)
+    assert float(stage2(12)) == pytest.approx(1e-4 * COSINE_FINAL_FRACTION, rel=1e-5)
+    config = stage2.get_config()
+    assert StageSchedule(**config).get_config() == config
+
+
+def test_plateau_factor_is_one_after_warmup():
+    assert float(rate_factor(0.0, total_epochs=5, warmup_epochs=1)) == pytest.approx(WARMUP_START_FRACTION)
+    assert float(rate_factor(0.5, total_epochs=5, warmup_epochs=1)) == pytest.approx(0.505)
+    assert float(rate_factor(3.0, total_epochs=5, warmup_epochs=1)) == 1.0
+
+
+def _tiny_model(optimizer):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def test_linear_warmup_assigns_the_rate_per_step_then_leaves_it_alone():
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+    model = _tiny_model(keras.optimizers.SGD(0.1))
+    x, y = np.ones((8, 2), np.float32), np.zeros((8, 1), np.float32)
+    warmup = LinearWarmup(0.1, first_epoch=0, steps_per_epoch=4, warmup_epochs=1.5)
+    model.fit(x, y, batch_size=2, epochs=3, verbose=0, callbacks=[warmup, Record()])
+    expected = [0.1 * np.interp(s / 4, [0, 1.5], [WARMUP_START_FRACTION, 1]) for s in range(6)] + [0.1] * 6
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+    # A later change (ReduceLROnPlateau's) survives the warm-up callback.
+    model.optimizer.learning_rate = 0.01
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[warmup, Record()])
+    assert seen[-1] == pytest.approx(0.01)
+
+
+def test_average_swap_puts_the_average_in_and_the_trained_weights_back_exactly():
+    model = _tiny_model(keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5))
+    x, y = np.random.default_rng(0).random((8, 2)), np.ones((8, 1))
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # builds the optimizer and its averages
+    swap_in, swap_out = average_swap_callbacks()
+    seen = {}
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen["during"] = [w.copy() for w in self.model.get_weights()]
+
+    trained = []
+
+    class BeforeSwap(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            trained.append([w.copy() for w in self.model.get_weights()])
+            averages = self.model.optimizer._model_variables_moving_average
+            seen["averages"] = [keras.ops.convert_to_numpy(a) for a in averages]
+
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[BeforeSwap(), swap_in, Record(), swap_out])
+    for during, average in zip(seen["during"], seen["averages"]):
+        np.testing.assert_array_equal(during, average)
+    assert not np.array_equal(seen["during"][0], trained[0][0])
+    # After the epoch the trained weights were back (Keras then finalised
+    # the fit by writing the averages, which is what it always does).
+    np.testing.assert_array_equal(model.get_weights()[0], seen["averages"][0])
+
+
+def test_on_evaluated_epochs_counts_only_evaluations():
+    calls = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            calls.append(epoch)
+
+    wrapped = OnEvaluatedEpochs(Record(), "val_mAP")
+    for epoch, logs in enumerate([{"loss": 1}, {"loss": 1, "val_mAP": 0.1}, {"loss": 1}]):
+        wrapped.on_epoch_end(epoch, logs)
+    assert calls == [1]
+
+
+def test_history_csv_keeps_its_columns_when_some_epochs_lack_a_value(tmp_path):
+    path = str(tmp_path / "history.csv")
+    for epochs_logs in ([{"loss": 3.0}, {"loss": 2.0, "val_mAP": 0.5}], [{"loss": 1.0}]):
+        logger = HistoryCSVLogger(path, required_columns=("val_mAP",), append=True)
+        logger.on_train_begin()
+        for epoch, logs in enumerate(epochs_logs):
+            logger.on_epoch_end(epoch, logs)
+        logger.on_train_end()
+    history = read_history(path)
+    assert history["loss"] == [3.0, 2.0, 1.0]
+    assert np.isnan(history["val_mAP"][0]) and history["val_mAP"][1] == 0.5 and np.isnan(history["val_mAP"][2])
+
+
+def test_train_flags_reach_the_config():
+    from keras_yolo_mgpu.cli.train import build_parser, config_from_args
+
+    args = build_parser().parse_args(
+        ["--annotations", "a.txt", "--monitor", "val_mAP", "--lr-schedule", "cosine", "--warmup-epochs", "2"]
+        + ["--ema", "0.999", "--log-dir", "x"]
+    )
+    config = config_from_args(args)
+    assert (config.monitor, config.eval_every, config.lr_schedule, config.warmup_epochs, config.ema) == (
+        "val_mAP",
+        1,
+        "cosine",
+        2.0,
+        0.999,
+    )
+    config.validate()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(monitor="val_map"), "monitor must be one of"),
+        (dict(monitor="val_mAP", eval_every=0), "needs eval_every"),
+        (dict(lr_schedule="step"), "lr_schedule must be one of"),
+        (dict(ema=1.0), "EMA decay must be in"),
+        (dict(warmup_epochs=20), "warmup_epochs must be in"),
+    ],
+)
+def test_bad_recipe_settings_are_refused_by_name(change, message):
+    from keras_yolo_mgpu.training.trainer import TrainConfig
+
+    config = TrainConfig(annotations="a.txt", classes="c.txt", epochs=10, freeze_epochs=5, **change)
+    with pytest.raises(ValueError, match=message):
+        config.validate()
