@@ -41,6 +41,7 @@ readable images divided by n; nothing is dropped).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -314,30 +315,6 @@ def _distort_hsv(image, hue, sat, val):
 # --- the dataset ---------------------------------------------------------------
 
 
-def _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxes, cache):
-    if not annotations:
-        raise ValueError("`annotations` is empty: no image to build a dataset from")
-    if len(input_shape) != 2 or any(int(s) <= 0 or int(s) % 32 for s in input_shape):
-        raise ValueError(
-            f"`input_shape` must be (height, width), positive multiples of 32. Received: input_shape={input_shape}"
-        )
-    if batch_size <= 0 or max_boxes <= 0 or num_classes <= 0:
-        raise ValueError(
-            f"`batch_size`, `max_boxes` and `num_classes` must be positive. "
-            f"Received: batch_size={batch_size}, max_boxes={max_boxes}, num_classes={num_classes}"
-        )
-    if cache is not None and not isinstance(cache, (str, os.PathLike)):
-        raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={cache!r}")
-    for annotation in annotations:
-        classes = annotation.boxes[:, 4]
-        bad = classes[(classes < 0) | (classes >= num_classes)]
-        if len(bad):
-            raise ValueError(
-                f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
-                f"for {num_classes} classes (run keras_yolo_mgpu.data.check)"
-            )
-
-
 def element_seed(seed: int, position):
     """Stateless seed of the `position`-th training element (augmentation, box shuffle)."""
     augment_seed = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), 2)
@@ -355,6 +332,7 @@ def shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
     return tf.data.Dataset.counter().flat_map(permutation)
 
 
+@dataclasses.dataclass(eq=False, repr=False)  # the repr would list every annotation
 class DatasetBuilder:
     """`make_dataset`'s pipeline as named steps, each callable (and testable) alone.
 
@@ -365,7 +343,7 @@ class DatasetBuilder:
        element) and the index naming the annotation; `validation_indices`
        yields indices in file order, padded to whole batches.
     2. per element (in parallel maps): `element_seed(position)` ->
-       `augmentation_params` -> `decode` -> `augment_image` +
+       `sample_augmentation` -> `decode` -> `augment_image` +
        `augment_boxes` (`augmented_element`), or the letterbox
        (`letterboxed_element`, `validation_element`).
     3. `batch`: exactly `batch_size` elements per batch.
@@ -375,41 +353,61 @@ class DatasetBuilder:
     changes only the index stream; mosaic is an element step reading several
     indices; multi-scale changes `input_shape` per batch between steps 3 and 4.
 
-    Args: as `make_dataset`.
+    Attributes: `make_dataset`'s arguments; `seed` is drawn at random when None.
     """
 
-    def __init__(
-        self,
-        annotations: list[Annotation],
-        input_shape: tuple[int, int],
-        anchors: np.ndarray,
-        num_classes: int,
-        batch_size: int,
-        *,
-        training: bool,
-        augment: bool = True,
-        seed: int | None = None,
-        max_boxes: int = 20,
-        cache: str | None = None,
-    ):
-        _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxes, cache)
-        self.input_shape = (int(input_shape[0]), int(input_shape[1]))
-        self.anchors = np.asarray(anchors, dtype=np.float32)
+    annotations: list[Annotation]
+    input_shape: tuple[int, int]
+    anchors: np.ndarray
+    num_classes: int
+    batch_size: int
+    _: dataclasses.KW_ONLY
+    training: bool
+    augment: bool = True
+    seed: int | None = None
+    max_boxes: int = 20
+    cache: str | None = None
+
+    def __post_init__(self):
+        self._check_arguments()
+        self.input_shape = (int(self.input_shape[0]), int(self.input_shape[1]))
+        self.anchors = np.asarray(self.anchors, dtype=np.float32)
         num_output_layers(len(self.anchors))  # validates the anchor count
-        self.num_classes = num_classes
-        self.batch_size = batch_size
-        self.training = training
-        self.augment = augment
-        self.max_boxes = max_boxes
-        if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
-            logger.debug("make_dataset: random seed %d", seed)
-        self.seed = seed
-        self.num_samples = len(annotations)
-        self.source = _ImageSource([a.image_path for a in annotations], self.input_shape, cache)
+        if self.seed is None:
+            self.seed = int.from_bytes(os.urandom(4), "little")
+            logger.debug("make_dataset: random seed %d", self.seed)
+        self.num_samples = len(self.annotations)
+        self.source = _ImageSource([a.image_path for a in self.annotations], self.input_shape, self.cache)
         # Boxes of all images, flat, with row splits: boxes of image i are rows splits[i]:splits[i + 1].
-        self._flat_boxes = tf.constant(np.concatenate([a.boxes for a in annotations]).reshape(-1, 5), tf.float32)
-        self._row_splits = tf.constant(np.cumsum([0] + [len(a.boxes) for a in annotations]), tf.int64)
+        boxes = [a.boxes for a in self.annotations]
+        self._flat_boxes = tf.constant(np.concatenate(boxes).reshape(-1, 5), tf.float32)
+        self._row_splits = tf.constant(np.cumsum([0] + [len(b) for b in boxes]), tf.int64)
+
+    def _check_arguments(self):
+        """ValueError naming the first bad argument (or annotation line)."""
+        input_shape, batch_size, max_boxes = self.input_shape, self.batch_size, self.max_boxes
+        num_classes = self.num_classes
+        if not self.annotations:
+            raise ValueError("`annotations` is empty: no image to build a dataset from")
+        if len(input_shape) != 2 or any(int(s) <= 0 or int(s) % 32 for s in input_shape):
+            raise ValueError(
+                f"`input_shape` must be (height, width), positive multiples of 32. Received: input_shape={input_shape}"
+            )
+        if batch_size <= 0 or max_boxes <= 0 or num_classes <= 0:
+            raise ValueError(
+                f"`batch_size`, `max_boxes` and `num_classes` must be positive. "
+                f"Received: batch_size={batch_size}, max_boxes={max_boxes}, num_classes={num_classes}"
+            )
+        if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
+            raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={self.cache!r}")
+        for annotation in self.annotations:
+            classes = annotation.boxes[:, 4]
+            bad = classes[(classes < 0) | (classes >= num_classes)]
+            if len(bad):
+                raise ValueError(
+                    f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
+                    f"for {num_classes} classes (run keras_yolo_mgpu.data.check)"
+                )
 
     # --- 1. index stream ---------------------------------------------------------
 
