@@ -16,10 +16,11 @@ from inference_helpers import (
 )
 from PIL import Image
 
-from keras_yolo_mgpu.inference.detector import YOLO, Detections, as_rgb_array, letterbox_array
+from keras_yolo_mgpu.data.letterbox import letterbox_array
+from keras_yolo_mgpu.inference.detector import YOLO, Detections
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import YoloDecode, YoloNMS, build_inference_model
-from keras_yolo_mgpu.model.boxes import letterbox_image, yolo_eval
+from keras_yolo_mgpu.model.boxes import yolo_eval
 
 SCORE, IOU = 0.5, 0.45
 
@@ -247,23 +248,7 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
 # ---- pre- and post-processing ------------------------------------------------------
 
 
-def test_letterbox_array_matches_keras_yolo3_letterbox():
-    y, x = np.mgrid[0:150, 0:300]
-    image = np.stack([x * 255 // 299, y * 255 // 149, (x + y) * 255 // 448], axis=-1).astype(np.uint8)
-    ours = letterbox_array(image, (96, 128)).astype(int)
-    theirs = np.asarray(letterbox_image(Image.fromarray(image), (128, 96))).astype(int)
-    grey = np.all(theirs == 128, axis=-1)
-    np.testing.assert_array_equal(np.all(ours == 128, axis=-1)[:, 0], grey[:, 0])  # same bands
-    assert np.abs(ours - theirs).mean() < 1.5
-
-
-def test_as_rgb_array_normalises_inputs():
-    assert as_rgb_array(np.zeros((5, 6), np.uint8)).shape == (5, 6, 3)
-    assert as_rgb_array(np.zeros((5, 6, 4), np.uint8)).shape == (5, 6, 3)
-    assert as_rgb_array(np.full((2, 2, 3), 1.0, np.float32)).max() == 255
-    assert as_rgb_array(Image.new("L", (6, 5))).shape == (5, 6, 3)
-    with pytest.raises(ValueError, match="RGB"):
-        as_rgb_array(np.zeros((5,), np.uint8))
+# The letterbox and the image reader: tests/test_letterbox.py, tests/test_images.py.
 
 
 def test_draw_detections_uses_class_colours():

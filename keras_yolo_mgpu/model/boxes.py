@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from PIL import Image
 
 # Which anchors each output scale predicts, coarsest grid first. The tiny
 # masks overlap on anchor 3 and skip anchor 0: that is keras-yolo3's choice,
@@ -242,20 +241,3 @@ def yolo_eval(
         scores_.append(tf.gather(class_scores, keep))
         classes_.append(tf.fill(tf.shape(keep), c))
     return tf.concat(boxes_, axis=0), tf.concat(scores_, axis=0), tf.concat(classes_, axis=0)
-
-
-def letterbox_image(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """Resizes keeping the aspect ratio and pads with grey (128) to `size`.
-
-    Args:
-        image: a PIL image.
-        size: (width, height) of the result, keras-yolo3's order.
-    """
-    iw, ih = image.size
-    w, h = size
-    scale = min(w / iw, h / ih)
-    nw, nh = int(iw * scale), int(ih * scale)
-    resized = image.convert("RGB").resize((nw, nh), Image.BICUBIC)
-    canvas = Image.new("RGB", (w, h), (128, 128, 128))
-    canvas.paste(resized, ((w - nw) // 2, (h - nh) // 2))
-    return canvas
