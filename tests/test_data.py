@@ -93,6 +93,11 @@ def test_targets_equal_preprocess_true_boxes_on_random_boxes(anchors, shape):
         assert g.dtype == tf.float32 and tuple(g.shape) == e.shape
         np.testing.assert_array_equal(g.numpy(), e)  # bitwise
     assert sum(e[..., 4].sum() for e in expected) > 20  # the boxes did land
+    # Other masks flow through both implementations the same way.
+    masks = [[6, 7, 8], [0, 1, 2], [3, 4, 5]] if len(anchors) == 9 else [[3, 4, 5], [0, 1, 2]]
+    expected = preprocess_true_boxes(boxes, shape, anchors, 5, masks=masks)
+    for e, g in zip(expected, build_targets(boxes, shape, anchors, 5, masks=masks)):
+        np.testing.assert_array_equal(g.numpy(), e)
 
 
 def test_targets_last_box_wins_and_class_bits_accumulate():

@@ -116,6 +116,21 @@ def test_layers_serialize_and_saved_inference_model_reloads(body, tmp_path):
         assert type(clone) is type(layer) and clone.get_config() == layer.get_config()
     with pytest.raises(ValueError, match="method"):
         YoloNMS(method="soft")
+    # Masks decide which anchors decode each scale: with the cfg's 0,1,2 the
+    # fine scale's boxes scale by anchors 0..2 instead of 1..3.
+    cfg_decode = YoloDecode(TINY_ANCHORS, 2, masks=[[3, 4, 5], [0, 1, 2]])
+    assert keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(cfg_decode)).masks == [
+        [3, 4, 5],
+        [0, 1, 2],
+    ]
+    raw = [np.zeros((1, 2, 2, 21), np.float32), np.zeros((1, 4, 4, 21), np.float32)]
+    shape = np.array([[64, 64]], np.float32)
+    default_boxes, cfg_boxes = (np.asarray(d([*raw, shape])[0])[0] for d in (decode, cfg_decode))
+    coarse = 2 * 2 * 3
+    np.testing.assert_array_equal(cfg_boxes[:coarse], default_boxes[:coarse])
+    width = lambda b: (b[:, 2] - b[:, 0]).reshape(-1, 3)  # noqa: E731  (cells, anchors)
+    np.testing.assert_allclose(width(cfg_boxes[coarse:])[0], np.asarray(TINY_ANCHORS)[[0, 1, 2], 0], rtol=1e-5)
+    np.testing.assert_allclose(width(default_boxes[coarse:])[0], np.asarray(TINY_ANCHORS)[[1, 2, 3], 0], rtol=1e-5)
 
     model = build_inference_model(body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE)
     path = str(tmp_path / "inference.keras")

@@ -68,7 +68,7 @@ from keras_yolo_mgpu.data.letterbox import (
     paste_letterbox,
     resize_for_letterbox,
 )
-from keras_yolo_mgpu.model.boxes import anchor_masks, num_output_layers, output_strides
+from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def steps_per_epoch(num_samples: int, batch_size: int) -> int:
 # --- targets -----------------------------------------------------------------
 
 
-def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int) -> list[tf.Tensor]:
+def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int, masks=None) -> list[tf.Tensor]:
     """`targets.preprocess_true_boxes` with vectorised TF ops (same numbers).
 
     Args:
@@ -102,6 +102,8 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
         input_shape: (height, width), multiples of 32.
         anchors: (num_anchors, 2) (w, h) in input pixels; 9 or 6 anchors.
         num_classes: number of classes.
+        masks: anchor indices per scale (default keras-yolo3's, see
+            `boxes.resolve_masks`).
 
     Returns:
         One float32 tensor per output scale, coarsest first, of shape
@@ -116,7 +118,7 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
     """
     anchors = np.asarray(anchors, dtype=np.float32)
     num_layers = num_output_layers(len(anchors))
-    masks = anchor_masks(num_layers)
+    masks = resolve_masks(masks, len(anchors))
     height, width = input_shape
     boxes = tf.convert_to_tensor(boxes, tf.float32)
     batch, num_boxes = tf.shape(boxes)[0], tf.shape(boxes)[1]
@@ -367,12 +369,13 @@ class DatasetBuilder:
     seed: int | None = None
     max_boxes: int = 20
     cache: str | None = None
+    masks: list[list[int]] | None = None
 
     def __post_init__(self):
         self._check_arguments()
         self.input_shape = (int(self.input_shape[0]), int(self.input_shape[1]))
         self.anchors = np.asarray(self.anchors, dtype=np.float32)
-        num_output_layers(len(self.anchors))  # validates the anchor count
+        self.masks = resolve_masks(self.masks, len(self.anchors))  # also validates the anchor count
         if self.seed is None:
             self.seed = int.from_bytes(os.urandom(4), "little")
             logger.debug("make_dataset: random seed %d", self.seed)
@@ -562,7 +565,9 @@ class DatasetBuilder:
     def to_model_inputs(self, images, boxes, *weights):
         """A batch of (images, boxes[, weights]) -> ({"image", "y_true_0", ...}, zeros[, weights])."""
         x = {"image": images}
-        for layer, y_true in enumerate(build_targets(boxes, self.input_shape, self.anchors, self.num_classes)):
+        for layer, y_true in enumerate(
+            build_targets(boxes, self.input_shape, self.anchors, self.num_classes, self.masks)
+        ):
             x[f"y_true_{layer}"] = y_true
         y = tf.zeros([self.batch_size, 1], tf.float32)
         return (x, y, *weights)
@@ -590,6 +595,7 @@ def make_dataset(
     seed: int | None = None,
     max_boxes: int = 20,
     cache: str | None = None,
+    masks=None,
 ) -> tf.data.Dataset:
     """Builds the training or validation dataset (see the module docstring).
 
@@ -611,6 +617,8 @@ def make_dataset(
             size (see `_ImageSource`). RAM: about h*w*3 bytes per image for
             the life of the process (shared by training stages and the
             validation set). A directory may be reused between runs.
+        masks: anchor indices per scale for the targets (default
+            keras-yolo3's); must be the loss's masks.
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
@@ -626,4 +634,5 @@ def make_dataset(
         seed=seed,
         max_boxes=max_boxes,
         cache=cache,
+        masks=masks,
     ).build()

@@ -29,8 +29,42 @@ def num_output_layers(num_anchors: int) -> int:
 
 
 def anchor_masks(num_layers: int) -> list[list[int]]:
-    """Anchor indices per output scale, coarsest first."""
+    """The default (keras-yolo3's) anchor indices per output scale, coarsest first."""
     return [list(mask) for mask in _ANCHOR_MASKS[num_layers]]
+
+
+def resolve_masks(masks, num_anchors: int) -> list[list[int]]:
+    """Anchor masks for a model with `num_anchors` anchors, validated.
+
+    Args:
+        masks: anchor indices per output scale, coarsest first (e.g. a
+            Darknet cfg's ``[yolo] mask`` lines, or weights metadata), or
+            None for keras-yolo3's masks (:func:`anchor_masks`).
+        num_anchors: 9 (YOLOv3: 3 scales) or 6 (tiny: 2 scales).
+
+    Returns:
+        A list of ``num_layers`` lists of ``num_anchors // num_layers`` ints.
+
+    Raises:
+        ValueError: wrong number of scales, of indices per scale, or an
+            index outside the anchors.
+    """
+    num_layers = num_output_layers(num_anchors)
+    if masks is None:
+        return anchor_masks(num_layers)
+    try:
+        masks = [[int(i) for i in mask] for mask in masks]
+    except (TypeError, ValueError):
+        raise ValueError(f"masks must be lists of anchor indices. Received: masks={masks!r}") from None
+    per_scale = num_anchors // num_layers
+    if len(masks) != num_layers or any(len(mask) != per_scale for mask in masks):
+        raise ValueError(
+            f"{num_anchors} anchors need {num_layers} masks of {per_scale} anchor indices each, "
+            f"coarsest scale first (e.g. {anchor_masks(num_layers)}). Received: masks={masks}"
+        )
+    if any(not 0 <= i < num_anchors for mask in masks for i in mask):
+        raise ValueError(f"mask indices must be in [0, {num_anchors}). Received: masks={masks}")
+    return masks
 
 
 def output_strides(num_layers: int) -> tuple[int, ...]:
@@ -169,6 +203,7 @@ def yolo_eval(
     max_boxes: int = 20,
     score_threshold: float = 0.6,
     iou_threshold: float = 0.5,
+    masks=None,
 ):
     """Per-class NMS over all scales of ONE image (keras-yolo3's `yolo_eval`).
 
@@ -176,13 +211,14 @@ def yolo_eval(
         yolo_outputs: list of raw outputs, each (1, gh, gw, A * (5 + C)).
         anchors: (num_anchors, 2).
         image_shape: (height, width) of the original image.
+        masks: anchor indices per scale (default keras-yolo3's, see `resolve_masks`).
 
     Returns:
         `boxes` (K, 4) as (y_min, x_min, y_max, x_max) image pixels,
         `scores` (K,), `classes` (K,) int32.
     """
     num_layers = num_output_layers(len(anchors))
-    masks = anchor_masks(num_layers)
+    masks = resolve_masks(masks, len(anchors))
     anchors = np.asarray(anchors, dtype=np.float32)
     input_shape = tf.shape(yolo_outputs[0])[1:3] * 32
     boxes, box_scores = [], []
