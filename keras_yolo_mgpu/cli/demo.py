@@ -50,6 +50,13 @@ DEFAULTS = dict(
     lr=2e-3,
     max_objects=4,
 )
+# The training recipe of `make demo` (TrainConfig's recipe fields): the best
+# row of BENCHMARKS.md's recipe table (`scripts/recipe_table.py`, same data,
+# epochs and seed). With `lr_schedule="cosine"` the rate decays over one
+# stage and `drop_epoch` is not used.
+RECIPE: dict = {}
+# keras-yolo3's recipe (the table's baseline): no recipe option.
+BASELINE_RECIPE: dict = {}
 # A smoke run: every stage, tiny sizes (tests/test_demo.py).
 QUICK = dict(num_train=24, num_val=8, image_size=64, epochs=1, drop_epoch=None, batch_size=8, lr=1e-3, max_objects=3)
 
@@ -114,6 +121,7 @@ def run_demo(
     video_frames: int = 60,
     seed: int = 0,
     verbose: int = 2,
+    recipe: dict | None = None,
 ) -> dict:
     """Runs the whole demo; returns the summary (also written to summary.json).
 
@@ -134,8 +142,11 @@ def run_demo(
         video_frames: length of the generated clip.
         seed: seeds the data and the training.
         verbose: Keras verbosity during training.
+        recipe: TrainConfig recipe settings (default: `RECIPE`).
     """
-    from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset, make_synthetic_video
+    from keras_yolo_mgpu.data.synthetic import make_synthetic_video
+
+    recipe = RECIPE if recipe is None else recipe
 
     start = time.perf_counter()
     timings: dict[str, float] = {}
@@ -145,13 +156,7 @@ def run_demo(
 
     # 1. Data.
     t = time.perf_counter()
-    # Half square, half 4:3 or 3:4 images: training sees letterbox bars as
-    # it will on the video's 320x240 frames.
-    short = image_size * 3 // 4
-    sizes = [(image_size, image_size), (image_size, image_size), (short, image_size), (image_size, short)]
-    data = make_synthetic_dataset(out / "data", num_train, num_val, sizes, seed=seed, max_objects=max_objects)
-    anchors_path = out / "anchors.txt"
-    _fit_anchors(data.train, anchors_path)
+    data, anchors_path = make_demo_data(out, num_train, num_val, image_size, max_objects, seed)
     timings["data"] = time.perf_counter() - t
 
     # 2. Training. Devices are chosen from the physical list only; train()
@@ -161,31 +166,21 @@ def run_demo(
     global_batch = -(-batch_size // replicas) * replicas
     logger.info("training tiny YOLOv3 on %s, global batch %d", device_text, global_batch)
 
-    from keras_yolo_mgpu.training.trainer import TrainConfig, train
+    from keras_yolo_mgpu.training.trainer import train
 
-    config = TrainConfig(
-        annotations=data.train,
-        val_annotations=data.val,
-        classes=data.classes,
-        anchors=str(anchors_path),
-        tiny=True,
-        input_shape=(image_size, image_size),
-        batch_size=global_batch,
-        # No pretrained weights: every layer trains from the start. Stage 1
-        # (nothing frozen, freeze_body=0) runs at lr, stage 2 at lr / 10.
-        freeze_epochs=min(drop_epoch or epochs, epochs),
+    config = demo_train_config(
+        data,
+        anchors_path,
+        out / "train",
+        recipe=recipe,
+        image_size=image_size,
         epochs=epochs,
-        freeze_body=0,
-        lr1=lr,
-        lr2=lr / 10,
+        drop_epoch=drop_epoch,
+        global_batch=global_batch,
+        lr=lr,
         seed=seed,
-        augment=False,  # letterbox only: the data are already varied (see BENCHMARKS.md)
-        log_dir=str(out / "train"),
         gpus=gpu_count,
-        simulate_devices=simulate,
-        cache="ram",
-        reduce_lr_patience=3,
-        early_stopping_patience=max(6, epochs),
+        simulate=simulate,
         verbose=verbose,
     )
     t = time.perf_counter()
@@ -198,8 +193,9 @@ def run_demo(
     t = time.perf_counter()
     eval_dir = out / "eval"
     eval_dir.mkdir()
+    weights = weights_to_evaluate(result, config)
     metrics = evaluate_weights(
-        result.final_weights,
+        weights,
         data.val,
         data.classes,
         str(anchors_path),
@@ -226,9 +222,7 @@ def run_demo(
         seed=seed + 1,
         texture_scale=max(frame_size) / image_size,
     )
-    yolo = YOLO(
-        result.final_weights, str(anchors_path), data.classes, score=0.5, model_image_size=(image_size, image_size)
-    )
+    yolo = YOLO(weights, str(anchors_path), data.classes, score=0.5, model_image_size=(image_size, image_size))
     video = process_video(
         yolo, clip, str(video_dir / "detections.mp4"), save_json=str(video_dir / "detections.jsonl"), progress=False
     )
@@ -253,6 +247,7 @@ def run_demo(
             lr=lr,
             max_objects=max_objects,
             seed=seed,
+            recipe=recipe,
         ),
         "outputs": {
             "dataset": str(out / "data"),
@@ -261,7 +256,7 @@ def run_demo(
             "classes": data.classes,
             "anchors": str(anchors_path),
             "training_log": result.log_dir,
-            "weights": result.final_weights,
+            "weights": weights,
             "loss_plot": str(Path(result.log_dir) / "loss.png"),
             "metrics": str(eval_dir / "metrics.json"),
             "pr_curve": metrics.get("pr_curve"),
@@ -274,6 +269,79 @@ def run_demo(
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def make_demo_data(out: Path, num_train: int, num_val: int, image_size: int, max_objects: int, seed: int):
+    """The synthetic dataset under `out/data` and its anchors file: (DatasetPaths, anchors path)."""
+    from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+
+    # Half square, half 4:3 or 3:4 images: training sees letterbox bars as
+    # it will on the video's 320x240 frames.
+    short = image_size * 3 // 4
+    sizes = [(image_size, image_size), (image_size, image_size), (short, image_size), (image_size, short)]
+    data = make_synthetic_dataset(out / "data", num_train, num_val, sizes, seed=seed, max_objects=max_objects)
+    anchors_path = out / "anchors.txt"
+    _fit_anchors(data.train, anchors_path)
+    return data, anchors_path
+
+
+def demo_train_config(
+    data,
+    anchors_path,
+    log_dir,
+    *,
+    recipe: dict,
+    image_size: int,
+    epochs: int,
+    drop_epoch: int | None,
+    global_batch: int,
+    lr: float,
+    seed: int,
+    gpus: int | None,
+    simulate: bool,
+    verbose: int,
+):
+    """The demo's TrainConfig: tiny YOLOv3 from scratch with `recipe`'s options."""
+    from keras_yolo_mgpu.training.trainer import TrainConfig
+
+    if recipe.get("lr_schedule") == "cosine":
+        drop_epoch = None  # the cosine decays the rate itself, in one stage
+    return TrainConfig(
+        annotations=data.train,
+        val_annotations=data.val,
+        classes=data.classes,
+        anchors=str(anchors_path),
+        tiny=True,
+        input_shape=(image_size, image_size),
+        batch_size=global_batch,
+        # No pretrained weights: every layer trains from the start. Stage 1
+        # (nothing frozen, freeze_body=0) runs at lr, stage 2 at lr / 10.
+        freeze_epochs=min(drop_epoch or epochs, epochs),
+        epochs=epochs,
+        freeze_body=0,
+        lr1=lr,
+        lr2=lr / 10,
+        seed=seed,
+        augment=False,  # letterbox only: the data are already varied (see BENCHMARKS.md)
+        log_dir=str(log_dir),
+        gpus=gpus,
+        simulate_devices=simulate,
+        cache="ram",
+        reduce_lr_patience=3,
+        early_stopping_patience=max(6, epochs),
+        verbose=verbose,
+        **recipe,
+    )
+
+
+def weights_to_evaluate(result, config) -> str:
+    """The run's best-by-mAP weights when it monitored val_mAP, else its final weights."""
+    from keras_yolo_mgpu.training.recipe import BEST_WEIGHTS
+
+    best = Path(result.log_dir) / BEST_WEIGHTS
+    if config.monitor == "val_mAP" and best.is_file():
+        return str(best)
+    return result.final_weights
 
 
 def format_summary(summary: dict) -> str:
@@ -290,7 +358,7 @@ def format_summary(summary: dict) -> str:
         "",
         f"Trained tiny YOLOv3 from scratch for {summary['epochs_run']} epoch(s), "
         f"{summary['replicas']} replica(s): {summary['devices']}.",
-        f"Validation mAP@0.5 = {fmt(summary['mAP50'])}   (mAP@[.5:.95] = {fmt(summary['mAP'])})",
+        f"Validation mAP@[.5:.95] = {fmt(summary['mAP'])}   mAP@0.5 = {fmt(summary['mAP50'])}",
         f"Video: {summary['video']['frames']} frames at {summary['video']['fps']:.1f} fps, "
         f"{summary['video']['detections']} boxes.",
         f"Wall time {summary['wall_seconds'] / 60:.1f} min ({seconds}).",

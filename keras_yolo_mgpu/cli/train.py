@@ -161,6 +161,17 @@ def add_recipe_args(group) -> None:
         help="exponential moving average of the weights (e.g. 0.999); evaluated and saved weights use it",
     )
 
+    group.add_argument(
+        "--multi-scale",
+        type=multi_scale_range,
+        default=None,
+        metavar="MIN,MAX",
+        help="a new square training size, a multiple of 32 in [MIN, MAX], every 10 steps (validation: --input-size)",
+    )
+    group.add_argument(
+        "--mosaic", type=cli.unit_float, default=0.0, metavar="P", help="probability of a 4-image mosaic per sample"
+    )
+
 
 def config_from_args(args):
     from keras_yolo_mgpu.training.trainer import TrainConfig
@@ -201,6 +212,8 @@ def config_from_args(args):
         lr_schedule=args.lr_schedule,
         warmup_epochs=args.warmup_epochs,
         ema=args.ema,
+        multi_scale=args.multi_scale,
+        mosaic=args.mosaic,
     )
 
 

@@ -42,6 +42,7 @@ readable images divided by n; nothing is dropped).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import math
@@ -68,6 +69,8 @@ from keras_yolo_mgpu.data.letterbox import (
     paste_letterbox,
     resize_for_letterbox,
 )
+from keras_yolo_mgpu.data.mosaic import mosaic_element
+from keras_yolo_mgpu.data.multiscale import check_size_range, rescale_batch, size_of_batch
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
 logger = logging.getLogger(__name__)
@@ -99,7 +102,8 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
     Args:
         boxes: (B, T, 5) float32 x_min, y_min, x_max, y_max, class_id in
             input pixels; rows of zero width are padding.
-        input_shape: (height, width), multiples of 32.
+        input_shape: (height, width), multiples of 32: Python ints, or int32
+            scalar tensors when the size changes per batch (multi-scale).
         anchors: (num_anchors, 2) (w, h) in input pixels; 9 or 6 anchors.
         num_classes: number of classes.
         masks: anchor indices per scale (default keras-yolo3's, see
@@ -123,7 +127,7 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
     boxes = tf.convert_to_tensor(boxes, tf.float32)
     batch, num_boxes = tf.shape(boxes)[0], tf.shape(boxes)[1]
 
-    input_wh = tf.constant([width, height], tf.float32)
+    input_wh = tf.cast(tf.stack([width, height]), tf.float32)
     boxes_xy = tf.math.floordiv(boxes[..., 0:2] + boxes[..., 2:4], 2.0)  # (B, T, 2)
     boxes_wh = boxes[..., 2:4] - boxes[..., 0:2]
     rel_xywh = tf.concat([boxes_xy / input_wh, boxes_wh / input_wh], axis=-1)  # (B, T, 4)
@@ -155,8 +159,8 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
         in_layer = tf.logical_and(valid, tf.reduce_any(in_mask, axis=-1))
         k = tf.argmax(tf.cast(in_mask, tf.int32), axis=-1, output_type=tf.int32)
         # numpy multiplies a float32 scalar by an int32 scalar in float64.
-        i = tf.cast(tf.floor(tf.cast(rel_xywh[..., 0], tf.float64) * grid_w), tf.int32)
-        j = tf.cast(tf.floor(tf.cast(rel_xywh[..., 1], tf.float64) * grid_h), tf.int32)
+        i = tf.cast(tf.floor(tf.cast(rel_xywh[..., 0], tf.float64) * tf.cast(grid_w, tf.float64)), tf.int32)
+        j = tf.cast(tf.floor(tf.cast(rel_xywh[..., 1], tf.float64) * tf.cast(grid_h, tf.float64)), tf.int32)
         i = tf.clip_by_value(i, 0, grid_w - 1)  # only out-of-image boxes need it
         j = tf.clip_by_value(j, 0, grid_h - 1)
         indices = tf.stack([batch_ids, j, i, k], axis=-1)  # (B, T, 4)
@@ -370,10 +374,17 @@ class DatasetBuilder:
     max_boxes: int = 20
     cache: str | None = None
     masks: list[list[int]] | None = None
+    multi_scale: tuple[int, int] | None = None
+    mosaic: float = 0.0
 
     def __post_init__(self):
         self._check_arguments()
         self.input_shape = (int(self.input_shape[0]), int(self.input_shape[1]))
+        if self.multi_scale is not None:
+            # Images are made at the largest size, then each batch shrinks to its step's size.
+            low, high = check_size_range(self.multi_scale)
+            self.multi_scale = (low, high)
+            self.input_shape = (high, high)
         self.anchors = np.asarray(self.anchors, dtype=np.float32)
         self.masks = resolve_masks(self.masks, len(self.anchors))  # also validates the anchor count
         if self.seed is None:
@@ -401,6 +412,10 @@ class DatasetBuilder:
                 f"`batch_size`, `max_boxes` and `num_classes` must be positive. "
                 f"Received: batch_size={batch_size}, max_boxes={max_boxes}, num_classes={num_classes}"
             )
+        if (self.multi_scale is not None or self.mosaic) and not self.training:
+            raise ValueError("multi-scale and mosaic are for training datasets; validation keeps one size")
+        if not 0.0 <= self.mosaic <= 1.0:
+            raise ValueError(f"`mosaic` is a probability in [0, 1]. Received: mosaic={self.mosaic}")
         if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
             raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={self.cache!r}")
         for annotation in self.annotations:
@@ -536,25 +551,32 @@ class DatasetBuilder:
             ],
         )
 
-    def augment_image(self, pixels, extent, params):
-        """keras-yolo3's resize + placement, flip and HSV jitter -> (h, w, 3) float32 in [0, 1]."""
-        canvas = place_image(pixels, extent, params, self.input_shape)
+    def augment_image(self, pixels, extent, params, input_shape=None):
+        """keras-yolo3's resize + placement, flip and HSV jitter -> (h, w, 3) float32 in [0, 1].
+
+        `input_shape` defaults to the dataset's (a mosaic tile passes its own).
+        """
+        input_shape = input_shape or self.input_shape
+        canvas = place_image(pixels, extent, params, input_shape)
         canvas = tf.cond(params["flip"], lambda: tf.reverse(canvas, [1]), lambda: canvas)
         image = tf.numpy_function(
             _distort_hsv, [canvas, params["hue"], params["sat"], params["val"]], tf.float32, name="distort_hsv"
         )
-        image.set_shape([*self.input_shape, 3])
+        image.set_shape([*input_shape, 3])
         return image
 
     def augmented_element(self, position, index):
         """Training with augmentation: (image, boxes), a pure function of (seed, position, index)."""
-        seed = self.element_seed(position)
-        params = sample_augmentation(seed, self.input_shape)
+        return self.augmented_at(self.element_seed(position), index, self.input_shape)
+
+    def augmented_at(self, seed, index, input_shape):
+        """Image `index` augmented with the draws of `seed` into an `input_shape` canvas: (image, boxes)."""
+        params = sample_augmentation(seed, input_shape)
         pixels, size, extent, ok = self.decode(index, params)
-        image = self.augment_image(pixels, extent, params)
+        image = self.augment_image(pixels, extent, params, input_shape)
         boxes, size = self._boxes_if_decoded(index, size, ok)
         box_seed = tf.random.experimental.stateless_fold_in(seed, 1)
-        return image, augment_boxes(boxes, size, params, self.input_shape, self.max_boxes, box_seed)
+        return image, augment_boxes(boxes, size, params, input_shape, self.max_boxes, box_seed)
 
     # --- 3. batches, 4. targets ----------------------------------------------------
 
@@ -562,12 +584,21 @@ class DatasetBuilder:
         """Batches of exactly `batch_size` (the global batch)."""
         return dataset.batch(self.batch_size, drop_remainder=True)
 
+    def rescale_to_step_size(self, images, boxes, positions):
+        """Multi-scale: the batch shrunk to the size of its step (`multiscale.size_of_batch`).
+
+        The batch number comes from the elements' stream positions, so it
+        follows the stream wherever it starts.
+        """
+        size = size_of_batch(self.seed, positions[0] // self.batch_size, self.multi_scale)
+        return rescale_batch(images, boxes, size)
+
     def to_model_inputs(self, images, boxes, *weights):
         """A batch of (images, boxes[, weights]) -> ({"image", "y_true_0", ...}, zeros[, weights])."""
         x = {"image": images}
-        for layer, y_true in enumerate(
-            build_targets(boxes, self.input_shape, self.anchors, self.num_classes, self.masks)
-        ):
+        # Multi-scale batches come in several sizes: targets at the batch's own.
+        input_shape = (tf.shape(images)[1], tf.shape(images)[2]) if self.multi_scale else self.input_shape
+        for layer, y_true in enumerate(build_targets(boxes, input_shape, self.anchors, self.num_classes, self.masks)):
             x[f"y_true_{layer}"] = y_true
         y = tf.zeros([self.batch_size, 1], tf.float32)
         return (x, y, *weights)
@@ -576,11 +607,27 @@ class DatasetBuilder:
         """The whole pipeline (see the class docstring)."""
         if self.training:
             element = self.augmented_element if self.augment else self.letterboxed_element
+            if self.mosaic:
+                element = functools.partial(mosaic_element, self, element)
+            if self.multi_scale:
+                element = _with_position(element)
             dataset = self.training_indices().map(element, num_parallel_calls=tf.data.AUTOTUNE)
         else:
             dataset = self.validation_indices().map(self.validation_element, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = self.batch(dataset).map(self.to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = self.batch(dataset)
+        if self.training and self.multi_scale:
+            dataset = dataset.map(self.rescale_to_step_size, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.map(self.to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
         return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _with_position(element):
+    """`element(position, index)` that also returns its position (multi-scale reads it per batch)."""
+
+    def element_and_position(position, index):
+        return (*element(position, index), position)
+
+    return element_and_position
 
 
 def make_dataset(
@@ -596,6 +643,8 @@ def make_dataset(
     max_boxes: int = 20,
     cache: str | None = None,
     masks=None,
+    multi_scale: tuple[int, int] | None = None,
+    mosaic: float = 0.0,
 ) -> tf.data.Dataset:
     """Builds the training or validation dataset (see the module docstring).
 
@@ -619,6 +668,11 @@ def make_dataset(
             validation set). A directory may be reused between runs.
         masks: anchor indices per scale for the targets (default
             keras-yolo3's); must be the loss's masks.
+        multi_scale: training only: (MIN, MAX), a new square size every 10
+            steps (`data.multiscale`); images and targets are then
+            (B, None, None, ...) and `input_shape` is not used.
+        mosaic: training only: probability that an element is a mosaic of
+            four images (`data.mosaic`).
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
@@ -635,4 +689,6 @@ def make_dataset(
         max_boxes=max_boxes,
         cache=cache,
         masks=masks,
+        multi_scale=multi_scale,
+        mosaic=mosaic,
     ).build()

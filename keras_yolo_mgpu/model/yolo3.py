@@ -234,7 +234,8 @@ def create_model(
     """Builds the network and the training model that outputs its loss.
 
     Args:
-        input_shape: (height, width) of training images, multiples of 32.
+        input_shape: (height, width) of training images, multiples of 32, or
+            (None, None) for a model that trains at any size (multi-scale).
         anchors: (9, 2) for YOLOv3 or (6, 2) for tiny YOLOv3.
         num_classes: number of classes.
         freeze_body: 0, 1 or 2, see `freeze_layers`.
@@ -255,7 +256,9 @@ def create_model(
         `y_true_1` (and `y_true_2`) and outputs the per-sample loss (N, 1);
         compile it with `loss=totalloss`. Both share their layers.
     """
-    height, width = check_input_shape(input_shape)
+    # (None, None): any size, for multi-scale training (one model, every size).
+    dynamic = tuple(input_shape) == (None, None)
+    height, width = (None, None) if dynamic else check_input_shape(input_shape)
     body = build_body(anchors, num_classes, sync_bn=sync_bn)
     if weights_path:
         from keras_yolo_mgpu.weights.loading import load_weights
@@ -267,7 +270,13 @@ def create_model(
     anchors_per_scale = len(anchors) // num_layers
     y_true = [
         keras.Input(
-            shape=(height // stride, width // stride, anchors_per_scale, num_classes + 5), name=f"y_true_{layer}"
+            shape=(
+                None if dynamic else height // stride,
+                None if dynamic else width // stride,
+                anchors_per_scale,
+                num_classes + 5,
+            ),
+            name=f"y_true_{layer}",
         )
         for layer, stride in enumerate(output_strides(num_layers))
     ]

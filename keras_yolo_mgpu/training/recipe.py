@@ -17,13 +17,17 @@ rate with ReduceLROnPlateau, no warm-up, no EMA, one input size, no mosaic.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import keras
 
+from keras_yolo_mgpu.data.multiscale import check_size_range, first_sizes_message
 from keras_yolo_mgpu.training import ema as ema_module
 from keras_yolo_mgpu.training.evaluation_callback import MAP50_KEY, MAP_KEY, MeanAPEvaluation, OnEvaluatedEpochs
 from keras_yolo_mgpu.training.schedules import SCHEDULES, LinearWarmup, PlateauAfterWarmup, StageSchedule
+
+logger = logging.getLogger(__name__)
 
 MONITORS = ("val_loss", MAP_KEY)
 BEST_WEIGHTS = "best.weights.h5"
@@ -43,17 +47,12 @@ def validate_recipe(config) -> None:
     if not 0 <= config.warmup_epochs <= config.epochs:
         raise ValueError(f"warmup_epochs must be in [0, epochs]. Received: warmup_epochs={config.warmup_epochs}")
     ema_module.make_ema_kwargs(config.ema)  # validates the decay
-    if config.multi_scale is not None or config.mosaic:
-        raise ValueError("multi_scale and mosaic are not available yet")
     if not 0.0 <= config.mosaic <= 1.0:
         raise ValueError(f"mosaic must be a probability in [0, 1]. Received: mosaic={config.mosaic}")
     if config.multi_scale is not None:
-        low, high = config.multi_scale
-        if low % 32 or high % 32 or not 32 <= low <= high:
-            raise ValueError(
-                f"multi_scale must be (MIN, MAX), multiples of 32 with 32 <= MIN <= MAX. "
-                f"Received: multi_scale={config.multi_scale}"
-            )
+        check_size_range(config.multi_scale)
+        if config.jit:
+            raise ValueError("multi_scale changes the input size every 10 steps; XLA (--jit) needs one size")
 
 
 def monitor_and_mode(config, has_validation: bool) -> tuple[str, str]:
@@ -93,6 +92,8 @@ class RecipeCallbacks:
 
         self.config = config
         self.monitor, self.mode = monitor_and_mode(config, bool(val_annotations))
+        if config.multi_scale:
+            logger.info("%s", first_sizes_message(config.seed, config.multi_scale))
         self.evaluation = None
         if config.eval_every:
             self.evaluation = MeanAPEvaluation(

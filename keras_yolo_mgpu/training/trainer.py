@@ -3,8 +3,11 @@
 Stage 1 trains with the body frozen (`freeze_body`), stage 2 unfreezes
 everything with a lower learning rate, ReduceLROnPlateau and EarlyStopping.
 Each run writes into one log directory: `args.json`, best checkpoints of the
-template (single-device) weights, `history.csv`, `loss.png`, TensorBoard
-logs and `trained_weights_final.weights.h5`.
+template (single-device) weights, `best.weights.h5`, `last.weights.h5`,
+`history.csv`, `loss.png`, TensorBoard logs and
+`trained_weights_final.weights.h5`. The modern recipe's options (validation
+mAP, monitor, schedules, EMA, multi-scale, mosaic) are assembled by
+`training.recipe`; their defaults are keras-yolo3's recipe.
 
 Devices: `parallel="strategy"` (default) uses MirroredStrategy over the
 selected GPUs (or MultiWorkerMirroredStrategy), `parallel="multi_gpu_model"`
@@ -304,6 +307,8 @@ def train(config: TrainConfig) -> TrainResult:
             cache=config.cache,
             max_boxes=MAX_BOXES,
             masks=masks,
+            multi_scale=config.multi_scale,
+            mosaic=config.mosaic,
         )
         val_ds = None
         if val_annotations:
@@ -327,7 +332,8 @@ def train(config: TrainConfig) -> TrainResult:
     use_sync_bn = config.sync_bn and replicas > 1 and config.parallel == "strategy"
     with strategy.scope():
         body, train_model = create_model(
-            config.input_shape,
+            # Multi-scale: one model for every training size (validation keeps --input-size).
+            (None, None) if config.multi_scale else config.input_shape,
             anchors,
             len(class_names),
             freeze_body=config.freeze_body if config.freeze_epochs > 0 and not stage1_done else 0,

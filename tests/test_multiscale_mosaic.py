@@ -1,0 +1,105 @@
+"""Multi-scale batches and mosaic elements: sizes, boxes, determinism, one trace for all sizes."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.mosaic import mosaic_of_four
+from keras_yolo_mgpu.data.multiscale import BLOCK_STEPS, rescale_batch, sizes_of_batches
+from keras_yolo_mgpu.data.pipeline import DatasetBuilder, make_dataset
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+
+ANCHORS = get_anchors(default_anchors_path(True))
+
+
+@pytest.fixture(scope="module")
+def annotations(tmp_path_factory):
+    paths = make_synthetic_dataset(tmp_path_factory.mktemp("data"), num_train=8, num_val=2, image_size=64, seed=0)
+    return read_annotations(paths.train)
+
+
+def test_sizes_change_every_ten_steps_within_the_range_from_the_seed_alone():
+    sizes = sizes_of_batches(5, 20 * BLOCK_STEPS, (64, 192))
+    blocks = [sizes[i : i + BLOCK_STEPS] for i in range(0, len(sizes), BLOCK_STEPS)]
+    assert all(len(set(block)) == 1 for block in blocks)
+    assert set(sizes) <= {64, 96, 128, 160, 192} and len(set(sizes)) >= 4
+    assert sizes == sizes_of_batches(5, 20 * BLOCK_STEPS, (64, 192))
+    assert sizes != sizes_of_batches(6, 20 * BLOCK_STEPS, (64, 192))
+
+
+def test_rescaled_batch_scales_boxes_and_drops_those_under_a_pixel():
+    images = tf.ones([1, 64, 64, 3])
+    boxes = tf.constant([[[8, 8, 40, 24, 1], [0, 0, 1.5, 10, 0], [0, 0, 0, 0, 0]]], tf.float32)
+    small, scaled = rescale_batch(images, boxes, tf.constant(32))
+    assert small.shape == (1, 32, 32, 3)
+    np.testing.assert_allclose(scaled[0].numpy(), [[4, 4, 20, 12, 1], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+
+
+def test_multi_scale_dataset_makes_each_batch_and_its_targets_at_its_steps_size(annotations):
+    dataset = make_dataset(annotations, (64, 64), ANCHORS, 4, 4, training=True, seed=1, multi_scale=(32, 96))
+    expected = sizes_of_batches(1, 2 * BLOCK_STEPS + 1, (32, 96))
+    for size, (x, _) in zip(expected, dataset.take(len(expected))):
+        assert x["image"].shape[1:3] == (size, size)
+        assert x["y_true_0"].shape[1:3] == (size // 32, size // 32)
+        assert x["y_true_1"].shape[1:3] == (size // 16, size // 16)
+        assert float(tf.reduce_max(x["image"])) <= 1.0
+
+
+def test_mosaic_tiles_hold_their_images_boxes(annotations):
+    builder = DatasetBuilder(annotations, (64, 64), ANCHORS, 4, 4, training=True, seed=0, augment=False, mosaic=1.0)
+    seed = tf.constant([3, 4], tf.int64)
+    image, boxes = mosaic_of_four(builder, seed, tf.constant(2, tf.int64))
+    assert image.shape == (64, 64, 3)
+    boxes = boxes.numpy()
+    real = boxes[boxes[:, 2] > boxes[:, 0]]
+    # The top-left tile is image 2 letterboxed into 32 x 32: its boxes, halved (64 px images).
+    top_left = annotations[2].boxes.astype(np.float32)
+    expected = np.concatenate([top_left[:, :4] / 2, top_left[:, 4:]], axis=1)
+    in_top_left = real[(real[:, 2] <= 32) & (real[:, 3] <= 32)]
+    for row in expected:
+        assert np.any(np.all(np.abs(in_top_left - row) < 1e-4, axis=1)), (row, in_top_left)
+    # Every box lies inside one tile.
+    for x1, y1, x2, y2, _ in real:
+        assert (x2 <= 32 or x1 >= 32) and (y2 <= 32 or y1 >= 32)
+    again, again_boxes = mosaic_of_four(builder, seed, tf.constant(2, tf.int64))
+    np.testing.assert_array_equal(image.numpy(), again.numpy())
+    np.testing.assert_array_equal(boxes, again_boxes.numpy())
+
+
+def test_mosaic_probability_zero_is_the_plain_stream_and_one_changes_every_element(annotations):
+    def first_images(mosaic):
+        dataset = make_dataset(annotations, (64, 64), ANCHORS, 4, 4, training=True, seed=2, mosaic=mosaic)
+        return [x["image"].numpy() for x, _ in dataset.take(1)]
+
+    plain, none, every = first_images(0.0), first_images(1e-9), first_images(1.0)
+    for a, b, c in zip(plain, none, every):
+        np.testing.assert_array_equal(a, b)
+        assert all(not np.array_equal(a[i], c[i]) for i in range(len(a)))
+
+
+@pytest.mark.slow
+def test_keras_traces_the_train_step_at_most_once_per_size_on_two_replicas(annotations, logical_cpus):
+    """The train function is traced for the dataset's (None, None) spec, not once per size."""
+    from keras_yolo_mgpu.model.loss import totalloss
+    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.parallel.devices import make_strategy
+
+    traces = []
+
+    def counting_loss(y_true, y_pred):
+        traces.append(y_pred.shape)  # Python runs only while tracing, once per replica
+        return totalloss(y_true, y_pred)
+
+    strategy = make_strategy(logical_cpus[:2])
+    with strategy.scope():
+        _, model = create_model((None, None), ANCHORS, 4, freeze_body=2, sync_bn=True)
+        model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=counting_loss)
+    dataset = make_dataset(annotations, (64, 64), ANCHORS, 4, 2, training=True, seed=1, multi_scale=(32, 96))
+    steps = 3 * BLOCK_STEPS
+    sizes = set(sizes_of_batches(1, steps, (32, 96)))
+    assert len(sizes) >= 2
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    assert 1 <= len(traces) / 2 <= len(sizes)
