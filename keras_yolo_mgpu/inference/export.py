@@ -48,6 +48,9 @@ BOX_TOLERANCE_PX = 0.05
 SCORE_TOLERANCE = 1e-4
 ONNX_OPSET = 17
 ONNX_MISSING = "ONNX export is not available: pip install tf2onnx onnxruntime"
+# Written into every SavedModel folder this tool exports: only such a folder
+# (or an empty one) is ever replaced by a new export.
+EXPORT_MARKER = "keras_yolo_mgpu_export.json"
 
 
 class ExportError(RuntimeError):
@@ -97,9 +100,7 @@ def _input_signature(model):
 
 
 def export_savedmodel(model, path: str) -> str:
-    """Writes a SavedModel directory with a `serving_default` signature."""
-    if os.path.exists(path):
-        shutil.rmtree(path)
+    """Writes a SavedModel directory with a `serving_default` signature; `path` must not exist."""
     model.export(path, format="tf_saved_model", verbose=False)
     return path
 
@@ -249,6 +250,59 @@ def check_export(model, fmt: str, path: str, *, num_images: int = 2, seed: int =
     return result
 
 
+def _check_output(output: str, fmt: str, overwrite: bool) -> None:
+    """Raises FileExistsError when writing `output` would replace something this tool did not write."""
+    if not os.path.lexists(output):
+        return
+    if fmt == "savedmodel":
+        if os.path.isdir(output) and not os.path.islink(output):
+            entries = os.listdir(output)
+            if not entries or EXPORT_MARKER in entries:
+                return
+        raise FileExistsError(
+            f"--output {output} already exists and is not a SavedModel exported by this tool (it has no "
+            f"{EXPORT_MARKER}); nothing was written or removed. Choose a new path (the export is a folder), or "
+            "move that one away yourself."
+        )
+    if os.path.isdir(output):
+        raise FileExistsError(f"--output {output} is a folder; a {fmt} export is a file: give a file path")
+    if not overwrite:
+        raise FileExistsError(
+            f"--output {output} already exists; nothing was written. Pass --overwrite to replace it, or choose "
+            "another path."
+        )
+
+
+def _write_atomically(model, fmt: str, output: str) -> None:
+    """Writes the export beside `output`, then moves it into place (see `export_model`)."""
+    output = os.path.abspath(output)
+    parent, name = os.path.split(output)
+    os.makedirs(parent, exist_ok=True)
+    temporary = os.path.join(parent, f".{name}.{os.getpid()}.tmp")
+    try:
+        if fmt == "savedmodel":
+            export_savedmodel(model, temporary)
+            with open(os.path.join(temporary, EXPORT_MARKER), "w", encoding="utf-8") as f:
+                f.write('{"written_by": "keras_yolo_mgpu.export", "format": "savedmodel"}\n')
+            if os.path.isdir(output):
+                # A previous export of ours (or an empty folder, `_check_output`):
+                # set it aside, move the new one in, then delete the old one.
+                previous = os.path.join(parent, f".{name}.{os.getpid()}.old")
+                os.rename(output, previous)
+                os.rename(temporary, output)
+                shutil.rmtree(previous)
+            else:
+                os.rename(temporary, output)
+        else:
+            {"tflite": export_tflite, "onnx": export_onnx}[fmt](model, temporary)
+            os.replace(temporary, output)
+    finally:
+        if os.path.isdir(temporary):
+            shutil.rmtree(temporary)
+        elif os.path.exists(temporary):
+            os.remove(temporary)
+
+
 def default_output(weights: str, fmt: str) -> str:
     stem = os.fspath(weights)
     for suffix in (".weights.h5", ".keras", ".h5"):
@@ -271,15 +325,25 @@ def export_model(
     max_boxes: int = 20,
     max_detections: int = 100,
     check: bool = True,
+    overwrite: bool = False,
 ) -> dict:
     """Exports `weights` in format `fmt`; returns `{"format", "path", "check"}`.
 
+    Nothing the user made is removed or overwritten: a SavedModel replaces
+    only an empty folder or a previous export of this tool (it holds
+    `EXPORT_MARKER`); a `.tflite`/`.onnx` file replaces an existing file only
+    with `overwrite`. Every export is written next to `output` first and
+    moved into place when complete, so an interrupted export leaves the
+    previous one intact.
+
     Raises:
+        FileExistsError: `output` exists and may not be replaced (see above).
         ExportError: the format cannot be made here (ONNX tools missing) or
             the export does not match the Keras model.
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}. Received: format={fmt!r}")
+    _check_output(output or default_output(weights, fmt), fmt, overwrite)  # before the slow part
     if fmt == "onnx":
         _import_onnx_tools()  # fail before building anything
     anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
@@ -298,9 +362,8 @@ def export_model(
         batch_size=1 if fmt == "tflite" else None,
     )
     output = output or default_output(weights, fmt)
-    parent = os.path.dirname(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    {"savedmodel": export_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
+    _check_output(output, fmt, overwrite)  # again: building took a while
+    _write_atomically(model, fmt, output)
     logger.info("wrote %s (%s)", output, fmt)
     result = {"format": fmt, "path": output, "check": None}
     if check:
@@ -330,6 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)"
     )
     parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing .tflite/.onnx file at --output (a SavedModel folder replaces only an empty "
+        "folder or a previous export of this tool, never anything else)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     if not args.weights:
@@ -348,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_boxes=args.max_boxes,
             max_detections=args.max_detections,
             check=not args.no_check,
+            overwrite=args.overwrite,
         )
     except (OSError, ValueError, ExportError) as error:
         logger.debug("details", exc_info=True)
