@@ -537,11 +537,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="GPUs to spread batches over (default: 1)",
     )
+    # No default file: evaluate writes nothing unless told where (its report
+    # goes to stdout), so it never drops or overwrites a plot in the current
+    # folder, or in the weights' folder, behind the user's back.
     parser.add_argument(
         "--pr-curve",
-        default="pr_curve.png",
+        default=None,
         metavar="PNG",
-        help="precision-recall plot (default: pr_curve.png; '' for none)",
+        help="write the precision-recall plot to this file (default: no plot)",
     )
     parser.add_argument(
         "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
