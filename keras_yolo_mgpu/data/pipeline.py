@@ -71,8 +71,10 @@ __all__ = ["build_targets", "make_dataset", "steps_per_epoch"]
 
 _RAM_CACHE_NAMES = ("ram", "memory")
 # The RAM cache is shared by every dataset of the process (training stages,
-# training and validation): (image path, canvas (w, h)) -> (pixels, stored size).
-_ram_cache: dict[tuple[str, tuple[int, int]], tuple[np.ndarray, tuple[int, int]]] = {}
+# training and validation): (image path, mtime, size, canvas (w, h)) ->
+# (pixels, stored size). The file's mtime and size are part of the key, so an
+# image changed on disk is decoded again.
+_ram_cache: dict[tuple[str, int, int, tuple[int, int]], tuple[np.ndarray, tuple[int, int]]] = {}
 # Files already reported as unreadable: warn once per file, not once per use.
 _warned_paths: set[str] = set()
 _warned_lock = threading.Lock()
@@ -182,8 +184,8 @@ class _ImageSource:
     images are stored at their letterbox size (fit within the input, aspect
     kept): validation reads them unchanged, augmentation resamples them (a
     zoom beyond 1x is then a little softer than from the file). The RAM cache
-    lives as long as the process and is shared by all its datasets; a disk
-    cache entry is keyed by the image's path, mtime and size and the input
+    lives as long as the process and is shared by all its datasets; both
+    caches key an entry by the image's path, mtime and size and the input
     size, so a changed image is decoded again.
     """
 
@@ -209,9 +211,12 @@ class _ImageSource:
         path = self.paths[index]
         if not self.cached:
             return open_image_rgb(path)
-        ram_key = (path, self.canvas_size)
-        if self.ram and ram_key in _ram_cache:
-            return _ram_cache[ram_key]
+        ram_key = None
+        if self.ram:
+            stat = os.stat(path)
+            ram_key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size, self.canvas_size)
+            if ram_key in _ram_cache:
+                return _ram_cache[ram_key]
         cache_file = self._cache_file(path) if self.cache_dir is not None else None
         if cache_file is not None and os.path.exists(cache_file):
             header = np.fromfile(cache_file, dtype=np.int32, count=4)
@@ -314,14 +319,17 @@ def _element_seed(seed: int, position):
     return tf.random.experimental.stateless_fold_in(augment_seed, tf.cast(position, tf.int64))
 
 
-def _shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
-    """Endless stream of indices, a fresh permutation (a function of `seed`) per pass."""
+def _shuffled_indices(num_samples: int, seed, start_position: int = 0) -> tf.data.Dataset:
+    """Endless stream of indices, a fresh permutation (a function of `seed`) per pass, from `start_position`."""
 
     def permutation(epoch):
         epoch_seed = tf.random.experimental.stateless_fold_in(seed, epoch)
         return tf.data.Dataset.from_tensor_slices(tf.argsort(tf.random.stateless_uniform([num_samples], epoch_seed)))
 
-    return tf.data.Dataset.counter().flat_map(permutation)
+    # Element p of the stream is element p % n of pass p // n: start at that
+    # pass and skip into it instead of replaying the passes before.
+    first_pass, offset = divmod(start_position, num_samples)
+    return tf.data.Dataset.counter(start=first_pass).flat_map(permutation).skip(offset)
 
 
 def make_dataset(
@@ -336,6 +344,7 @@ def make_dataset(
     seed: int | None = None,
     max_boxes: int = 20,
     cache: str | None = None,
+    start_position: int = 0,
 ) -> tf.data.Dataset:
     """Builds the training or validation dataset (see the module docstring).
 
@@ -357,11 +366,20 @@ def make_dataset(
             size (see `_ImageSource`). RAM: about h*w*3 bytes per image for
             the life of the process (shared by training stages and the
             validation set). A directory may be reused between runs.
+        start_position: training only: the stream element to start at, so
+            a later stage or a resumed run continues the stream where it
+            stopped (the images drawn so far; element `p` is always the same
+            image with the same augmentation for a given seed).
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
     """
     _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxes, cache)
+    if start_position < 0 or (start_position and not training):
+        raise ValueError(
+            f"`start_position` must be >= 0, and is for training streams only. "
+            f"Received: start_position={start_position}, training={training}"
+        )
     input_shape = (int(input_shape[0]), int(input_shape[1]))
     height, width = input_shape
     anchors = np.asarray(anchors, dtype=np.float32)
@@ -455,9 +473,11 @@ def make_dataset(
         return image, augment_boxes(boxes, size, params, input_shape, max_boxes, box_seed)
 
     if training:
-        indices = _shuffled_indices(num_samples, shuffle_seed)
+        indices = _shuffled_indices(num_samples, shuffle_seed, start_position)
         if augment:
-            dataset = indices.enumerate().map(augmented_element, num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = indices.enumerate(start=start_position).map(
+                augmented_element, num_parallel_calls=tf.data.AUTOTUNE
+            )
         else:
             dataset = indices.map(lambda i: letterbox_element(i)[:2], num_parallel_calls=tf.data.AUTOTUNE)
     else:
