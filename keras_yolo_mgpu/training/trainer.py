@@ -53,6 +53,9 @@ class TrainConfig:
     classes: str
     anchors: str | None = None
     tiny: bool = False
+    # Anchor indices per output scale, coarsest first; None: keras-yolo3's
+    # (or those stored in the start weights' metadata).
+    masks: list | None = None
     input_shape: tuple[int, int] = (416, 416)
     weights: str | None = None
     weights_partial: bool = False
@@ -392,6 +395,7 @@ def _train(config: TrainConfig, strategy, devices, replicas) -> TrainResult:
 
     class_names = get_classes(config.classes)
     anchors = get_anchors(config.anchors or default_anchors_path(config.tiny))
+    masks = config.masks
     train_annotations, val_annotations = _load_annotations(config, len(class_names), run_dir)
     logger.info(
         "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
@@ -416,6 +420,7 @@ def _train(config: TrainConfig, strategy, devices, replicas) -> TrainResult:
             cache=config.cache,
             max_boxes=MAX_BOXES,
             start_position=start_position,
+            masks=masks,
         )
         val_ds = None
         if val_annotations:
@@ -429,6 +434,7 @@ def _train(config: TrainConfig, strategy, devices, replicas) -> TrainResult:
                 seed=config.seed,
                 cache=config.cache,
                 max_boxes=MAX_BOXES,
+                masks=masks,
             )
         steps = config.steps_per_epoch or steps_per_epoch(len(train_annotations), batch)
         return train_ds, val_ds, steps
@@ -448,6 +454,7 @@ def _train(config: TrainConfig, strategy, devices, replicas) -> TrainResult:
             # XLA needs static shapes: gather at most MAX_BOXES true boxes per
             # scale, exact because the pipeline keeps at most that many.
             max_true_boxes=MAX_BOXES if config.jit else None,
+            masks=masks,
         )
         if initial_weights is not None:
             body.set_weights(initial_weights)
