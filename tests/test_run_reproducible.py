@@ -75,7 +75,10 @@ def _finish(process, timeout=600):
 def _weights(path):
     arrays = {}
     with h5py.File(path, "r") as handle:
-        handle.visititems(lambda name, obj: arrays.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else 0)
+        # visititems stops at the first callback that returns anything but None.
+        handle.visititems(
+            lambda name, obj: arrays.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None
+        )
     assert arrays, path
     return arrays
 

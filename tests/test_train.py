@@ -246,3 +246,38 @@ def test_multiworker_two_processes_on_localhost(dataset, tmp_path):
     assert "2 replica(s)" in outputs[0]
     # Only the chief (worker 0) writes the run folder.
     assert (tmp_path / "run" / "trained_weights_final.weights.h5").exists()
+
+
+def test_mixed_precision_policy_does_not_outlive_the_run(tmp_path, monkeypatch):
+    """A run that set mixed_float16 (here: one that then fails) leaves the process's dtype policy as it found it."""
+    import tensorflow as tf
+    from keras.src.backend.common import global_state
+
+    from keras_yolo_mgpu.training.trainer import TrainConfig, train
+
+    before = global_state.get_global_attribute("dtype_policy", None)
+    real_list = tf.config.list_physical_devices
+    # Pretend a GPU is visible, so --mixed-precision really sets the policy.
+    monkeypatch.setattr(
+        tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"] if kind == "GPU" else real_list(kind)
+    )
+    seen = {}
+    real_get_classes = __import__("keras_yolo_mgpu.resources", fromlist=["get_classes"]).get_classes
+
+    def get_classes_then_fail(path):
+        seen["policy"] = global_state.get_global_attribute("dtype_policy", None)
+        return real_get_classes(path)
+
+    monkeypatch.setattr("keras_yolo_mgpu.resources.get_classes", get_classes_then_fail)
+    config = TrainConfig(
+        annotations=str(tmp_path / "missing.txt"),
+        classes=str(tmp_path / "missing_classes.txt"),
+        mixed_precision=True,
+        gpus=1,
+        log_dir=str(tmp_path / "run"),
+    )
+    monkeypatch.setattr("keras_yolo_mgpu.parallel.devices.select_devices", lambda gpus, simulate=False: ["/CPU:0"])
+    with pytest.raises((FileNotFoundError, OSError, ValueError)):
+        train(config)
+    assert seen["policy"].name == "mixed_float16"  # the run did set it
+    assert global_state.get_global_attribute("dtype_policy", None) is before
