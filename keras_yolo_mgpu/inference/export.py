@@ -37,8 +37,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
-from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes, model_data_path
+from keras_yolo_mgpu.cli.args import (
+    add_detection_args,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+    setup_logging,
+)
+from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +75,7 @@ def build_export_model(
     max_detections: int = 100,
     nms_method: str = "combined",
     batch_size: int | None = None,
+    masks=None,
 ):
     """The inference model (`inference_layers.build_inference_model`) with `weights` loaded."""
     from keras_yolo_mgpu.inference.detector import load_body
@@ -86,6 +93,7 @@ def build_export_model(
         max_detections=max_detections,
         nms_method=nms_method,
         batch_size=batch_size,
+        masks=masks,
     )
 
 
@@ -273,7 +281,7 @@ def _check_output(output: str, fmt: str, overwrite: bool) -> None:
         )
 
 
-def _write_atomically(model, fmt: str, output: str) -> None:
+def _write_atomically(model, fmt: str, output: str, settings=None) -> None:
     """Writes the export beside `output`, then moves it into place (see `export_model`)."""
     output = os.path.abspath(output)
     parent, name = os.path.split(output)
@@ -295,6 +303,8 @@ def _write_atomically(model, fmt: str, output: str) -> None:
                 os.rename(temporary, output)
         else:
             {"tflite": export_tflite, "onnx": export_onnx}[fmt](model, temporary)
+            if fmt == "onnx" and settings is not None:
+                _add_onnx_metadata(temporary, settings)
             os.replace(temporary, output)
     finally:
         if os.path.isdir(temporary):
@@ -319,15 +329,24 @@ def export_model(
     *,
     classes_path: str | None = None,
     anchors_path: str | None = None,
-    input_size: tuple[int, int] = (416, 416),
+    input_size: tuple[int, int] | None = None,
     score: float = 0.3,
     iou: float = 0.45,
     max_boxes: int = 20,
     max_detections: int = 100,
     check: bool = True,
+    masks=None,
+    settings=None,
     overwrite: bool = False,
 ) -> dict:
-    """Exports `weights` in format `fmt`; returns `{"format", "path", "check"}`.
+    """Exports `weights` in format `fmt`; returns `{"format", "path", "check", "metadata"}`.
+
+    Classes, anchors, masks and input size default to the weights' metadata
+    (explicit ones must agree), else COCO's names, YOLOv3's anchors,
+    keras-yolo3's masks and 416; `settings` (a `ModelMetadata`) replaces
+    them all. They are written beside the export as `<output>.metadata.json`
+    (and into the ONNX file's `metadata_props`), so the exported model
+    still says which classes its class ids are.
 
     Nothing the user made is removed or overwritten: a SavedModel replaces
     only an empty folder or a previous export of this tool (it holds
@@ -346,13 +365,16 @@ def export_model(
     _check_output(output or default_output(weights, fmt), fmt, overwrite)  # before the slow part
     if fmt == "onnx":
         _import_onnx_tools()  # fail before building anything
-    anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
-    class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
+    if settings is None:
+        settings = settings_for(
+            weights, classes_path=classes_path, anchors_path=anchors_path, masks=masks, input_shape=input_size
+        )
     model = build_export_model(
         weights,
-        anchors,
-        class_names,
-        input_size=input_size,
+        settings.anchors_array,
+        list(settings.class_names),
+        input_size=settings.input_shape,
+        masks=settings.masks_list,
         score=score,
         iou=iou,
         max_boxes=max_boxes,
@@ -363,12 +385,27 @@ def export_model(
     )
     output = output or default_output(weights, fmt)
     _check_output(output, fmt, overwrite)  # again: building took a while
-    _write_atomically(model, fmt, output)
-    logger.info("wrote %s (%s)", output, fmt)
-    result = {"format": fmt, "path": output, "check": None}
+    _write_atomically(model, fmt, output, settings)
+    metadata_path = write_sidecar(output, settings)
+    logger.info("wrote %s (%s) and %s", output, fmt, metadata_path)
+    result = {"format": fmt, "path": output, "check": None, "metadata": metadata_path}
     if check:
         result["check"] = check_export(model, fmt, output)
     return result
+
+
+def _add_onnx_metadata(path: str, settings) -> None:
+    """Stores the metadata JSON in the ONNX model's `metadata_props` (key `keras_yolo_mgpu_metadata`)."""
+    import onnx
+
+    from keras_yolo_mgpu.weights.metadata import ATTRIBUTE
+
+    model = onnx.load(path)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = ATTRIBUTE, settings.to_json()
+    temp = path + ".tmp"
+    onnx.save(model, temp)
+    os.replace(temp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -409,9 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.weights,
             args.format,
             args.output,
-            classes_path=args.classes,
-            anchors_path=args.anchors or default_anchors_path(args.tiny),
-            input_size=args.input_size,
+            settings=resolve_model_settings(args, args.weights),
             score=args.score,
             iou=args.iou,
             max_boxes=args.max_boxes,
