@@ -27,7 +27,7 @@ from PIL import Image
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_inference_model
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
-from keras_yolo_mgpu.resources import get_anchors, get_classes, model_data_path
+from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +200,8 @@ class YOLO:
         model_path = os.fspath(model_path)
         if not os.path.isfile(model_path):
             raise FileNotFoundError(f"model weights not found: {model_path}")
-        anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
-        class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
+        anchors = get_anchors(resolve_resource(anchors_path, "anchors"))
+        class_names = get_classes(resolve_resource(classes_path, "classes"))
         body = load_body(model_path, anchors, len(class_names))
         self.model_path = model_path
         self._setup(

@@ -26,18 +26,15 @@ the end, so a failed conversion never leaves a partial file behind.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
-import sys
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 
+from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
 from keras_yolo_mgpu.weights import darknet
-from keras_yolo_mgpu.weights.darknet import DarknetError
 
 logger = logging.getLogger(__name__)
 
@@ -236,11 +233,11 @@ def convert(
         )
         with open(cfg_path, encoding="utf-8") as f:
             cfg_text = f.read()
-        _atomic_write(cfg_copy_path, lambda tmp: _write_text(tmp, cfg_text))
+        write_text_atomic(cfg_copy_path, cfg_text)
     if output_path.endswith(".keras"):
-        _atomic_write(output_path, model.save)
+        atomic_write(output_path, model.save)
     else:
-        _atomic_write(output_path, model.save_weights)
+        atomic_write(output_path, model.save_weights)
     logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
     if anchors is not None:
         from keras_yolo_mgpu.resources import format_anchors
@@ -249,33 +246,6 @@ def convert(
     return ConversionResult(
         model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes
     )
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def _atomic_write(path: str, write) -> None:
-    """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it to ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.basename(path)
-    # Keep the suffix: Keras checks it (.weights.h5 / .keras).
-    suffix = next((s for s in (*_OUTPUT_SUFFIXES, ".cfg") if base.endswith(s)), "")
-    fd, tmp = tempfile.mkstemp(prefix=f".{base[: len(base) - len(suffix)]}.", suffix=f".tmp{suffix}", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        # mkstemp creates the file 0600; give it the permissions a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def load_converted(path: str | os.PathLike):
@@ -303,56 +273,3 @@ def load_converted(path: str | os.PathLike):
     model = darknet.build_model(darknet.parse_cfg(cfg_copy))
     model.load_weights(path)
     return model
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Convert Darknet .cfg + .weights to a Keras 3 model file.",
-        epilog="A yolov3/yolov3-tiny cfg is saved as yolo_body/tiny_yolo_body weights; other cfgs as the "
-        "generic cfg-built model (prefer .keras for those).",
-    )
-    parser.add_argument("config_path", help="Darknet .cfg file")
-    parser.add_argument("weights_path", help="Darknet .weights file")
-    parser.add_argument("output_path", help="output: .weights.h5 (weights) or .keras (whole model)")
-    parser.add_argument(
-        "--generic",
-        action="store_true",
-        help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
-    )
-    parser.add_argument(
-        "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from keras_yolo_mgpu.cli.args import setup_logging
-
-    setup_logging(args.verbose)
-    try:
-        check_output_path(args.output_path)
-    except ValueError as error:
-        parser.error(str(error))
-    for label, path in (("config", args.config_path), ("weights", args.weights_path)):
-        if not os.path.isfile(path):
-            parser.error(f"{label} file not found: {path}")
-    try:
-        result = convert(args.config_path, args.weights_path, args.output_path, generic=args.generic)
-    except (DarknetError, OSError) as error:
-        print(f"convert.py: error: {error}", file=sys.stderr)
-        return 1
-    if args.anchors_output:
-        if result.anchors is None:
-            print("convert.py: error: the cfg has no [yolo] anchors to write", file=sys.stderr)
-            return 1
-        from keras_yolo_mgpu.resources import format_anchors
-
-        _atomic_write(args.anchors_output, lambda tmp: _write_text(tmp, format_anchors(result.anchors) + "\n"))
-    print(
-        f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
-        f"as {result.architecture}" + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
-    )
-    return 0
