@@ -169,6 +169,8 @@ def convert(
     *,
     generic: bool = False,
     check: bool = True,
+    darknet_bn: str = darknet.DEFAULT_DARKNET_BN,
+    masks="auto",
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
@@ -180,6 +182,19 @@ def convert(
             is a ``yolo_body``.
         check: verify the ``yolo_body`` copy on a test image (see
             :func:`build_matching_body`).
+        darknet_bn: whose batch norm the converted model reproduces:
+            ``"pjreddie"`` (default: the original Darknet, which trained the
+            official YOLOv3 weights), ``"alexeyab"`` (AlexeyAB/darknet) or
+            ``"keras-yolo3"`` (raw arrays with Keras's epsilon: keras-yolo3's
+            own conversion, bit for bit). See
+            :func:`~keras_yolo_mgpu.weights.darknet.fold_batch_norm`.
+        masks: the anchor masks the converted model decodes with:
+            ``"cfg"`` (the ``[yolo] mask`` lines), ``"keras-yolo3"``
+            (``[[6,7,8],[3,4,5],[0,1,2]]`` / tiny ``[[3,4,5],[1,2,3]]``),
+            explicit lists (coarsest scale first), or ``"auto"``: the cfg's,
+            except for a 2-scale (tiny) cfg whose masks differ from
+            keras-yolo3's, which gets keras-yolo3's with a warning (see
+            :func:`choose_masks`).
 
     Returns:
         A :class:`ConversionResult`.
@@ -195,8 +210,16 @@ def convert(
     convs, yolos = darknet.infer_layers(sections)
     header, weights = darknet.read_weights(weights_path, convs)
     num_floats = sum(c.num_floats for c in convs)
-    model = darknet.build_model(sections, weights, name=os.path.splitext(os.path.basename(str(cfg_path)))[0])
-    logger.info("Built %s: %d layers, %d parameters", cfg_path, len(model.layers), model.count_params())
+    model = darknet.build_model(
+        sections, weights, darknet_bn=darknet_bn, name=os.path.splitext(os.path.basename(str(cfg_path)))[0]
+    )
+    logger.info(
+        "Built %s: %d layers, %d parameters; batch norm as %s",
+        cfg_path,
+        len(model.layers),
+        model.count_params(),
+        darknet_bn,
+    )
 
     heads = _yolo_heads(yolos)
     architecture = "generic"
@@ -207,16 +230,10 @@ def convert(
         else:
             logger.info("Not a yolo_body/tiny_yolo_body (%s): saving the generic cfg-built model", why)
     if heads is not None:
-        anchors, masks, num_classes, _ = heads
-        from keras_yolo_mgpu.model.boxes import anchor_masks
-
-        if architecture != "generic" and masks != anchor_masks(len(masks)):
-            logger.warning(
-                "The cfg's anchor masks %s differ from the masks %s that yolo_body's decoding uses; "
-                "detections will use the wrong anchors unless the masks are changed",
-                masks,
-                anchor_masks(len(masks)),
-            )
+        anchors, cfg_masks, num_classes, _ = heads
+        # Masks matter to the yolo_body kinds, whose decoding uses them; a
+        # generic model just reports the cfg's.
+        masks = cfg_masks if architecture == "generic" else choose_masks(masks, cfg_masks, len(anchors))
     else:
         anchors, masks, num_classes = None, None, None
 
@@ -248,6 +265,41 @@ def convert(
     )
 
 
+#: Why the official yolov3-tiny weights keep keras-yolo3's masks by default.
+TINY_MASKS_WARNING = (
+    "The cfg's anchor masks are %s but this converter keeps keras-yolo3's %s for a tiny cfg: the official "
+    "yolov3-tiny.weights were trained with 3,4,5 / 1,2,3 although the later cfg says 0,1,2 "
+    "(AlexeyAB/darknet#1341); with 0,1,2 the fine scale's boxes come out about half size, and on hand-drawn "
+    "boxes 1,2,3 fits the official weights better. If YOUR weights were trained "
+    "with the cfg's masks, convert with --masks cfg."
+)
+
+
+def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
+    """The masks a converted model decodes with (see :func:`convert`'s ``masks``).
+
+    Raises:
+        ValueError: unknown keyword or masks that do not fit the anchors.
+    """
+    from keras_yolo_mgpu.model.boxes import anchor_masks, resolve_masks
+
+    default = anchor_masks(len(cfg_masks)) if len(cfg_masks) in (2, 3) else None
+    if masks == "auto":
+        if len(cfg_masks) == 2 and cfg_masks != default:
+            logger.warning(TINY_MASKS_WARNING, cfg_masks, default)
+            return default
+        return cfg_masks
+    if masks == "cfg":
+        return cfg_masks
+    if masks == "keras-yolo3":
+        if default is None:
+            raise ValueError(f"keras-yolo3 has no masks for {len(cfg_masks)} output scales")
+        return default
+    if isinstance(masks, str):
+        raise ValueError(f"masks must be 'auto', 'cfg', 'keras-yolo3' or lists of indices. Received: masks={masks!r}")
+    return resolve_masks(masks, num_anchors)
+
+
 def load_converted(path: str | os.PathLike):
     """Loads a file written by :func:`convert` without knowing which kind it is.
 
@@ -273,3 +325,16 @@ def load_converted(path: str | os.PathLike):
     model = darknet.build_model(darknet.parse_cfg(cfg_copy))
     model.load_weights(path)
     return model
+
+
+def parse_masks(text: str):
+    """``"cfg"``/``"keras-yolo3"``/``"auto"`` as they are; ``"3,4,5 1,2,3"`` -> ``[[3, 4, 5], [1, 2, 3]]``."""
+    text = text.strip()
+    if text in ("auto", "cfg", "keras-yolo3"):
+        return text
+    try:
+        return [[int(i) for i in group.split(",") if i] for group in text.replace(";", " ").split()]
+    except ValueError:
+        raise ValueError(
+            f"--masks must be cfg, keras-yolo3 or anchor indices per scale like '6,7,8 3,4,5 0,1,2'. Received: {text!r}"
+        ) from None
