@@ -15,6 +15,7 @@ __all__ = [
     "ArgumentParser",
     "add_detection_args",
     "add_device_args",
+    "add_gpu_num_arg",
     "add_model_args",
     "input_size",
     "positive_int",
@@ -86,6 +87,18 @@ def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, i
     """--score, --iou."""
     parser.add_argument("--score", type=unit_float, default=score, help=f"minimum detection score (default: {score})")
     parser.add_argument("--iou", type=unit_float, default=iou, help=f"NMS IoU threshold (default: {iou})")
+
+
+def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """--gpu_num (keras-yolo3's name) / --gpus: GPUs an inference command spreads its batches over."""
+    parser.add_argument(
+        "--gpu_num",
+        "--gpus",
+        dest="gpu_num",
+        type=positive_int,
+        default=1,
+        help=f"GPUs to spread batches of {what} over (default: 1)",
+    )
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:

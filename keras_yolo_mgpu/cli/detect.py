@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import ArgumentParser, add_detection_args, add_model_args, positive_int
+from keras_yolo_mgpu.cli.args import ArgumentParser, add_detection_args, add_gpu_num_arg, add_model_args, positive_int
 from keras_yolo_mgpu.cli.runner import run_command
 
 logger = logging.getLogger("yolo_video")
@@ -30,14 +30,7 @@ def build_parser() -> ArgumentParser:
         help="keras-yolo3's name for --weights (default: model_data/yolo.h5)",
     )
     add_detection_args(parser)
-    parser.add_argument(
-        "--gpu_num",
-        "--gpus",
-        dest="gpu_num",
-        type=positive_int,
-        default=1,
-        help="GPUs to spread batches of frames over (default: 1)",
-    )
+    add_gpu_num_arg(parser, what="frames")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", nargs="+", metavar="PATH", help="image files and/or folders to annotate")
     source.add_argument("--input", metavar="VIDEO", help="video file, or camera index (0, 1, ...)")

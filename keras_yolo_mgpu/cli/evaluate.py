@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import quiet
-from keras_yolo_mgpu.cli.args import ArgumentParser, add_detection_args, add_model_args, positive_int
+from keras_yolo_mgpu.cli.args import ArgumentParser, add_detection_args, add_gpu_num_arg, add_model_args, positive_int
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 
@@ -37,14 +37,7 @@ def build_parser() -> ArgumentParser:
     add_detection_args(parser)
     parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
-    parser.add_argument(
-        "--gpu_num",
-        "--gpus",
-        dest="gpu_num",
-        type=positive_int,
-        default=1,
-        help="GPUs to spread batches over (default: 1)",
-    )
+    add_gpu_num_arg(parser, what="images")
     parser.add_argument(
         "--pr-curve",
         default="pr_curve.png",

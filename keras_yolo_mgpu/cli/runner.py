@@ -42,11 +42,11 @@ class UsageError(Exception):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, unless the help text already states one."""
+    """Shows defaults, unless the help text already states one or there is none to show (None, off)."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default:" in text or "(default" in text:
+        if "default:" in text or "(default" in text or action.default in (None, False):
             return text
         return super()._get_help_string(action)
 
