@@ -44,6 +44,11 @@ def build_parser() -> ArgumentParser:
         "(about 0.5-0.9%% off Darknet's outputs); for comparing with old keras-yolo3 files",
     )
     parser.add_argument(
+        "--classes",
+        default=None,
+        help="class names file stored in the output's metadata (default: COCO's names for an 80-class cfg)",
+    )
+    parser.add_argument(
         "--masks",
         default="auto",
         metavar="cfg|keras-yolo3|'3,4,5 1,2,3'",
@@ -73,6 +78,13 @@ def run(args) -> int:
             f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
         )
     darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else (args.darknet_bn or darknet.DEFAULT_DARKNET_BN)
+    class_names = None
+    if args.classes:
+        if not os.path.isfile(args.classes):
+            raise UsageError(f"classes file not found: {args.classes}")
+        from keras_yolo_mgpu.resources import get_classes
+
+        class_names = get_classes(args.classes)
     for label, path in (("config", args.config_path), ("weights", args.weights_path)):
         if not os.path.isfile(path):
             raise UsageError(f"{label} file not found: {path}")
@@ -84,6 +96,7 @@ def run(args) -> int:
         generic=args.generic,
         darknet_bn=darknet_bn,
         masks=masks,
+        class_names=class_names,
     )
     if args.anchors_output:
         if result.anchors is None:

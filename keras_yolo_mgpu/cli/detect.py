@@ -11,7 +11,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import ArgumentParser, add_detection_args, add_gpu_num_arg, add_model_args, positive_int
+from keras_yolo_mgpu.cli.args import (
+    ArgumentParser,
+    add_detection_args,
+    add_gpu_num_arg,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+)
 from keras_yolo_mgpu.cli.runner import run_command
 
 logger = logging.getLogger("yolo_video")
@@ -54,7 +61,6 @@ def run(args) -> int:
     from keras_yolo_mgpu.cli import quiet
     from keras_yolo_mgpu.inference.media import collect_images, process_images, process_video
     from keras_yolo_mgpu.inference.video import parse_source
-    from keras_yolo_mgpu.resources import resolve_resource
 
     weights = args.weights or os.path.join("model_data", "yolo.h5")
     # Cheap checks first: a typo fails before the model is built.
@@ -70,13 +76,11 @@ def run(args) -> int:
 
     yolo = YOLO(
         weights,
-        anchors_path=resolve_resource(args.anchors, "anchors", tiny=args.tiny),
-        classes_path=resolve_resource(args.classes, "classes"),
         score=args.score,
         iou=args.iou,
-        model_image_size=args.input_size,
         gpu_num=args.gpu_num,
         batch_size=args.batch_size,
+        settings=resolve_model_settings(args, weights),
     )
     if args.image:
         stats = process_images(

@@ -11,7 +11,14 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import quiet
-from keras_yolo_mgpu.cli.args import ArgumentParser, add_detection_args, add_gpu_num_arg, add_model_args, positive_int
+from keras_yolo_mgpu.cli.args import (
+    ArgumentParser,
+    add_detection_args,
+    add_gpu_num_arg,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+)
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 
@@ -57,12 +64,11 @@ def run(args) -> int:
 
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
-    classes = resolve_resource(args.classes, "classes")
     if args.detections:
         result = evaluate_detections(
             args.detections,
             args.annotations,
-            classes,
+            resolve_resource(args.classes, "classes"),
             score=args.score,
             root=args.root,
             pr_curve=args.pr_curve or None,
@@ -72,9 +78,7 @@ def run(args) -> int:
         result = evaluate_weights(
             args.weights,
             args.annotations,
-            classes,
-            resolve_resource(args.anchors, "anchors", tiny=args.tiny),
-            input_size=args.input_size,
+            settings=resolve_model_settings(args, args.weights),
             score=args.score,
             iou=args.iou,
             batch_size=args.batch_size,

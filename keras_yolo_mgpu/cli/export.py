@@ -8,7 +8,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import ArgumentParser, add_detection_args, add_model_args, positive_int
+from keras_yolo_mgpu.cli.args import (
+    ArgumentParser,
+    add_detection_args,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+)
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.inference.export import FORMATS, ExportError  # light: TensorFlow loads later
 
@@ -40,7 +46,6 @@ def build_parser() -> ArgumentParser:
 
 def run(args) -> int:
     from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, export_model
-    from keras_yolo_mgpu.resources import resolve_resource
 
     if not args.weights:
         raise UsageError("--weights is required")
@@ -48,9 +53,7 @@ def run(args) -> int:
         args.weights,
         args.format,
         args.output,
-        classes_path=args.classes,
-        anchors_path=resolve_resource(args.anchors, "anchors", tiny=args.tiny),
-        input_size=args.input_size,
+        settings=resolve_model_settings(args, args.weights),
         score=args.score,
         iou=args.iou,
         max_boxes=args.max_boxes,

@@ -51,8 +51,11 @@ def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None
     return os.path.join(temp_dir, os.path.basename(filepath)), temp_dir
 
 
-def save_weights_atomic(model: keras.Model, filepath: str) -> None:
+def save_weights_atomic(model: keras.Model, filepath: str, metadata=None) -> None:
     """`model.save_weights(filepath)`, but the old file survives any failure.
+
+    `metadata` (a `weights.metadata.ModelMetadata`, optional) is written into
+    the temporary file before the rename, so it appears with the weights.
 
     Written with `fileio.atomic_write`: a temporary `.weights.h5` beside
     `filepath`, flushed, then renamed over it; on any failure the temporary
@@ -61,7 +64,15 @@ def save_weights_atomic(model: keras.Model, filepath: str) -> None:
     filepath = os.fspath(filepath)
     if not filepath.endswith(_WEIGHTS_SUFFIX):
         raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
-    atomic_write(filepath, lambda temporary: model.save_weights(temporary, overwrite=True))
+
+    def write(temporary: str) -> None:
+        model.save_weights(temporary, overwrite=True)
+        if metadata is not None:
+            from keras_yolo_mgpu.weights.metadata import write_metadata
+
+            write_metadata(temporary, metadata)
+
+    atomic_write(filepath, write)
 
 
 class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -89,12 +100,24 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
         **kwargs: `verbose`, `mode`, `save_freq`, `initial_value_threshold`
             of `keras.callbacks.ModelCheckpoint`. `save_weights_only` is
             always True.
+        metadata: optional `weights.metadata.ModelMetadata` stored in every
+            file (anchors, masks, classes, ...), so a checkpoint alone is
+            enough to detect with.
 
     Saves are atomic (`save_weights_atomic`). In multi-worker training only
     the chief writes to `filepath` (`checkpoint_write_path`).
     """
 
-    def __init__(self, filepath, template_model, monitor="val_loss", save_best_only=False, period=None, **kwargs):
+    def __init__(
+        self,
+        filepath,
+        template_model,
+        monitor="val_loss",
+        save_best_only=False,
+        period=None,
+        metadata=None,
+        **kwargs,
+    ):
         filepath = os.fspath(filepath)
         if not filepath.endswith(_WEIGHTS_SUFFIX):
             raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
@@ -116,6 +139,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
         check_model_checkpoint_hooks()  # _save_model below overrides a private method
         super().__init__(filepath, monitor=monitor, save_best_only=save_best_only, save_weights_only=True, **kwargs)
         self.template_model = template_model
+        self.metadata = metadata
         self.period = period
         self._epochs_since_last_save = 0
 
@@ -135,7 +159,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
             return
         write_path, temp_dir = checkpoint_write_path(filepath, self._strategy())
         try:
-            save_weights_atomic(self.template_model, write_path)
+            save_weights_atomic(self.template_model, write_path, self.metadata)
         finally:
             if temp_dir is not None:
                 shutil.rmtree(temp_dir, ignore_errors=True)

@@ -35,6 +35,7 @@ import numpy as np
 
 from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
 from keras_yolo_mgpu.weights import darknet
+from keras_yolo_mgpu.weights.metadata import ModelMetadata, kind_for, write_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class ConversionResult:
         anchors: ``(N, 2)`` anchors of the ``[yolo]`` sections, or None.
         masks: anchor indices per output, coarsest first, or None.
         num_classes: classes of the ``[yolo]`` sections, or None.
+        metadata: what was stored in the file (``yolo_body`` kinds), or None.
     """
 
     model: object
@@ -67,6 +69,7 @@ class ConversionResult:
     anchors: np.ndarray | None
     masks: list | None
     num_classes: int | None
+    metadata: object = None
 
 
 def check_output_path(output_path: str) -> None:
@@ -171,6 +174,7 @@ def convert(
     check: bool = True,
     darknet_bn: str = darknet.DEFAULT_DARKNET_BN,
     masks="auto",
+    class_names: Sequence[str] | None = None,
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
@@ -195,6 +199,9 @@ def convert(
             except for a 2-scale (tiny) cfg whose masks differ from
             keras-yolo3's, which gets keras-yolo3's with a warning (see
             :func:`choose_masks`).
+        class_names: names stored in the file's metadata, one per class of
+            the cfg; default the COCO names for an 80-class cfg, else
+            ``class_0``, ``class_1``, ... with a warning.
 
     Returns:
         A :class:`ConversionResult`.
@@ -237,6 +244,10 @@ def convert(
     else:
         anchors, masks, num_classes = None, None, None
 
+    metadata = None
+    if architecture != "generic":
+        metadata = _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path)
+
     cfg_copy_path = None
     if architecture == "generic" and output_path.endswith(".weights.h5"):
         cfg_copy_path = output_path + ".cfg"
@@ -251,18 +262,47 @@ def convert(
         with open(cfg_path, encoding="utf-8") as f:
             cfg_text = f.read()
         write_text_atomic(cfg_copy_path, cfg_text)
-    if output_path.endswith(".keras"):
-        atomic_write(output_path, model.save)
-    else:
-        atomic_write(output_path, model.save_weights)
+    save = model.save if output_path.endswith(".keras") else model.save_weights
+
+    def write(temp_path):
+        save(temp_path)
+        if metadata is not None:
+            write_metadata(temp_path, metadata)
+
+    atomic_write(output_path, write)
     logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
     if anchors is not None:
         from keras_yolo_mgpu.resources import format_anchors
 
         logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
     return ConversionResult(
-        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes
+        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes, metadata
     )
+
+
+def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path):
+    """The :class:`ModelMetadata` of a converted ``yolo_body`` / ``tiny_yolo_body``."""
+    from keras_yolo_mgpu.resources import get_classes, resolve_resource
+
+    if class_names is None:
+        if num_classes == 80:
+            class_names = get_classes(resolve_resource(None, "classes"))
+        else:
+            logger.warning(
+                "%s has %d classes and no --classes was given: storing the names class_0..class_%d",
+                cfg_path,
+                num_classes,
+                num_classes - 1,
+            )
+            class_names = [f"class_{i}" for i in range(num_classes)]
+    if len(class_names) != num_classes:
+        raise ValueError(f"--classes has {len(class_names)} names but {cfg_path} has {num_classes} classes")
+    net = darknet.net_section(sections)
+    input_shape = (net.get_int("height", 416), net.get_int("width", 416)) if net is not None else (416, 416)
+    if any(v <= 0 or v % 32 for v in input_shape):
+        logger.warning("[net] size %s is not a multiple of 32; storing 416x416 as the input size", input_shape)
+        input_shape = (416, 416)
+    return ModelMetadata(kind_for(len(anchors)), input_shape, anchors, masks, class_names)
 
 
 #: Why the official yolov3-tiny weights keep keras-yolo3's masks by default.
