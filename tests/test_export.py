@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from inference_helpers import INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, write_classes
 
+from keras_yolo_mgpu.cli.export import main
 from keras_yolo_mgpu.inference import export
-from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, ExportError, export_model, main
+from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, ExportError, export_model
 
 SCORE = 0.5
 HAVE_ONNX = all(importlib.util.find_spec(name) for name in ("tf2onnx", "onnxruntime"))
@@ -141,13 +142,13 @@ class _FakeExportable:
 
 def test_a_previous_export_is_replaced_and_a_failed_one_leaves_it(tmp_path):
     output = str(tmp_path / "exported")
-    export._write_atomically(_FakeExportable("first"), "savedmodel", output)
+    export._export_marked_savedmodel(_FakeExportable("first"), output)
     assert sorted(os.listdir(output)) == [export.EXPORT_MARKER, "saved_model.pb"]
     export._check_output(output, "savedmodel", overwrite=False)  # ours: may be replaced
     with pytest.raises(RuntimeError):
-        export._write_atomically(_FakeExportable("second", fail=True), "savedmodel", output)
+        export._export_marked_savedmodel(_FakeExportable("second", fail=True), output)
     assert open(os.path.join(output, "saved_model.pb")).read() == "first"
-    export._write_atomically(_FakeExportable("third"), "savedmodel", output)
+    export._export_marked_savedmodel(_FakeExportable("third"), output)
     assert open(os.path.join(output, "saved_model.pb")).read() == "third"
     assert os.listdir(tmp_path) == ["exported"]  # no temporary or old copy left behind
     empty = tmp_path / "empty"

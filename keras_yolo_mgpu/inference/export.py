@@ -26,24 +26,15 @@ are about 1e-3 px and 1e-6 in score).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import (
-    add_detection_args,
-    add_model_args,
-    positive_int,
-    resolve_model_settings,
-    setup_logging,
-)
+from keras_yolo_mgpu.fileio import atomic_write, replace_directory
 from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
 
 logger = logging.getLogger(__name__)
@@ -108,9 +99,43 @@ def _input_signature(model):
 
 
 def export_savedmodel(model, path: str) -> str:
-    """Writes a SavedModel directory with a `serving_default` signature; `path` must not exist."""
-    model.export(path, format="tf_saved_model", verbose=False)
-    return path
+    """Writes a SavedModel directory with a `serving_default` signature."""
+    # A failed export leaves an existing folder at `path` as it was.
+    return replace_directory(path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False))
+
+
+def _export_marked_savedmodel(model, path: str) -> str:
+    """`export_savedmodel` plus `EXPORT_MARKER` inside, written before the folder moves into place."""
+
+    def write(folder):
+        model.export(folder, format="tf_saved_model", verbose=False)
+        with open(os.path.join(folder, EXPORT_MARKER), "w", encoding="utf-8") as f:
+            f.write('{"written_by": "keras_yolo_mgpu.export", "format": "savedmodel"}\n')
+
+    return replace_directory(path, write)
+
+
+def _check_output(output: str, fmt: str, overwrite: bool) -> None:
+    """Raises FileExistsError when writing `output` would replace something this tool did not write."""
+    if not os.path.lexists(output):
+        return
+    if fmt == "savedmodel":
+        if os.path.isdir(output) and not os.path.islink(output):
+            entries = os.listdir(output)
+            if not entries or EXPORT_MARKER in entries:
+                return
+        raise FileExistsError(
+            f"--output {output} already exists and is not a SavedModel exported by this tool (it has no "
+            f"{EXPORT_MARKER}); nothing was written or removed. Choose a new path (the export is a folder), or "
+            "move that one away yourself."
+        )
+    if os.path.isdir(output):
+        raise FileExistsError(f"--output {output} is a folder; a {fmt} export is a file: give a file path")
+    if not overwrite:
+        raise FileExistsError(
+            f"--output {output} already exists; nothing was written. Pass --overwrite to replace it, or choose "
+            "another path."
+        )
 
 
 def export_tflite(model, path: str) -> str:
@@ -125,9 +150,12 @@ def export_tflite(model, path: str) -> str:
             flatbuffer = converter.convert()
         except Exception as error:  # the converter raises many kinds
             raise ExportError(f"TFLite conversion failed: {error}") from None
-    with open(path, "wb") as f:
-        f.write(flatbuffer)
-    return path
+
+    def write(temporary):
+        with open(temporary, "wb") as f:
+            f.write(flatbuffer)
+
+    return atomic_write(path, write)
 
 
 def _import_onnx_tools():
@@ -151,7 +179,12 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
         return model([image, image_shape], training=False)
 
     try:
-        tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, output_path=path)
+        atomic_write(
+            path,
+            lambda temporary: tf2onnx.convert.from_function(
+                serve, input_signature=signature, opset=opset, output_path=temporary
+            ),
+        )
     except Exception as error:  # tf2onnx raises many kinds
         raise ExportError(f"ONNX conversion failed: {error}") from None
     return path
@@ -258,61 +291,6 @@ def check_export(model, fmt: str, path: str, *, num_images: int = 2, seed: int =
     return result
 
 
-def _check_output(output: str, fmt: str, overwrite: bool) -> None:
-    """Raises FileExistsError when writing `output` would replace something this tool did not write."""
-    if not os.path.lexists(output):
-        return
-    if fmt == "savedmodel":
-        if os.path.isdir(output) and not os.path.islink(output):
-            entries = os.listdir(output)
-            if not entries or EXPORT_MARKER in entries:
-                return
-        raise FileExistsError(
-            f"--output {output} already exists and is not a SavedModel exported by this tool (it has no "
-            f"{EXPORT_MARKER}); nothing was written or removed. Choose a new path (the export is a folder), or "
-            "move that one away yourself."
-        )
-    if os.path.isdir(output):
-        raise FileExistsError(f"--output {output} is a folder; a {fmt} export is a file: give a file path")
-    if not overwrite:
-        raise FileExistsError(
-            f"--output {output} already exists; nothing was written. Pass --overwrite to replace it, or choose "
-            "another path."
-        )
-
-
-def _write_atomically(model, fmt: str, output: str, settings=None) -> None:
-    """Writes the export beside `output`, then moves it into place (see `export_model`)."""
-    output = os.path.abspath(output)
-    parent, name = os.path.split(output)
-    os.makedirs(parent, exist_ok=True)
-    temporary = os.path.join(parent, f".{name}.{os.getpid()}.tmp")
-    try:
-        if fmt == "savedmodel":
-            export_savedmodel(model, temporary)
-            with open(os.path.join(temporary, EXPORT_MARKER), "w", encoding="utf-8") as f:
-                f.write('{"written_by": "keras_yolo_mgpu.export", "format": "savedmodel"}\n')
-            if os.path.isdir(output):
-                # A previous export of ours (or an empty folder, `_check_output`):
-                # set it aside, move the new one in, then delete the old one.
-                previous = os.path.join(parent, f".{name}.{os.getpid()}.old")
-                os.rename(output, previous)
-                os.rename(temporary, output)
-                shutil.rmtree(previous)
-            else:
-                os.rename(temporary, output)
-        else:
-            {"tflite": export_tflite, "onnx": export_onnx}[fmt](model, temporary)
-            if fmt == "onnx" and settings is not None:
-                _add_onnx_metadata(temporary, settings)
-            os.replace(temporary, output)
-    finally:
-        if os.path.isdir(temporary):
-            shutil.rmtree(temporary)
-        elif os.path.exists(temporary):
-            os.remove(temporary)
-
-
 def default_output(weights: str, fmt: str) -> str:
     stem = os.fspath(weights)
     for suffix in (".weights.h5", ".keras", ".h5"):
@@ -351,9 +329,8 @@ def export_model(
     Nothing the user made is removed or overwritten: a SavedModel replaces
     only an empty folder or a previous export of this tool (it holds
     `EXPORT_MARKER`); a `.tflite`/`.onnx` file replaces an existing file only
-    with `overwrite`. Every export is written next to `output` first and
-    moved into place when complete, so an interrupted export leaves the
-    previous one intact.
+    with `overwrite`. Every export is written beside `output` and moved into
+    place when complete, so an interrupted export leaves the previous one.
 
     Raises:
         FileExistsError: `output` exists and may not be replaced (see above).
@@ -385,7 +362,9 @@ def export_model(
     )
     output = output or default_output(weights, fmt)
     _check_output(output, fmt, overwrite)  # again: building took a while
-    _write_atomically(model, fmt, output, settings)
+    {"savedmodel": _export_marked_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
+    if fmt == "onnx":
+        _add_onnx_metadata(output, settings)
     metadata_path = write_sidecar(output, settings)
     logger.info("wrote %s (%s) and %s", output, fmt, metadata_path)
     result = {"format": fmt, "path": output, "check": None, "metadata": metadata_path}
@@ -403,71 +382,4 @@ def _add_onnx_metadata(path: str, settings) -> None:
     model = onnx.load(path)
     entry = model.metadata_props.add()
     entry.key, entry.value = ATTRIBUTE, settings.to_json()
-    temp = path + ".tmp"
-    onnx.save(model, temp)
-    os.replace(temp, path)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_yolo_mgpu.export",
-        description="Export weights as a SavedModel, TFLite or ONNX model with decoding and NMS inside.",
-    )
-    add_model_args(parser, weights_help="weights to export (.weights.h5, .keras or Keras 2 .h5)")
-    add_detection_args(parser)
-    parser.add_argument(
-        "--format", required=True, choices=FORMATS, help="savedmodel (folder), tflite (batch 1) or onnx"
-    )
-    parser.add_argument(
-        "--output",
-        default=None,
-        help="output path (default: next to the weights, e.g. W_savedmodel/, W.tflite, W.onnx)",
-    )
-    parser.add_argument(
-        "--max-boxes", type=positive_int, default=20, help="most boxes per class and image (default: 20)"
-    )
-    parser.add_argument(
-        "--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)"
-    )
-    parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing .tflite/.onnx file at --output (a SavedModel folder replaces only an empty "
-        "folder or a previous export of this tool, never anything else)",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    args = parser.parse_args(argv)
-    if not args.weights:
-        parser.error("--weights is required")
-    setup_logging(args.verbose)
-    try:
-        result = export_model(
-            args.weights,
-            args.format,
-            args.output,
-            settings=resolve_model_settings(args, args.weights),
-            score=args.score,
-            iou=args.iou,
-            max_boxes=args.max_boxes,
-            max_detections=args.max_detections,
-            check=not args.no_check,
-            overwrite=args.overwrite,
-        )
-    except (OSError, ValueError, ExportError) as error:
-        logger.debug("details", exc_info=True)
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    if result["check"]:
-        c = result["check"]
-        print(
-            f"check: {c['detections']} detections on random images; largest differences "
-            f"{c['max_box_diff']:.2e} px (tolerance {BOX_TOLERANCE_PX}), "
-            f"score {c['max_score_diff']:.2e} (tolerance {SCORE_TOLERANCE})"
-        )
-    print(f"exported {result['format']}: {result['path']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    atomic_write(path, lambda temporary: onnx.save(model, temporary))

@@ -329,7 +329,7 @@ def settings_for(
     Raises:
         MetadataError: an explicit value contradicts the file.
     """
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes, model_data_path
+    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
     if class_names is None and classes_path:
         class_names = get_classes(classes_path)
@@ -354,7 +354,7 @@ def settings_for(
             **labels,
         )
     if class_names is None:
-        class_names = get_classes(model_data_path("coco_classes.txt"))
+        class_names = get_classes(resolve_resource(None, "classes"))
     if anchors is None:
-        anchors = get_anchors(default_anchors_path(tiny))
+        anchors = get_anchors(resolve_resource(None, "anchors", tiny=tiny))
     return make_metadata(anchors, class_names, input_shape or (416, 416), masks)
