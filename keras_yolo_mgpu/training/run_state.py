@@ -27,6 +27,7 @@ import os
 
 import keras
 
+from keras_yolo_mgpu.fileio import write_text_atomic
 from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
 
 logger = logging.getLogger(__name__)
@@ -77,24 +78,6 @@ class RunState:
     finished: bool = False
 
 
-def write_json_atomic(path: str, data) -> None:
-    """Writes `data` as JSON to `path` so that readers see the old or the new file, never half of one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(temp_path, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp_path, path)
-    except BaseException:
-        if os.path.exists(temp_path):
-            os.remove(temp_path)
-        raise
-
-
 def read_run_state(run_dir: str) -> RunState | None:
     """The saved state of the run in `run_dir`, or None when no epoch has finished yet."""
     path = os.path.join(run_dir, RUN_STATE_FILE)
@@ -113,15 +96,17 @@ def read_run_state(run_dir: str) -> RunState | None:
 
 
 def write_run_state(run_dir: str, state: RunState) -> None:
-    write_json_atomic(os.path.join(run_dir, RUN_STATE_FILE), dataclasses.asdict(state))
+    """Replaces `run_state.json` in one step (the commit point of an epoch's save)."""
+    text = json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
+    write_text_atomic(os.path.join(run_dir, RUN_STATE_FILE), text)
 
 
 def remove_stale_files(run_dir: str, keep: str | None) -> None:
     """Deletes this module's backup files other than `keep`, and temporaries of interrupted saves.
 
     Only names this project writes are touched: `backup/stage*.weights.h5`,
-    and hidden `.*.tmp*` files left by `save_weights_atomic` or
-    `write_json_atomic` when a kill interrupted them.
+    and hidden `.*.tmp*` files left by `fileio.atomic_write` when a kill
+    interrupted it.
     """
     backup = os.path.join(run_dir, BACKUP_DIR)
     keep_path = os.path.abspath(os.path.join(run_dir, keep)) if keep else None

@@ -357,10 +357,13 @@ def _trim_history(history_csv: str, epochs_done: int) -> None:
             kept.append(row)
     if len(kept) == len(rows):
         return
-    temporary = os.path.join(os.path.dirname(history_csv), f".{os.path.basename(history_csv)}.tmp")
-    with open(temporary, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows(kept)
-    os.replace(temporary, history_csv)
+    from keras_yolo_mgpu.fileio import atomic_write
+
+    def write(temporary):
+        with open(temporary, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(kept)
+
+    atomic_write(history_csv, write)
 
 
 def _train(config: TrainConfig, engine) -> TrainResult:
