@@ -164,52 +164,25 @@ def test_bad_recipe_settings_are_refused_by_name(change, message):
 
 
 def test_resume_restores_the_average_and_the_step_that_drives_the_schedule(tmp_path):
-    """BackupAndRestore (what --resume uses) brings back the EMA and the iteration count."""
+    """The run state --resume reads (training.run_state) brings back the EMA and the step count."""
+    from keras_yolo_mgpu.training.run_state import RunStateCheckpoint, read_run_state, restore_fit_weights
+
     x, y = np.random.default_rng(1).random((8, 2)), np.ones((8, 1))
 
     def compiled():
         schedule = StageSchedule(0.1, first_epoch=0, steps_per_epoch=4, total_epochs=3, warmup_epochs=1)
         return _tiny_model(keras.optimizers.SGD(schedule, use_ema=True, ema_momentum=0.5))
 
-    class Interrupt(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            if epoch == 1:
-                self.averages = [
-                    keras.ops.convert_to_numpy(a) for a in self.model.optimizer._model_variables_moving_average
-                ]
-                raise KeyboardInterrupt
-
-    backup = str(tmp_path / "backup")
-    interrupt = Interrupt()
     model = compiled()
-    with pytest.raises(KeyboardInterrupt):
-        model.fit(
-            x, y, batch_size=2, epochs=3, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup), interrupt]
-        )
-
-    restored = {}
-
-    class Record(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            if not restored:
-                optimizer = self.model.optimizer
-                restored["step"] = int(keras.ops.convert_to_numpy(optimizer.iterations))
-                restored["averages"] = [
-                    keras.ops.convert_to_numpy(a) for a in optimizer._model_variables_moving_average
-                ]
+    saver = RunStateCheckpoint(
+        str(tmp_path), stage=1, initial_epoch=0, start_position=0, images_per_epoch=8, tracked=[]
+    )
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[saver])
+    # fit() ends by writing the averages into the weights; the saved state was taken before.
+    saved_averages = [keras.ops.convert_to_numpy(a) for a in model.optimizer._model_variables_moving_average]
 
     resumed = compiled()
-    resumed.fit(x, y, batch_size=2, epochs=3, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup), Record()])
-    assert restored["step"] == 4  # one epoch of 4 steps: the schedule continues at step 4
-    for saved, loaded in zip(interrupt.averages, restored["averages"]):
-        np.testing.assert_array_equal(saved, loaded)
-
-
-def test_a_resumed_run_keeps_its_best_value(tmp_path):
-    from keras_yolo_mgpu.training.recipe import best_logged_value
-
-    path = tmp_path / "history.csv"
-    path.write_text("epoch,loss,val_mAP\n0,3.0,NA\n1,2.0,0.4\n2,1.5,0.3\n")
-    assert best_logged_value(str(path), "val_mAP", "max") == 0.4
-    assert best_logged_value(str(path), "loss", "min") == 1.5
-    assert best_logged_value(str(tmp_path / "missing.csv"), "loss", "min") is None
+    restore_fit_weights(resumed, str(tmp_path / read_run_state(str(tmp_path)).weights))
+    assert int(keras.ops.convert_to_numpy(resumed.optimizer.iterations)) == 4  # the schedule continues at step 4
+    for saved, loaded in zip(saved_averages, resumed.optimizer._model_variables_moving_average):
+        np.testing.assert_array_equal(saved, keras.ops.convert_to_numpy(loaded))

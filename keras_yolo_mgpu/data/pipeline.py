@@ -79,8 +79,10 @@ __all__ = ["DatasetBuilder", "build_targets", "make_dataset", "steps_per_epoch"]
 
 _RAM_CACHE_NAMES = ("ram", "memory")
 # The RAM cache is shared by every dataset of the process (training stages,
-# training and validation): (image path, canvas (w, h)) -> (pixels, stored size).
-_ram_cache: dict[tuple[str, tuple[int, int]], tuple[np.ndarray, tuple[int, int]]] = {}
+# training and validation): (image path, mtime, size, canvas (w, h)) ->
+# (pixels, stored size). The file's mtime and size are part of the key, so an
+# image changed on disk is decoded again.
+_ram_cache: dict[tuple[str, int, int, tuple[int, int]], tuple[np.ndarray, tuple[int, int]]] = {}
 # Files already reported as unreadable: warn once per file, not once per use.
 _warned_paths: set[str] = set()
 _warned_lock = threading.Lock()
@@ -194,8 +196,8 @@ class _ImageSource:
     their letterbox size (`letterbox.resize_for_letterbox`): validation pastes
     them unchanged, augmentation resamples them (a
     zoom beyond 1x is then a little softer than from the file). The RAM cache
-    lives as long as the process and is shared by all its datasets; a disk
-    cache entry is keyed by the image's path, mtime and size and the input
+    lives as long as the process and is shared by all its datasets; both
+    caches key an entry by the image's path, mtime and size and the input
     size, so a changed image is decoded again.
     """
 
@@ -223,9 +225,12 @@ class _ImageSource:
         if not self.cached:
             pixels = read_image(path)
             return pixels, (pixels.shape[1], pixels.shape[0])
-        ram_key = (path, self.canvas_size)
-        if self.ram and ram_key in _ram_cache:
-            return _ram_cache[ram_key]
+        ram_key = None
+        if self.ram:
+            stat = os.stat(path)
+            ram_key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size, self.canvas_size)
+            if ram_key in _ram_cache:
+                return _ram_cache[ram_key]
         cache_file = self._cache_file(path) if self.cache_dir is not None else None
         if cache_file is not None and os.path.exists(cache_file):
             header = np.fromfile(cache_file, dtype=np.int32, count=4)
@@ -328,14 +333,17 @@ def element_seed(seed: int, position):
     return tf.random.experimental.stateless_fold_in(augment_seed, tf.cast(position, tf.int64))
 
 
-def shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
-    """Endless stream of indices, a fresh permutation (a function of `seed`) per pass."""
+def shuffled_indices(num_samples: int, seed, start_position: int = 0) -> tf.data.Dataset:
+    """Endless stream of indices, a fresh permutation (a function of `seed`) per pass, from `start_position`."""
 
     def permutation(epoch):
         epoch_seed = tf.random.experimental.stateless_fold_in(seed, epoch)
         return tf.data.Dataset.from_tensor_slices(tf.argsort(tf.random.stateless_uniform([num_samples], epoch_seed)))
 
-    return tf.data.Dataset.counter().flat_map(permutation)
+    # Element p of the stream is element p % n of pass p // n: start at that
+    # pass and skip into it instead of replaying the passes before.
+    first_pass, offset = divmod(start_position, num_samples)
+    return tf.data.Dataset.counter(start=first_pass).flat_map(permutation).skip(offset)
 
 
 @dataclasses.dataclass(eq=False, repr=False)  # the repr would list every annotation
@@ -355,9 +363,10 @@ class DatasetBuilder:
     3. `batch`: exactly `batch_size` elements per batch.
     4. `to_model_inputs`: targets per output scale, the model's dict input.
 
-    Where later features go: a start position (resume) or a per-worker shard
-    changes only the index stream; mosaic is an element step reading several
-    indices; multi-scale changes `input_shape` per batch between steps 3 and 4.
+    The start position (a later stage, a resumed run) changes only the index
+    stream, as a per-worker shard would; mosaic is an element step reading
+    several indices; multi-scale changes `input_shape` per batch between
+    steps 3 and 4.
 
     Attributes: `make_dataset`'s arguments; `seed` is drawn at random when None.
     """
@@ -374,6 +383,7 @@ class DatasetBuilder:
     max_boxes: int = 20
     cache: str | None = None
     masks: list[list[int]] | None = None
+    start_position: int = 0
     multi_scale: tuple[int, int] | None = None
     mosaic: float = 0.0
 
@@ -418,6 +428,11 @@ class DatasetBuilder:
             raise ValueError(f"`mosaic` is a probability in [0, 1]. Received: mosaic={self.mosaic}")
         if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
             raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={self.cache!r}")
+        if self.start_position < 0 or (self.start_position and not self.training):
+            raise ValueError(
+                f"`start_position` must be >= 0, and is for training streams only. "
+                f"Received: start_position={self.start_position}, training={self.training}"
+            )
         for annotation in self.annotations:
             classes = annotation.boxes[:, 4]
             bad = classes[(classes < 0) | (classes >= num_classes)]
@@ -430,9 +445,10 @@ class DatasetBuilder:
     # --- 1. index stream ---------------------------------------------------------
 
     def training_indices(self) -> tf.data.Dataset:
-        """Endless `(position, index)` int64 pairs, reshuffled every pass."""
+        """Endless `(position, index)` int64 pairs, reshuffled every pass, from `start_position`."""
         shuffle_seed = tf.random.experimental.stateless_fold_in(tf.constant([self.seed, 0], tf.int64), 1)
-        return shuffled_indices(self.num_samples, shuffle_seed).enumerate()
+        indices = shuffled_indices(self.num_samples, shuffle_seed, self.start_position)
+        return indices.enumerate(start=self.start_position)
 
     def num_validation_batches(self) -> int:
         return steps_per_epoch(self.num_samples, self.batch_size)
@@ -643,6 +659,7 @@ def make_dataset(
     max_boxes: int = 20,
     cache: str | None = None,
     masks=None,
+    start_position: int = 0,
     multi_scale: tuple[int, int] | None = None,
     mosaic: float = 0.0,
 ) -> tf.data.Dataset:
@@ -668,6 +685,10 @@ def make_dataset(
             validation set). A directory may be reused between runs.
         masks: anchor indices per scale for the targets (default
             keras-yolo3's); must be the loss's masks.
+        start_position: training only: the stream element to start at, so
+            a later stage or a resumed run continues the stream where it
+            stopped (the images drawn so far; element `p` is always the same
+            image with the same augmentation for a given seed).
         multi_scale: training only: (MIN, MAX), a new square size every 10
             steps (`data.multiscale`); images and targets are then
             (B, None, None, ...) and `input_shape` is not used.
@@ -689,6 +710,7 @@ def make_dataset(
         max_boxes=max_boxes,
         cache=cache,
         masks=masks,
+        start_position=start_position,
         multi_scale=multi_scale,
         mosaic=mosaic,
     ).build()

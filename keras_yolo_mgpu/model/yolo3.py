@@ -227,7 +227,7 @@ def create_model(
     *,
     sync_bn: bool = False,
     ignore_thresh: float = 0.5,
-    skip_mismatch: bool = True,
+    weights_partial: bool = False,
     max_true_boxes: int | None = None,
     masks=None,
 ):
@@ -240,8 +240,12 @@ def create_model(
         num_classes: number of classes.
         freeze_body: 0, 1 or 2, see `freeze_layers`.
         weights_path: optional weights to start from (any file
-            `checkpoints.load_weights` takes); with `skip_mismatch` the
-            output convs of another class count are left at their init.
+            `weights.loading.load_weights` takes). Output convs of another
+            class count are left at their init (transfer to a new
+            dataset); any other mismatch raises ValueError naming the
+            layers, unless `weights_partial`.
+        weights_partial: load whatever layers match and leave every other
+            one at its init (each is logged as a warning).
         sync_bn: synchronized BatchNormalization across replicas.
         ignore_thresh: IoU above which a prediction is not penalised as
             background.
@@ -263,7 +267,7 @@ def create_model(
     if weights_path:
         from keras_yolo_mgpu.weights.loading import load_weights
 
-        load_weights(body, weights_path, skip_mismatch=skip_mismatch)
+        load_weights(body, weights_path, skip_mismatch=weights_partial, allow_new_classes=True)
     freeze_layers(body, freeze_body)
 
     num_layers = num_output_layers(len(anchors))

@@ -5,16 +5,17 @@ The average is the Keras optimizer's own (`use_ema=True`,
 becomes `DECAY * average + (1 - DECAY) * weight` (the first step copies the
 weight). The averages are optimizer variables, so they are mirrored like the
 weights (identical on every replica, updated once per global step) and saved
-and restored with the optimizer by `BackupAndRestore` (`--resume` keeps the
-average). At the end of each `fit` Keras writes the averages into the weights
+and restored with the optimizer in the run state (`training.run_state`:
+`--resume` keeps the average). At the end of each `fit` Keras writes the averages into the weights
 (`finalize_variable_values`), so a stage ends, and the final weights are
 saved, with the averaged weights.
 
 During training the averaged weights are what is validated and saved:
-`SwapInAverages` (placed after `BackupAndRestore`, before the callbacks that
-evaluate or save) writes the averages into the model at the end of each epoch
-and around the validation pass, and `SwapOutAverages` (placed last) puts the
-trained weights back, bit for bit, before the next step.
+`SwapInAverages` (placed first) writes the averages into the model at the end
+of each epoch and around the validation pass, and `SwapOutAverages` (after
+every callback that evaluates or saves, before the run-state saver, which
+must save the trained weights) puts the trained weights back, bit for bit,
+before the next step.
 """
 
 from __future__ import annotations
@@ -93,6 +94,6 @@ class SwapOutAverages(keras.callbacks.Callback):
 
 
 def average_swap_callbacks() -> tuple[SwapInAverages, SwapOutAverages]:
-    """(first, last): put the first right after BackupAndRestore, the last at the end."""
+    """(first, last): the first before every other callback, the last before the run-state saver."""
     swap = _AverageSwap()
     return SwapInAverages(swap), SwapOutAverages(swap)

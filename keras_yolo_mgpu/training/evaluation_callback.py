@@ -224,3 +224,15 @@ class OnEvaluatedEpochs(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.callback.on_train_batch_end(batch, logs)
+
+    # The wrapped callback's counters are part of the run state (--resume).
+
+    def get_run_state(self):
+        from keras_yolo_mgpu.training.run_state import callback_states
+
+        return next(iter(callback_states([self.callback]).values()), None)
+
+    def set_run_state(self, state):
+        from keras_yolo_mgpu.training.run_state import callback_key, restore_callback_states
+
+        restore_callback_states([self.callback], {callback_key(self.callback, 0): state})

@@ -4,12 +4,12 @@ Each option lives in its own module; this one checks the settings and
 builds, per stage, the optimizer and the callbacks in the order they must
 run at the end of an epoch:
 
-    BackupAndRestore            saves the *trained* weights for --resume
     SwapInAverages              --ema: averaged weights in (ema.py)
     MeanAPEvaluation            --eval-every: val_mAP, val_mAP50 (evaluation_callback.py)
     LinearWarmup                --warmup-epochs with plateau (schedules.py)
     Throughput, CSV, plot, TensorBoard, checkpoints, best/last, LR/early stop
     SwapOutAverages             trained weights back
+    RunStateCheckpoint          saves the *trained* weights and the optimizer for --resume
 
 Defaults are keras-yolo3's recipe: no mAP, `val_loss` monitored, constant
 rate with ReduceLROnPlateau, no warm-up, no EMA, one input size, no mosaic.
@@ -84,10 +84,10 @@ class RecipeCallbacks:
         run_dir: the run folder.
         val_annotations: validation `Annotation`s (may be empty).
         class_names, anchors: the model's classes and anchors.
-        history_csv: the run's history file (best value so far on resume).
+        metadata: what every saved weights file carries (`weights.metadata`).
     """
 
-    def __init__(self, config, template_model, run_dir, val_annotations, class_names, anchors, history_csv):
+    def __init__(self, config, template_model, run_dir, val_annotations, class_names, anchors, metadata=None):
         from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
 
         self.config = config
@@ -105,17 +105,21 @@ class RecipeCallbacks:
                 every=config.eval_every,
                 last_epoch=config.epochs,
             )
-        best_so_far = best_logged_value(history_csv, self.monitor, self.mode) if config.resume else None
+        # Their counters (the best value so far) are part of the run state that --resume restores.
         self.checkpoints = [
-            TemplateModelCheckpoint(
-                os.path.join(run_dir, BEST_WEIGHTS),
-                template_model,
-                monitor=self.monitor,
-                mode=self.mode,
-                save_best_only=True,
-                initial_value_threshold=best_so_far,
+            self.monitored(
+                TemplateModelCheckpoint(
+                    os.path.join(run_dir, BEST_WEIGHTS),
+                    template_model,
+                    monitor=self.monitor,
+                    mode=self.mode,
+                    save_best_only=True,
+                    metadata=metadata,
+                )
             ),
-            TemplateModelCheckpoint(os.path.join(run_dir, LAST_WEIGHTS), template_model, save_best_only=False),
+            TemplateModelCheckpoint(
+                os.path.join(run_dir, LAST_WEIGHTS), template_model, save_best_only=False, metadata=metadata
+            ),
         ]
         self._swap_in, self._swap_out = ema_module.average_swap_callbacks() if config.ema else (None, None)
 
@@ -131,16 +135,15 @@ class RecipeCallbacks:
         return callback
 
     def first(self, stage_rate: float, first_epoch: int, steps_per_epoch: int) -> list:
-        """Callbacks right after BackupAndRestore."""
+        """Callbacks before every other one (the EMA swap-in first)."""
         callbacks = [c for c in (self._swap_in, self.evaluation) if c is not None]
         if self.config.lr_schedule == "plateau" and self.config.warmup_epochs > first_epoch:
             callbacks.append(LinearWarmup(stage_rate, first_epoch, steps_per_epoch, self.config.warmup_epochs))
         return callbacks
 
     def last(self) -> list:
-        """Callbacks after every other one: best/last checkpoints, then the EMA swap-out."""
-        best, last = self.checkpoints
-        return [self.monitored(best), last, *([self._swap_out] if self._swap_out else [])]
+        """The EMA swap-out: after every callback that evaluates or saves, before the run-state saver."""
+        return [self._swap_out] if self._swap_out else []
 
     def plateau_callbacks(self, reduce_lr_patience: int, early_stopping_patience: int) -> list:
         """Stage 2's ReduceLROnPlateau (plateau schedule only) and EarlyStopping."""
@@ -162,17 +165,3 @@ class RecipeCallbacks:
             )
         )
         return [self.monitored(c) for c in callbacks]
-
-
-def best_logged_value(history_csv: str, monitor: str, mode: str) -> float | None:
-    """Best `monitor` value in an existing history.csv (a resumed run's best so far)."""
-    import math
-
-    from keras_yolo_mgpu.training.callbacks import read_history
-
-    if not os.path.isfile(history_csv):
-        return None
-    values = [v for v in read_history(history_csv).get(monitor, []) if not math.isnan(v)]
-    if not values:
-        return None
-    return max(values) if mode == "max" else min(values)

@@ -26,18 +26,16 @@ the end, so a failed conversion never leaves a partial file behind.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
-import sys
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 
+from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
 from keras_yolo_mgpu.weights import darknet
-from keras_yolo_mgpu.weights.darknet import DarknetError
+from keras_yolo_mgpu.weights.metadata import ModelMetadata, kind_for, write_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +57,7 @@ class ConversionResult:
         anchors: ``(N, 2)`` anchors of the ``[yolo]`` sections, or None.
         masks: anchor indices per output, coarsest first, or None.
         num_classes: classes of the ``[yolo]`` sections, or None.
+        metadata: what was stored in the file (``yolo_body`` kinds), or None.
     """
 
     model: object
@@ -70,6 +69,7 @@ class ConversionResult:
     anchors: np.ndarray | None
     masks: list | None
     num_classes: int | None
+    metadata: object = None
 
 
 def check_output_path(output_path: str) -> None:
@@ -174,6 +174,7 @@ def convert(
     check: bool = True,
     darknet_bn: str = darknet.DEFAULT_DARKNET_BN,
     masks="auto",
+    class_names: Sequence[str] | None = None,
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
@@ -198,6 +199,9 @@ def convert(
             except for a 2-scale (tiny) cfg whose masks differ from
             keras-yolo3's, which gets keras-yolo3's with a warning (see
             :func:`choose_masks`).
+        class_names: names stored in the file's metadata, one per class of
+            the cfg; default the COCO names for an 80-class cfg, else
+            ``class_0``, ``class_1``, ... with a warning.
 
     Returns:
         A :class:`ConversionResult`.
@@ -240,6 +244,10 @@ def convert(
     else:
         anchors, masks, num_classes = None, None, None
 
+    metadata = None
+    if architecture != "generic":
+        metadata = _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path)
+
     cfg_copy_path = None
     if architecture == "generic" and output_path.endswith(".weights.h5"):
         cfg_copy_path = output_path + ".cfg"
@@ -253,19 +261,48 @@ def convert(
         )
         with open(cfg_path, encoding="utf-8") as f:
             cfg_text = f.read()
-        _atomic_write(cfg_copy_path, lambda tmp: _write_text(tmp, cfg_text))
-    if output_path.endswith(".keras"):
-        _atomic_write(output_path, model.save)
-    else:
-        _atomic_write(output_path, model.save_weights)
+        write_text_atomic(cfg_copy_path, cfg_text)
+    save = model.save if output_path.endswith(".keras") else model.save_weights
+
+    def write(temp_path):
+        save(temp_path)
+        if metadata is not None:
+            write_metadata(temp_path, metadata)
+
+    atomic_write(output_path, write)
     logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
     if anchors is not None:
         from keras_yolo_mgpu.resources import format_anchors
 
         logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
     return ConversionResult(
-        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes
+        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes, metadata
     )
+
+
+def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path):
+    """The :class:`ModelMetadata` of a converted ``yolo_body`` / ``tiny_yolo_body``."""
+    from keras_yolo_mgpu.resources import get_classes, resolve_resource
+
+    if class_names is None:
+        if num_classes == 80:
+            class_names = get_classes(resolve_resource(None, "classes"))
+        else:
+            logger.warning(
+                "%s has %d classes and no --classes was given: storing the names class_0..class_%d",
+                cfg_path,
+                num_classes,
+                num_classes - 1,
+            )
+            class_names = [f"class_{i}" for i in range(num_classes)]
+    if len(class_names) != num_classes:
+        raise ValueError(f"--classes has {len(class_names)} names but {cfg_path} has {num_classes} classes")
+    net = darknet.net_section(sections)
+    input_shape = (net.get_int("height", 416), net.get_int("width", 416)) if net is not None else (416, 416)
+    if any(v <= 0 or v % 32 for v in input_shape):
+        logger.warning("[net] size %s is not a multiple of 32; storing 416x416 as the input size", input_shape)
+        input_shape = (416, 416)
+    return ModelMetadata(kind_for(len(anchors)), input_shape, anchors, masks, class_names)
 
 
 #: Why the official yolov3-tiny weights keep keras-yolo3's masks by default.
@@ -301,33 +338,6 @@ def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
     if isinstance(masks, str):
         raise ValueError(f"masks must be 'auto', 'cfg', 'keras-yolo3' or lists of indices. Received: masks={masks!r}")
     return resolve_masks(masks, num_anchors)
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def _atomic_write(path: str, write) -> None:
-    """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it to ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.basename(path)
-    # Keep the suffix: Keras checks it (.weights.h5 / .keras).
-    suffix = next((s for s in (*_OUTPUT_SUFFIXES, ".cfg") if base.endswith(s)), "")
-    fd, tmp = tempfile.mkstemp(prefix=f".{base[: len(base) - len(suffix)]}.", suffix=f".tmp{suffix}", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        # mkstemp creates the file 0600; give it the permissions a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def load_converted(path: str | os.PathLike):
@@ -368,93 +378,3 @@ def parse_masks(text: str):
         raise ValueError(
             f"--masks must be cfg, keras-yolo3 or anchor indices per scale like '6,7,8 3,4,5 0,1,2'. Received: {text!r}"
         ) from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Convert Darknet .cfg + .weights to a Keras 3 model file.",
-        epilog="A yolov3/yolov3-tiny cfg is saved as yolo_body/tiny_yolo_body weights; other cfgs as the "
-        "generic cfg-built model (prefer .keras for those).",
-    )
-    parser.add_argument("config_path", help="Darknet .cfg file")
-    parser.add_argument("weights_path", help="Darknet .weights file")
-    parser.add_argument("output_path", help="output: .weights.h5 (weights) or .keras (whole model)")
-    parser.add_argument(
-        "--generic",
-        action="store_true",
-        help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
-    )
-    parser.add_argument(
-        "--darknet-bn",
-        choices=("pjreddie", "alexeyab"),
-        default=None,
-        help="which Darknet's batch-norm formula to reproduce (a .weights file does not say): pjreddie "
-        "(default; sqrt(var) + 1e-6, the original Darknet that trained the official YOLOv3 weights) or "
-        "alexeyab (sqrt(var + 1e-5), AlexeyAB/darknet)",
-    )
-    parser.add_argument(
-        "--keras-yolo3-compat",
-        action="store_true",
-        help="store the raw Darknet arrays with Keras's epsilon 1e-3, exactly as keras-yolo3's convert.py "
-        "(about 0.5-0.9%% off Darknet's outputs); for comparing with old keras-yolo3 files",
-    )
-    parser.add_argument(
-        "--masks",
-        default="auto",
-        metavar="cfg|keras-yolo3|'3,4,5 1,2,3'",
-        help="anchor masks of the converted model, coarsest scale first (default: the cfg's, except keras-yolo3's "
-        "3,4,5 1,2,3 for a tiny cfg, which the official yolov3-tiny weights were trained with)",
-    )
-    parser.add_argument(
-        "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from keras_yolo_mgpu.cli.args import setup_logging
-
-    setup_logging(args.verbose)
-    try:
-        check_output_path(args.output_path)
-    except ValueError as error:
-        parser.error(str(error))
-    if args.keras_yolo3_compat and args.darknet_bn:
-        parser.error(
-            f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
-        )
-    darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else (args.darknet_bn or darknet.DEFAULT_DARKNET_BN)
-    try:
-        masks = parse_masks(args.masks)
-    except ValueError as error:
-        parser.error(str(error))
-    for label, path in (("config", args.config_path), ("weights", args.weights_path)):
-        if not os.path.isfile(path):
-            parser.error(f"{label} file not found: {path}")
-    try:
-        result = convert(
-            args.config_path,
-            args.weights_path,
-            args.output_path,
-            generic=args.generic,
-            darknet_bn=darknet_bn,
-            masks=masks,
-        )
-    except (DarknetError, OSError, ValueError) as error:
-        print(f"convert.py: error: {error}", file=sys.stderr)
-        return 1
-    if args.anchors_output:
-        if result.anchors is None:
-            print("convert.py: error: the cfg has no [yolo] anchors to write", file=sys.stderr)
-            return 1
-        from keras_yolo_mgpu.resources import format_anchors
-
-        _atomic_write(args.anchors_output, lambda tmp: _write_text(tmp, format_anchors(result.anchors) + "\n"))
-    print(
-        f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
-        f"as {result.architecture}" + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
-    )
-    return 0
