@@ -55,7 +55,7 @@ def _history_share(history_csv: Path) -> dict:
 
 def main(argv=None) -> int:
     from keras_yolo_mgpu.cli import demo
-    from keras_yolo_mgpu.cli.args import setup_logging
+    from keras_yolo_mgpu.cli.runner import setup_logging
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="recipe_table", help="folder for the data, runs and results")
