@@ -5,9 +5,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean bench-gpu
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
@@ -19,7 +19,14 @@ demo: $(STAMP)
 	$(PY) -m keras_yolo_mgpu.demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q tests
+
+# One-GPU benchmark (training speed per mode, input pipeline, replication cost):
+# writes bench_gpu/results.jsonl and the Markdown tables bench_gpu/report.md (BENCHMARKS.md, "GPU").
+bench-gpu: $(STAMP)
+	$(PY) scripts/bench_gpu.py --results bench_gpu
 
 clean:
 	rm -rf $(VENV) demo_output .pytest_cache

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes, totalloss
-from keras_yolo_mgpu.parallel.devices import make_strategy
+from keras_yolo_mgpu.parallel.engine import build_engine
 from keras_yolo_mgpu.parallel.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
 
 ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
@@ -68,11 +68,14 @@ def initial_weights():
 
 def _build(freeze_body, engine, devices):
     """(template body, model to fit) on `devices`, compiled with plain SGD."""
-    replicated = engine == "mirrored" and len(devices) > 1
-    strategy = make_strategy(devices) if engine == "mirrored" else tf.distribute.get_strategy()
-    with strategy.scope():
-        body, train_model = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=replicated)
-        model = multi_gpu_model(train_model, devices=devices) if engine == "multi_gpu_model" else train_model
+    # The engine training uses: MirroredStrategy with sync BN, or the in-graph replica model.
+    built = build_engine(devices=devices, parallel="strategy" if engine == "mirrored" else "multi_gpu_model")
+    assert built.sync_bn == (engine == "mirrored" and len(devices) > 1)
+    with built.strategy.scope():
+        body, train_model = create_model(
+            INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=built.sync_bn
+        )
+        model = built.wrap(train_model)
         # Plain SGD is stateless, so a step depends only on weights and batch.
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE), loss=totalloss)
     return body, model

@@ -1,16 +1,29 @@
-"""Command-line flags shared by every script, defined once.
+"""Command-line flags shared by every command, defined once.
 
-Scripts call the `add_*` functions and convert parsed arguments to library
-parameters explicitly; the library itself never reads argv.
+Commands call the `add_*` functions and convert parsed arguments to library
+parameters explicitly; the library itself never reads argv. The parser class
+and the error handling every command shares live in `runner.py`.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 
-from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
+from keras_yolo_mgpu.cli.runner import ArgumentParser, setup_logging
+
+__all__ = [
+    "ArgumentParser",
+    "add_detection_args",
+    "add_device_args",
+    "add_gpu_num_arg",
+    "add_model_args",
+    "masks_arg",
+    "resolve_model_settings",
+    "input_size",
+    "positive_int",
+    "setup_logging",
+    "unit_float",
+]
 
 
 def input_size(text: str) -> tuple[int, int]:
@@ -51,37 +64,91 @@ def unit_float(text: str) -> float:
     return value
 
 
-def existing_file(text: str) -> str:
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"file not found: {text}")
-    return text
+def masks_arg(text: str):
+    """`keras-yolo3` -> None (the default masks); `6,7,8 3,4,5 0,1,2` -> [[6, 7, 8], [3, 4, 5], [0, 1, 2]]."""
+    if text.strip() == "keras-yolo3":
+        return None
+    try:
+        masks = [[int(i) for i in group.split(",") if i] for group in text.replace(";", " ").split()]
+    except ValueError:
+        masks = []
+    if not masks or not all(masks):
+        raise argparse.ArgumentTypeError(
+            f"expected keras-yolo3 or anchor indices per scale, coarsest first, like '3,4,5 1,2,3'; got {text!r}"
+        )
+    return masks
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, weights_help: str = "weights file to load") -> None:
-    """--classes, --anchors, --tiny, --input-size, --weights."""
+    """--classes, --anchors, --tiny, --masks, --input-size, --weights.
+
+    Files the project writes carry their classes, anchors, masks and input
+    size (`weights.metadata`): these flags then default to the file's values
+    and must agree with them; they are needed for files without metadata.
+    """
     parser.add_argument(
-        "--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)"
+        "--classes",
+        default=None,
+        help="class names file, one per line (default: the weights' metadata, else model_data/coco_classes.txt)",
     )
     parser.add_argument(
         "--anchors",
         default=None,
-        help="anchors file (default: model_data/yolo_anchors.txt, or tiny_yolo_anchors.txt with --tiny)",
+        help="anchors file (default: the weights' metadata, else model_data/yolo_anchors.txt, "
+        "or tiny_yolo_anchors.txt with --tiny)",
     )
     parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (6 anchors) when --anchors is not given")
     parser.add_argument(
+        "--masks",
+        type=masks_arg,
+        default=None,
+        metavar="'3,4,5 1,2,3'",
+        help="anchor indices per output scale, coarsest first (default: the weights' metadata, else keras-yolo3's)",
+    )
+    parser.add_argument(
         "--input-size",
         type=input_size,
-        default=(416, 416),
+        default=None,
         metavar="HxW",
-        help="network input, multiples of 32 (default: 416)",
+        help="network input, multiples of 32 (default: the weights' metadata, else 416)",
     )
     parser.add_argument("--weights", default=None, help=weights_help)
+
+
+def resolve_model_settings(args: argparse.Namespace, weights: str | None):
+    """The `weights.metadata.ModelMetadata` for the model flags and the weights file.
+
+    Raises:
+        weights.metadata.MetadataError (a ValueError): a flag contradicts the file.
+    """
+    from keras_yolo_mgpu.weights.metadata import settings_for
+
+    return settings_for(
+        weights,
+        classes_path=args.classes,
+        anchors_path=args.anchors,
+        tiny=args.tiny,
+        masks=args.masks,
+        input_shape=args.input_size,
+    )
 
 
 def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, iou: float = 0.45) -> None:
     """--score, --iou."""
     parser.add_argument("--score", type=unit_float, default=score, help=f"minimum detection score (default: {score})")
     parser.add_argument("--iou", type=unit_float, default=iou, help=f"NMS IoU threshold (default: {iou})")
+
+
+def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """--gpu_num (keras-yolo3's name) / --gpus: GPUs an inference command spreads its batches over."""
+    parser.add_argument(
+        "--gpu_num",
+        "--gpus",
+        dest="gpu_num",
+        type=positive_int,
+        default=1,
+        help=f"GPUs to spread batches of {what} over (default: 1)",
+    )
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -94,44 +161,3 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="split the CPU (or the single GPU) into --gpus logical devices to rehearse a multi-GPU run",
     )
-
-
-def resolve_classes(args: argparse.Namespace) -> list[str]:
-    from keras_yolo_mgpu.resources import model_data_path
-
-    return get_classes(args.classes or model_data_path("coco_classes.txt"))
-
-
-def resolve_anchors(args: argparse.Namespace):
-    return get_anchors(args.anchors or default_anchors_path(getattr(args, "tiny", False)))
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # TensorFlow's C++ start-up chatter hides our messages.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that refuses abbreviations and suggests the flag meant on a typo."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):
-        import difflib
-
-        if message.startswith("unrecognized arguments:"):
-            known = [opt for action in self._actions for opt in action.option_strings]
-            hints = []
-            for token in message.split(":", 1)[1].split():
-                flag = token.split("=", 1)[0]
-                if flag.startswith("-"):
-                    close = difflib.get_close_matches(flag, known, n=1)
-                    if close:
-                        hints.append(f"{flag} -> did you mean {close[0]}?")
-            if hints:
-                message += " (" + "; ".join(hints) + ")"
-        super().error(message)

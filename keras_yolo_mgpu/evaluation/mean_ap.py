@@ -19,19 +19,16 @@ class index, `bbox` `[x, y, width, height]` in pixels, `score`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import queue
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
-from keras_yolo_mgpu.resources import default_anchors_path, get_classes, model_data_path
+from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +45,10 @@ MATCH_IOU = 0.5
 
 def _image_size(annotation) -> tuple[int, int]:
     """(width, height) from the image header, or from the boxes when it is missing."""
-    from PIL import Image
+    from keras_yolo_mgpu.data.images import image_size
 
     try:
-        with Image.open(annotation.image_path) as image:
-            return image.size
+        return image_size(annotation.image_path)
     except (OSError, ValueError):
         boxes = annotation.boxes
         if len(boxes):
@@ -265,7 +261,7 @@ def _load_annotations(annotations, root):
 
 def _class_names(class_names):
     if class_names is None:
-        return get_classes(model_data_path("coco_classes.txt"))
+        return get_classes(resolve_resource(None, "classes"))
     if isinstance(class_names, (str, os.PathLike)):
         return get_classes(class_names)
     return list(class_names)
@@ -384,7 +380,7 @@ def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[lis
     """
     from tqdm import tqdm
 
-    from keras_yolo_mgpu.inference.media import read_image
+    from keras_yolo_mgpu.data.images import read_image
 
     def batches():
         for start in range(0, len(annotations), yolo.batch_size):
@@ -425,7 +421,7 @@ def evaluate_weights(
     class_names=None,
     anchors=None,
     *,
-    input_size: tuple[int, int] = (416, 416),
+    input_size: tuple[int, int] | None = None,
     score: float = 0.3,
     iou: float = 0.45,
     batch_size: int = 8,
@@ -434,27 +430,39 @@ def evaluate_weights(
     pr_curve: str | None = None,
     save_detections: str | None = None,
     progress: bool = True,
+    masks=None,
+    settings=None,
 ) -> dict:
     """mAP of a weights file on an annotation file.
 
     The model keeps every box scoring at least `EVAL_MIN_SCORE` (up to 100
     per image, 100 per class) for the COCO metrics; `score` sets only the
     precision/recall figures. Other arguments as in `evaluate_detections`;
-    `anchors` is an anchors file (default: YOLOv3's), `class_names` a
-    classes file or list; `save_detections` writes the COCO results JSON.
+    `anchors` is an anchors file, `class_names` a classes file or list,
+    `masks` anchor indices per scale; all default to the weights' metadata
+    (which they must agree with), else YOLOv3's anchors, COCO's names and
+    keras-yolo3's masks; `settings` (a `ModelMetadata`) replaces them all.
+    `save_detections` writes the COCO results JSON.
 
     Returns:
         `evaluate_detections`'s dict.
     """
     from keras_yolo_mgpu.inference.detector import YOLO, load_body
-    from keras_yolo_mgpu.resources import get_anchors
+    from keras_yolo_mgpu.weights.metadata import settings_for
 
     annotations = _load_annotations(annotations, root)
-    class_names = _class_names(class_names)
-    anchors_path = anchors or model_data_path("yolo_anchors.txt")
     if not os.path.isfile(os.fspath(weights)):
         raise FileNotFoundError(f"weights file not found: {weights}")
-    anchors_array = get_anchors(anchors_path)
+    if settings is None:
+        settings = settings_for(
+            weights,
+            class_names=None if class_names is None else _class_names(class_names),
+            anchors_path=anchors,
+            masks=masks,
+            input_shape=input_size,
+        )
+    class_names = list(settings.class_names)
+    anchors_array = settings.anchors_array
     body = load_body(weights, anchors_array, len(class_names))
     yolo = YOLO.from_body(
         body,
@@ -462,7 +470,8 @@ def evaluate_weights(
         class_names,
         score=EVAL_MIN_SCORE,
         iou=iou,
-        model_image_size=input_size,
+        masks=settings.masks_list,
+        model_image_size=settings.input_shape,
         gpu_num=gpu_num,
         max_boxes=EVAL_MAX_DETECTIONS,
         max_detections=EVAL_MAX_DETECTIONS,
@@ -505,93 +514,3 @@ def format_report(result: dict) -> str:
     if result.get("pr_curve"):
         lines.append(f"precision-recall curve: {result['pr_curve']}")
     return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="evaluate.py",
-        description="COCO mAP@[.5:.95] and mAP@.5 (faster-coco-eval), AP per class, precision/recall "
-        "and a PR curve, of weights or of saved detections on a keras-yolo3 annotation file.",
-    )
-    parser.add_argument(
-        "--annotations",
-        required=True,
-        metavar="FILE",
-        help="annotation file (keras-yolo3 format) with the ground truth",
-    )
-    add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
-    parser.add_argument(
-        "--detections",
-        metavar="FILE",
-        help="score saved detections instead of running a model: COCO results JSON, image_id = 0-based "
-        "index of the image's non-blank line, category_id = class index, bbox = [x, y, w, h] pixels",
-    )
-    add_detection_args(parser)
-    parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
-    parser.add_argument(
-        "--gpu_num",
-        "--gpus",
-        dest="gpu_num",
-        type=positive_int,
-        default=1,
-        help="GPUs to spread batches over (default: 1)",
-    )
-    parser.add_argument(
-        "--pr-curve",
-        default="pr_curve.png",
-        metavar="PNG",
-        help="precision-recall plot (default: pr_curve.png; '' for none)",
-    )
-    parser.add_argument(
-        "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if bool(args.weights) == bool(args.detections):
-        parser.error("give exactly one of --weights (run a model) or --detections (score saved detections)")
-    setup_logging(args.verbose)
-    try:
-        classes = args.classes or model_data_path("coco_classes.txt")
-        if args.detections:
-            result = evaluate_detections(
-                args.detections,
-                args.annotations,
-                classes,
-                score=args.score,
-                root=args.root,
-                pr_curve=args.pr_curve or None,
-            )
-        else:
-            result = evaluate_weights(
-                args.weights,
-                args.annotations,
-                classes,
-                args.anchors or default_anchors_path(args.tiny),
-                input_size=args.input_size,
-                score=args.score,
-                iou=args.iou,
-                batch_size=args.batch_size,
-                gpu_num=args.gpu_num,
-                root=args.root,
-                pr_curve=args.pr_curve or None,
-                save_detections=args.save_detections,
-                progress=not args.no_progress,
-            )
-    except (OSError, ValueError) as error:
-        logger.debug("details", exc_info=True)
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(format_report(result))
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,19 +26,16 @@ are about 1e-3 px and 1e-6 in score).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
-from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes, model_data_path
+from keras_yolo_mgpu.fileio import atomic_write, replace_directory
+from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +45,9 @@ BOX_TOLERANCE_PX = 0.05
 SCORE_TOLERANCE = 1e-4
 ONNX_OPSET = 17
 ONNX_MISSING = "ONNX export is not available: pip install tf2onnx onnxruntime"
+# Written into every SavedModel folder this tool exports: only such a folder
+# (or an empty one) is ever replaced by a new export.
+EXPORT_MARKER = "keras_yolo_mgpu_export.json"
 
 
 class ExportError(RuntimeError):
@@ -66,6 +66,7 @@ def build_export_model(
     max_detections: int = 100,
     nms_method: str = "combined",
     batch_size: int | None = None,
+    masks=None,
 ):
     """The inference model (`inference_layers.build_inference_model`) with `weights` loaded."""
     from keras_yolo_mgpu.inference.detector import load_body
@@ -83,6 +84,7 @@ def build_export_model(
         max_detections=max_detections,
         nms_method=nms_method,
         batch_size=batch_size,
+        masks=masks,
     )
 
 
@@ -98,10 +100,42 @@ def _input_signature(model):
 
 def export_savedmodel(model, path: str) -> str:
     """Writes a SavedModel directory with a `serving_default` signature."""
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    model.export(path, format="tf_saved_model", verbose=False)
-    return path
+    # A failed export leaves an existing folder at `path` as it was.
+    return replace_directory(path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False))
+
+
+def _export_marked_savedmodel(model, path: str) -> str:
+    """`export_savedmodel` plus `EXPORT_MARKER` inside, written before the folder moves into place."""
+
+    def write(folder):
+        model.export(folder, format="tf_saved_model", verbose=False)
+        with open(os.path.join(folder, EXPORT_MARKER), "w", encoding="utf-8") as f:
+            f.write('{"written_by": "keras_yolo_mgpu.export", "format": "savedmodel"}\n')
+
+    return replace_directory(path, write)
+
+
+def _check_output(output: str, fmt: str, overwrite: bool) -> None:
+    """Raises FileExistsError when writing `output` would replace something this tool did not write."""
+    if not os.path.lexists(output):
+        return
+    if fmt == "savedmodel":
+        if os.path.isdir(output) and not os.path.islink(output):
+            entries = os.listdir(output)
+            if not entries or EXPORT_MARKER in entries:
+                return
+        raise FileExistsError(
+            f"--output {output} already exists and is not a SavedModel exported by this tool (it has no "
+            f"{EXPORT_MARKER}); nothing was written or removed. Choose a new path (the export is a folder), or "
+            "move that one away yourself."
+        )
+    if os.path.isdir(output):
+        raise FileExistsError(f"--output {output} is a folder; a {fmt} export is a file: give a file path")
+    if not overwrite:
+        raise FileExistsError(
+            f"--output {output} already exists; nothing was written. Pass --overwrite to replace it, or choose "
+            "another path."
+        )
 
 
 def export_tflite(model, path: str) -> str:
@@ -116,9 +150,12 @@ def export_tflite(model, path: str) -> str:
             flatbuffer = converter.convert()
         except Exception as error:  # the converter raises many kinds
             raise ExportError(f"TFLite conversion failed: {error}") from None
-    with open(path, "wb") as f:
-        f.write(flatbuffer)
-    return path
+
+    def write(temporary):
+        with open(temporary, "wb") as f:
+            f.write(flatbuffer)
+
+    return atomic_write(path, write)
 
 
 def _import_onnx_tools():
@@ -142,7 +179,12 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
         return model([image, image_shape], training=False)
 
     try:
-        tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, output_path=path)
+        atomic_write(
+            path,
+            lambda temporary: tf2onnx.convert.from_function(
+                serve, input_signature=signature, opset=opset, output_path=temporary
+            ),
+        )
     except Exception as error:  # tf2onnx raises many kinds
         raise ExportError(f"ONNX conversion failed: {error}") from None
     return path
@@ -265,30 +307,51 @@ def export_model(
     *,
     classes_path: str | None = None,
     anchors_path: str | None = None,
-    input_size: tuple[int, int] = (416, 416),
+    input_size: tuple[int, int] | None = None,
     score: float = 0.3,
     iou: float = 0.45,
     max_boxes: int = 20,
     max_detections: int = 100,
     check: bool = True,
+    masks=None,
+    settings=None,
+    overwrite: bool = False,
 ) -> dict:
-    """Exports `weights` in format `fmt`; returns `{"format", "path", "check"}`.
+    """Exports `weights` in format `fmt`; returns `{"format", "path", "check", "metadata"}`.
+
+    Classes, anchors, masks and input size default to the weights' metadata
+    (explicit ones must agree), else COCO's names, YOLOv3's anchors,
+    keras-yolo3's masks and 416; `settings` (a `ModelMetadata`) replaces
+    them all. They are written beside the export as `<output>.metadata.json`
+    (and into the ONNX file's `metadata_props`), so the exported model
+    still says which classes its class ids are.
+
+    Nothing the user made is removed or overwritten: a SavedModel replaces
+    only an empty folder or a previous export of this tool (it holds
+    `EXPORT_MARKER`); a `.tflite`/`.onnx` file replaces an existing file only
+    with `overwrite`. Every export is written beside `output` and moved into
+    place when complete, so an interrupted export leaves the previous one.
 
     Raises:
+        FileExistsError: `output` exists and may not be replaced (see above).
         ExportError: the format cannot be made here (ONNX tools missing) or
             the export does not match the Keras model.
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}. Received: format={fmt!r}")
+    _check_output(output or default_output(weights, fmt), fmt, overwrite)  # before the slow part
     if fmt == "onnx":
         _import_onnx_tools()  # fail before building anything
-    anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
-    class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
+    if settings is None:
+        settings = settings_for(
+            weights, classes_path=classes_path, anchors_path=anchors_path, masks=masks, input_shape=input_size
+        )
     model = build_export_model(
         weights,
-        anchors,
-        class_names,
-        input_size=input_size,
+        settings.anchors_array,
+        list(settings.class_names),
+        input_size=settings.input_shape,
+        masks=settings.masks_list,
         score=score,
         iou=iou,
         max_boxes=max_boxes,
@@ -298,71 +361,25 @@ def export_model(
         batch_size=1 if fmt == "tflite" else None,
     )
     output = output or default_output(weights, fmt)
-    parent = os.path.dirname(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    {"savedmodel": export_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
-    logger.info("wrote %s (%s)", output, fmt)
-    result = {"format": fmt, "path": output, "check": None}
+    _check_output(output, fmt, overwrite)  # again: building took a while
+    {"savedmodel": _export_marked_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
+    if fmt == "onnx":
+        _add_onnx_metadata(output, settings)
+    metadata_path = write_sidecar(output, settings)
+    logger.info("wrote %s (%s) and %s", output, fmt, metadata_path)
+    result = {"format": fmt, "path": output, "check": None, "metadata": metadata_path}
     if check:
         result["check"] = check_export(model, fmt, output)
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_yolo_mgpu.export",
-        description="Export weights as a SavedModel, TFLite or ONNX model with decoding and NMS inside.",
-    )
-    add_model_args(parser, weights_help="weights to export (.weights.h5, .keras or Keras 2 .h5)")
-    add_detection_args(parser)
-    parser.add_argument(
-        "--format", required=True, choices=FORMATS, help="savedmodel (folder), tflite (batch 1) or onnx"
-    )
-    parser.add_argument(
-        "--output",
-        default=None,
-        help="output path (default: next to the weights, e.g. W_savedmodel/, W.tflite, W.onnx)",
-    )
-    parser.add_argument(
-        "--max-boxes", type=positive_int, default=20, help="most boxes per class and image (default: 20)"
-    )
-    parser.add_argument(
-        "--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)"
-    )
-    parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    args = parser.parse_args(argv)
-    if not args.weights:
-        parser.error("--weights is required")
-    setup_logging(args.verbose)
-    try:
-        result = export_model(
-            args.weights,
-            args.format,
-            args.output,
-            classes_path=args.classes,
-            anchors_path=args.anchors or default_anchors_path(args.tiny),
-            input_size=args.input_size,
-            score=args.score,
-            iou=args.iou,
-            max_boxes=args.max_boxes,
-            max_detections=args.max_detections,
-            check=not args.no_check,
-        )
-    except (OSError, ValueError, ExportError) as error:
-        logger.debug("details", exc_info=True)
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    if result["check"]:
-        c = result["check"]
-        print(
-            f"check: {c['detections']} detections on random images; largest differences "
-            f"{c['max_box_diff']:.2e} px (tolerance {BOX_TOLERANCE_PX}), "
-            f"score {c['max_score_diff']:.2e} (tolerance {SCORE_TOLERANCE})"
-        )
-    print(f"exported {result['format']}: {result['path']}")
-    return 0
+def _add_onnx_metadata(path: str, settings) -> None:
+    """Stores the metadata JSON in the ONNX model's `metadata_props` (key `keras_yolo_mgpu_metadata`)."""
+    import onnx
 
+    from keras_yolo_mgpu.weights.metadata import ATTRIBUTE
 
-if __name__ == "__main__":
-    sys.exit(main())
+    model = onnx.load(path)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = ATTRIBUTE, settings.to_json()
+    atomic_write(path, lambda temporary: onnx.save(model, temporary))

@@ -228,8 +228,9 @@ def create_model(
     *,
     sync_bn: bool = False,
     ignore_thresh: float = 0.5,
-    skip_mismatch: bool = True,
+    weights_partial: bool = False,
     max_true_boxes: int | None = None,
+    masks=None,
 ):
     """Builds the network and the training model that outputs its loss.
 
@@ -239,13 +240,19 @@ def create_model(
         num_classes: number of classes.
         freeze_body: 0, 1 or 2, see `freeze_layers`.
         weights_path: optional weights to start from (any file
-            `checkpoints.load_weights` takes); with `skip_mismatch` the
-            output convs of another class count are left at their init.
+            `weights.loading.load_weights` takes). Output convs of another
+            class count are left at their init (transfer to a new
+            dataset); any other mismatch raises ValueError naming the
+            layers, unless `weights_partial`.
+        weights_partial: load whatever layers match and leave every other
+            one at its init (each is logged as a warning).
         sync_bn: synchronized BatchNormalization across replicas.
         ignore_thresh: IoU above which a prediction is not penalised as
             background.
         max_true_boxes: None for the exact ragged ignore mask; an int (at
             least the pipeline's `max_boxes`) for static shapes XLA compiles.
+        masks: anchor indices per scale for the loss (default keras-yolo3's,
+            see `boxes.resolve_masks`).
 
     Returns:
         `(body, train_model)`. `body` maps images (N, H, W, 3) to the raw
@@ -258,7 +265,7 @@ def create_model(
     if weights_path:
         from keras_yolo_mgpu.weights.loading import load_weights
 
-        load_weights(body, weights_path, skip_mismatch=skip_mismatch)
+        load_weights(body, weights_path, skip_mismatch=weights_partial, allow_new_classes=True)
     freeze_layers(body, freeze_body)
 
     num_layers = num_output_layers(len(anchors))
@@ -269,8 +276,8 @@ def create_model(
         )
         for layer, stride in enumerate(output_strides(num_layers))
     ]
-    loss = YoloLoss(anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, name="yolo_loss")(
-        [*body.outputs, *y_true]
-    )
+    loss = YoloLoss(
+        anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, masks=masks, name="yolo_loss"
+    )([*body.outputs, *y_true])
     train_model = keras.Model([*body.inputs, *y_true], loss, name="yolo_train")
     return body, train_model

@@ -26,18 +26,16 @@ the end, so a failed conversion never leaves a partial file behind.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
-import sys
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 
+from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
 from keras_yolo_mgpu.weights import darknet
-from keras_yolo_mgpu.weights.darknet import DarknetError
+from keras_yolo_mgpu.weights.metadata import ModelMetadata, kind_for, write_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +57,7 @@ class ConversionResult:
         anchors: ``(N, 2)`` anchors of the ``[yolo]`` sections, or None.
         masks: anchor indices per output, coarsest first, or None.
         num_classes: classes of the ``[yolo]`` sections, or None.
+        metadata: what was stored in the file (``yolo_body`` kinds), or None.
     """
 
     model: object
@@ -70,6 +69,7 @@ class ConversionResult:
     anchors: np.ndarray | None
     masks: list | None
     num_classes: int | None
+    metadata: object = None
 
 
 def check_output_path(output_path: str) -> None:
@@ -172,6 +172,9 @@ def convert(
     *,
     generic: bool = False,
     check: bool = True,
+    darknet_bn: str = darknet.DEFAULT_DARKNET_BN,
+    masks="auto",
+    class_names: Sequence[str] | None = None,
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
@@ -183,6 +186,22 @@ def convert(
             is a ``yolo_body``.
         check: verify the ``yolo_body`` copy on a test image (see
             :func:`build_matching_body`).
+        darknet_bn: whose batch norm the converted model reproduces:
+            ``"pjreddie"`` (default: the original Darknet, which trained the
+            official YOLOv3 weights), ``"alexeyab"`` (AlexeyAB/darknet) or
+            ``"keras-yolo3"`` (raw arrays with Keras's epsilon: keras-yolo3's
+            own conversion, bit for bit). See
+            :func:`~keras_yolo_mgpu.weights.darknet.fold_batch_norm`.
+        masks: the anchor masks the converted model decodes with:
+            ``"cfg"`` (the ``[yolo] mask`` lines), ``"keras-yolo3"``
+            (``[[6,7,8],[3,4,5],[0,1,2]]`` / tiny ``[[3,4,5],[1,2,3]]``),
+            explicit lists (coarsest scale first), or ``"auto"``: the cfg's,
+            except for a 2-scale (tiny) cfg whose masks differ from
+            keras-yolo3's, which gets keras-yolo3's with a warning (see
+            :func:`choose_masks`).
+        class_names: names stored in the file's metadata, one per class of
+            the cfg; default the COCO names for an 80-class cfg, else
+            ``class_0``, ``class_1``, ... with a warning.
 
     Returns:
         A :class:`ConversionResult`.
@@ -198,8 +217,16 @@ def convert(
     convs, yolos = darknet.infer_layers(sections)
     header, weights = darknet.read_weights(weights_path, convs)
     num_floats = sum(c.num_floats for c in convs)
-    model = darknet.build_model(sections, weights, name=os.path.splitext(os.path.basename(str(cfg_path)))[0])
-    logger.info("Built %s: %d layers, %d parameters", cfg_path, len(model.layers), model.count_params())
+    model = darknet.build_model(
+        sections, weights, darknet_bn=darknet_bn, name=os.path.splitext(os.path.basename(str(cfg_path)))[0]
+    )
+    logger.info(
+        "Built %s: %d layers, %d parameters; batch norm as %s",
+        cfg_path,
+        len(model.layers),
+        model.count_params(),
+        darknet_bn,
+    )
 
     heads = _yolo_heads(yolos)
     architecture = "generic"
@@ -210,18 +237,16 @@ def convert(
         else:
             logger.info("Not a yolo_body/tiny_yolo_body (%s): saving the generic cfg-built model", why)
     if heads is not None:
-        anchors, masks, num_classes, _ = heads
-        from keras_yolo_mgpu.model.boxes import anchor_masks
-
-        if architecture != "generic" and masks != anchor_masks(len(masks)):
-            logger.warning(
-                "The cfg's anchor masks %s differ from the masks %s that yolo_body's decoding uses; "
-                "detections will use the wrong anchors unless the masks are changed",
-                masks,
-                anchor_masks(len(masks)),
-            )
+        anchors, cfg_masks, num_classes, _ = heads
+        # Masks matter to the yolo_body kinds, whose decoding uses them; a
+        # generic model just reports the cfg's.
+        masks = cfg_masks if architecture == "generic" else choose_masks(masks, cfg_masks, len(anchors))
     else:
         anchors, masks, num_classes = None, None, None
+
+    metadata = None
+    if architecture != "generic":
+        metadata = _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path)
 
     cfg_copy_path = None
     if architecture == "generic" and output_path.endswith(".weights.h5"):
@@ -236,46 +261,83 @@ def convert(
         )
         with open(cfg_path, encoding="utf-8") as f:
             cfg_text = f.read()
-        _atomic_write(cfg_copy_path, lambda tmp: _write_text(tmp, cfg_text))
-    if output_path.endswith(".keras"):
-        _atomic_write(output_path, model.save)
-    else:
-        _atomic_write(output_path, model.save_weights)
+        write_text_atomic(cfg_copy_path, cfg_text)
+    save = model.save if output_path.endswith(".keras") else model.save_weights
+
+    def write(temp_path):
+        save(temp_path)
+        if metadata is not None:
+            write_metadata(temp_path, metadata)
+
+    atomic_write(output_path, write)
     logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
     if anchors is not None:
         from keras_yolo_mgpu.resources import format_anchors
 
         logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
     return ConversionResult(
-        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes
+        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes, metadata
     )
 
 
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path):
+    """The :class:`ModelMetadata` of a converted ``yolo_body`` / ``tiny_yolo_body``."""
+    from keras_yolo_mgpu.resources import get_classes, resolve_resource
+
+    if class_names is None:
+        if num_classes == 80:
+            class_names = get_classes(resolve_resource(None, "classes"))
+        else:
+            logger.warning(
+                "%s has %d classes and no --classes was given: storing the names class_0..class_%d",
+                cfg_path,
+                num_classes,
+                num_classes - 1,
+            )
+            class_names = [f"class_{i}" for i in range(num_classes)]
+    if len(class_names) != num_classes:
+        raise ValueError(f"--classes has {len(class_names)} names but {cfg_path} has {num_classes} classes")
+    net = darknet.net_section(sections)
+    input_shape = (net.get_int("height", 416), net.get_int("width", 416)) if net is not None else (416, 416)
+    if any(v <= 0 or v % 32 for v in input_shape):
+        logger.warning("[net] size %s is not a multiple of 32; storing 416x416 as the input size", input_shape)
+        input_shape = (416, 416)
+    return ModelMetadata(kind_for(len(anchors)), input_shape, anchors, masks, class_names)
 
 
-def _atomic_write(path: str, write) -> None:
-    """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it to ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.basename(path)
-    # Keep the suffix: Keras checks it (.weights.h5 / .keras).
-    suffix = next((s for s in (*_OUTPUT_SUFFIXES, ".cfg") if base.endswith(s)), "")
-    fd, tmp = tempfile.mkstemp(prefix=f".{base[: len(base) - len(suffix)]}.", suffix=f".tmp{suffix}", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        # mkstemp creates the file 0600; give it the permissions a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+#: Why the official yolov3-tiny weights keep keras-yolo3's masks by default.
+TINY_MASKS_WARNING = (
+    "The cfg's anchor masks are %s but this converter keeps keras-yolo3's %s for a tiny cfg: the official "
+    "yolov3-tiny.weights were trained with 3,4,5 / 1,2,3 although the later cfg says 0,1,2 "
+    "(AlexeyAB/darknet#1341); with 0,1,2 the fine scale's boxes come out about half size, and on hand-drawn "
+    "boxes 1,2,3 fits the official weights better. If YOUR weights were trained "
+    "with the cfg's masks, convert with --masks cfg."
+)
+
+
+def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
+    """The masks a converted model decodes with (see :func:`convert`'s ``masks``).
+
+    Raises:
+        ValueError: unknown keyword or masks that do not fit the anchors.
+    """
+    from keras_yolo_mgpu.model.boxes import anchor_masks, resolve_masks
+
+    default = anchor_masks(len(cfg_masks)) if len(cfg_masks) in (2, 3) else None
+    if masks == "auto":
+        if len(cfg_masks) == 2 and cfg_masks != default:
+            logger.warning(TINY_MASKS_WARNING, cfg_masks, default)
+            return default
+        return cfg_masks
+    if masks == "cfg":
+        return cfg_masks
+    if masks == "keras-yolo3":
+        if default is None:
+            raise ValueError(f"keras-yolo3 has no masks for {len(cfg_masks)} output scales")
+        return default
+    if isinstance(masks, str):
+        raise ValueError(f"masks must be 'auto', 'cfg', 'keras-yolo3' or lists of indices. Received: masks={masks!r}")
+    return resolve_masks(masks, num_anchors)
 
 
 def load_converted(path: str | os.PathLike):
@@ -305,54 +367,14 @@ def load_converted(path: str | os.PathLike):
     return model
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Convert Darknet .cfg + .weights to a Keras 3 model file.",
-        epilog="A yolov3/yolov3-tiny cfg is saved as yolo_body/tiny_yolo_body weights; other cfgs as the "
-        "generic cfg-built model (prefer .keras for those).",
-    )
-    parser.add_argument("config_path", help="Darknet .cfg file")
-    parser.add_argument("weights_path", help="Darknet .weights file")
-    parser.add_argument("output_path", help="output: .weights.h5 (weights) or .keras (whole model)")
-    parser.add_argument(
-        "--generic",
-        action="store_true",
-        help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
-    )
-    parser.add_argument(
-        "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from keras_yolo_mgpu.cli.args import setup_logging
-
-    setup_logging(args.verbose)
+def parse_masks(text: str):
+    """``"cfg"``/``"keras-yolo3"``/``"auto"`` as they are; ``"3,4,5 1,2,3"`` -> ``[[3, 4, 5], [1, 2, 3]]``."""
+    text = text.strip()
+    if text in ("auto", "cfg", "keras-yolo3"):
+        return text
     try:
-        check_output_path(args.output_path)
-    except ValueError as error:
-        parser.error(str(error))
-    for label, path in (("config", args.config_path), ("weights", args.weights_path)):
-        if not os.path.isfile(path):
-            parser.error(f"{label} file not found: {path}")
-    try:
-        result = convert(args.config_path, args.weights_path, args.output_path, generic=args.generic)
-    except (DarknetError, OSError) as error:
-        print(f"convert.py: error: {error}", file=sys.stderr)
-        return 1
-    if args.anchors_output:
-        if result.anchors is None:
-            print("convert.py: error: the cfg has no [yolo] anchors to write", file=sys.stderr)
-            return 1
-        from keras_yolo_mgpu.resources import format_anchors
-
-        _atomic_write(args.anchors_output, lambda tmp: _write_text(tmp, format_anchors(result.anchors) + "\n"))
-    print(
-        f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
-        f"as {result.architecture}" + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
-    )
-    return 0
+        return [[int(i) for i in group.split(",") if i] for group in text.replace(";", " ").split()]
+    except ValueError:
+        raise ValueError(
+            f"--masks must be cfg, keras-yolo3 or anchor indices per scale like '6,7,8 3,4,5 0,1,2'. Received: {text!r}"
+        ) from None
