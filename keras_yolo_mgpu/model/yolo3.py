@@ -20,6 +20,7 @@ from collections import defaultdict
 import keras
 from keras import layers
 
+from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides
 from keras_yolo_mgpu.model.loss import YoloLoss
 
@@ -58,9 +59,9 @@ def _darknet_conv(x, filters, kernel_size, names, strides=1, use_bias=True, name
 
 
 def _conv_bn_leaky(x, filters, kernel_size, names, strides=1, sync_bn=False):
-    """Conv2D (no bias) + BatchNormalization + LeakyReLU(0.1)."""
+    """Conv2D (no bias) + BatchNormalization (fused kernel, see batch_norm.py) + LeakyReLU(0.1)."""
     x = _darknet_conv(x, filters, kernel_size, names, strides=strides, use_bias=False)
-    x = layers.BatchNormalization(synchronized=sync_bn, name=names("batch_normalization"))(x)
+    x = BatchNormalization(synchronized=sync_bn, name=names("batch_normalization"))(x)
     return layers.LeakyReLU(negative_slope=LEAKY_SLOPE, name=names("leaky_re_lu"))(x)
 
 
