@@ -95,7 +95,11 @@ def test_mixed_precision_replica_steps_match_one_device_within_bound(mixed_float
         dataset = tf.data.Dataset.from_tensors((batch, np.zeros((GLOBAL_BATCH, 1), np.float32)))
         losses = [m.fit(dataset, epochs=1, verbose=0).history["loss"][0] for m in (one_model, two_model, float32_model)]
         assert np.isfinite(losses).all()
-        np.testing.assert_allclose(losses[:2], losses[2], rtol=1e-3)
+        # float16 keeps 11 significant bits (relative spacing 2**-10 ~ 9.8e-4),
+        # and CPU float16 kernels accumulate in float16: measured 1.3e-3 on a
+        # loss of ~52, so 5e-3 leaves rounding room and still catches a wrong
+        # loss scale or a float16 loss (which would be off by far more).
+        np.testing.assert_allclose(losses[:2], losses[2], rtol=5e-3)
 
         step_size = _max_difference(float32_body.get_weights(), before)
         mixed_error = _max_difference(one_body.get_weights(), float32_body.get_weights())
