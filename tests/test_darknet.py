@@ -1,12 +1,13 @@
 """Darknet cfg/weights conversion against a literal numpy Darknet forward pass.
 
-The reference below re-implements Darknet's layers from their definitions
-(symmetric conv padding, maxpool padding of ``size - 1`` with offset
-``-padding // 2``, nearest upsampling) and reads the ``.weights`` bytes on
-its own, so it checks both the Keras layer choices (top-left padding for
-stride 2, 'same' max pooling) and the reader's float bookkeeping. Its one
-deliberate borrowing from Keras is batch norm's ``sqrt(var + 1e-3)``
-(Darknet uses ``sqrt(var) + 1e-6``), which the converter keeps on purpose.
+The reference below re-implements Darknet's layers from Darknet's sources
+(symmetric conv padding, batch norm ``(x - mean) / (sqrt(var) + .000001f)
+* scales + biases`` from pjreddie's ``normalize_cpu``, leaky 0.1, maxpool
+padding of ``size - 1`` with offset ``-padding / 2``, nearest upsampling,
+route = channel concat, shortcut = add) and reads the ``.weights`` bytes on
+its own, so it checks the Keras layer choices (top-left padding for stride
+2, 'same' max pooling), the batch-norm fold and the reader's float
+bookkeeping. Nothing in it comes from our Keras code or Keras's epsilon.
 """
 
 from __future__ import annotations
@@ -27,7 +28,18 @@ from keras_yolo_mgpu.weights.darknet import DarknetError, DarknetHeader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DARKNET = os.path.join(REPO, "..", "shared", "darknet")
-KERAS_BN_EPSILON = 1e-3
+
+#: What each implementation divides ``x - rolling_mean`` by at inference,
+#: transcribed from its source, not from ours.
+BN_DENOMINATORS = {
+    # pjreddie/darknet src/blas.c normalize_cpu: (sqrt(variance[f]) + .000001f)
+    "pjreddie": lambda var: np.sqrt(var) + 1e-6,
+    # AlexeyAB/darknet src/blas.c normalize_cpu: (sqrt(variance[f] + .00001f))
+    "alexeyab": lambda var: np.sqrt(var + 1e-5),
+    # keras-yolo3 convert.py copies the raw arrays into a Keras 2
+    # BatchNormalization(), whose default epsilon is 1e-3 (checked below).
+    "keras-yolo3": lambda var: np.sqrt(var + 1e-3),
+}
 
 
 def shared_cfg(name: str) -> str:
@@ -76,11 +88,12 @@ def _maxpool(x, size, stride, padding):
     return windows[:out_h, :out_w].max(axis=(-1, -2))
 
 
-def darknet_forward(cfg_path, weights_path, image):
+def darknet_forward(cfg_path, weights_path, image, bn="pjreddie"):
     """Runs Darknet's layers in float64.
 
     Args:
         image: (H, W, C) float array.
+        bn: key of BN_DENOMINATORS.
 
     Returns:
         (outputs, header_bytes, floats_read): the inputs of the [yolo] layers
@@ -115,7 +128,7 @@ def darknet_forward(cfg_path, weights_path, image):
                 beta, gamma, mean, var = take((filters,)), take((filters,)), take((filters,)), take((filters,))
                 kernel = take((filters, x.shape[-1], size, size))
                 x = _conv(x, kernel, stride, pad)
-                x = (x - mean) / np.sqrt(var + KERAS_BN_EPSILON) * gamma + beta
+                x = (x - mean) / BN_DENOMINATORS[bn](var) * gamma + beta
             else:
                 bias = take((filters,))
                 kernel = take((filters, x.shape[-1], size, size))
@@ -153,8 +166,9 @@ def keras_outputs(model, image):
     return [np.asarray(o)[0] for o in (out if isinstance(out, (list, tuple)) else [out])]
 
 
-def max_abs_error(model, reference):
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(model, reference))
+def relative_errors(model, reference):
+    """Per output scale: max |model - reference| / max |reference|."""
+    return [float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(model, reference)]
 
 
 def random_weights_file(cfg_path, weights_path, seed=0, header=None):
@@ -319,7 +333,7 @@ def test_generated_cfg_matches_numpy_darknet(tmp_path, name):
     assert floats_read == n and header_bytes + 4 * n == os.path.getsize(weights)
     outputs = keras_outputs(model, image)
     assert [o.shape for o in outputs] == [r.shape for r in reference]
-    assert max_abs_error(outputs, reference) < 1e-4
+    assert max(relative_errors(outputs, reference)) <= 1e-4
 
 
 def test_stride2_padding_is_keras_yolo3s_top_left():
@@ -338,7 +352,137 @@ def test_real_cfg_matches_numpy_darknet(tmp_path, name):
     image = random_image(64)
     reference, header_bytes, floats_read = darknet_forward(cfg, weights, image)
     assert header_bytes + 4 * floats_read == os.path.getsize(weights)
-    assert max_abs_error(keras_outputs(model, image), reference) < 1e-4
+    errors = relative_errors(keras_outputs(model, image), reference)
+    print(f"{name}: relative error per output scale vs numpy Darknet (pjreddie BN): {errors}")
+    assert max(errors) <= 1e-4
+
+
+@pytest.mark.parametrize("convention", ["alexeyab", "keras-yolo3"])
+def test_other_bn_conventions_match_their_formula(tmp_path, convention):
+    cfg = shared_cfg("yolov3-tiny.cfg")
+    weights = str(tmp_path / "random.weights")
+    random_weights_file(cfg, weights, seed=5)
+    model, _, _ = darknet.load_darknet(cfg, weights, darknet_bn=convention)
+    image = random_image(64)
+    outputs = keras_outputs(model, image)
+    own = relative_errors(outputs, darknet_forward(cfg, weights, image, bn=convention)[0])
+    # The generated variances (1e-8..1e2, some zero) make the formulas
+    # disagree by far more than the tolerance: the reference can tell them apart.
+    pjreddie = relative_errors(outputs, darknet_forward(cfg, weights, image, bn="pjreddie")[0])
+    print(f"darknet_bn={convention}: vs its formula {own}, vs pjreddie's {pjreddie}")
+    assert max(own) <= 1e-4
+    assert min(pjreddie) > 1e-2
+
+
+def test_matches_opencv_darknet_importer(tmp_path):
+    """OpenCV 4's own Darknet importer as a second, compiled reference (skipped without it).
+
+    OpenCV 5 dropped ``readNetFromDarknet``, and installing opencv-python 4
+    next to the project's opencv-python-headless 5 would overwrite its cv2
+    package; run with an OpenCV 4 ``cv2`` first on PYTHONPATH to include it.
+    OpenCV's batch norm is a third formula (``sqrt(var + 1e-6)``), so the
+    variances here stay in 0.1..10, where all Darknet formulas agree to 1e-6.
+    """
+    cv2 = pytest.importorskip("cv2")
+    if not hasattr(cv2, "dnn") or not hasattr(cv2.dnn, "readNetFromDarknet"):
+        pytest.skip(f"OpenCV {cv2.__version__} has no cv2.dnn.readNetFromDarknet (removed in OpenCV 5)")
+    cfg = shared_cfg("yolov3-tiny.cfg")
+    sections = darknet.parse_cfg(cfg)
+    convs, _ = darknet.infer_layers(sections)
+    rng = np.random.default_rng(21)
+    weights = darknet.random_weights(convs, seed=21)
+    for w in weights:
+        if w.gamma is not None:
+            w.variance = (10.0 ** rng.uniform(-1, 1, w.variance.size)).astype(np.float32)
+            w.gamma = (rng.uniform(0.5, 1.0, w.gamma.size) * np.sqrt(w.variance)).astype(np.float32)
+    weights_path = str(tmp_path / "tiny.weights")
+    darknet.write_weights(weights_path, weights)
+    image = random_image(64, seed=3)
+    net = cv2.dnn.readNetFromDarknet(cfg, weights_path)
+    net.setInput(np.ascontiguousarray(image.transpose(2, 0, 1)[None]))
+    # OpenCV names each conv after its Darknet index; a [yolo] layer's input is the conv before it.
+    heads = [f"conv_{s.index - 1}" for s in sections if s.kind == "yolo"]
+    opencv = [o[0].transpose(1, 2, 0) for o in net.forward(heads)]
+    model, _, _ = darknet.load_darknet(cfg, weights_path)
+    errors = relative_errors(keras_outputs(model, image), opencv)
+    raw, _, _ = darknet.load_darknet(cfg, weights_path, darknet_bn="keras-yolo3")
+    raw_errors = relative_errors(keras_outputs(raw, image), opencv)
+    print(f"OpenCV {cv2.__version__} readNetFromDarknet vs converted yolov3-tiny: relative error per scale {errors}")
+    print(f"  and vs keras-yolo3's conversion: {raw_errors}")
+    assert max(errors) <= 1e-4
+    assert min(raw_errors) > 1e-4  # even these moderate variances separate the formulas
+
+
+def test_fold_batch_norm_is_exact_for_tiny_and_zero_variances():
+    import keras
+
+    variance = np.array([0.0, 1e-12, 1e-8, 1e-6, 1e-5, 9.99e-4, 1e-3, 1.001e-3, 0.5, 1.0, 100.0, 1e4], np.float32)
+    n = variance.size
+    rng = np.random.default_rng(0)
+    gamma, beta = (rng.uniform(0.5, 1.5, n).astype(np.float32) for _ in range(2))
+    # Inputs a few deviations (std, at least 1e-3) from the mean, and means of
+    # that order too: TF evaluates x * inv - mean * inv, which in float32 loses
+    # ~6e-8 * |x| / |x - mean| whatever the weights, folded or not.
+    spread = np.maximum(np.sqrt(variance), 1e-3)
+    mean = (rng.uniform(-2, 2, n) * spread).astype(np.float32)
+    x = (mean + rng.normal(0, 1, (64, n)) * spread).astype(np.float32)
+    for convention in ("pjreddie", "alexeyab"):
+        folded = darknet.fold_batch_norm(gamma, beta, mean, variance, convention)
+        assert all(a.dtype == np.float32 for a in folded)
+        assert np.all(folded[3] >= 0)  # a valid moving variance, also for fine-tuning
+        layer = keras.layers.BatchNormalization(epsilon=1e-3)
+        layer.build((None, n))
+        layer.set_weights(folded)
+        keras_out = np.asarray(layer(x, training=False), np.float64)
+        darknet_out = (x.astype(np.float64) - mean) / BN_DENOMINATORS[convention](
+            variance.astype(np.float64)
+        ) * gamma + beta
+        error = np.abs(keras_out - darknet_out) / np.max(np.abs(darknet_out), axis=0)
+        assert float(error.max()) <= 1e-6, (convention, error.max(axis=0))
+    # Channels with d**2 >= epsilon keep gamma, beta and mean bit for bit.
+    folded = darknet.fold_batch_norm(gamma, beta, mean, variance, "pjreddie")
+    wide = variance >= 1.001e-3
+    np.testing.assert_array_equal(folded[0][wide], gamma[wide])
+    np.testing.assert_array_equal(folded[1], beta)
+    np.testing.assert_array_equal(folded[2], mean)
+
+
+def test_keras_yolo3_compat_stores_the_raw_arrays(tmp_path):
+    import keras
+    import tf_keras
+
+    from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body
+
+    # keras-yolo3's convert.py builds BatchNormalization() with Keras 2's default epsilon.
+    assert tf_keras.layers.BatchNormalization().epsilon == 1e-3
+    cfg = shared_cfg("yolov3-tiny.cfg")
+    weights = str(tmp_path / "tiny.weights")
+    random_weights_file(cfg, weights, seed=9)
+    convert(cfg, weights, tmp_path / "compat.weights.h5", darknet_bn="keras-yolo3")
+    body = tiny_yolo_body(keras.Input((None, None, 3)), 3, 80)
+    body.load_weights(str(tmp_path / "compat.weights.h5"))
+    convs, _ = darknet.infer_layers(darknet.parse_cfg(cfg))
+    _, raw = darknet.read_weights(weights, convs)
+    bns = [layer for layer in body.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(bns) == sum(w.gamma is not None for w in raw) == 11
+    # tiny_yolo_body's layer order is not the cfg's: pair layers by their (random, unique) gamma.
+    by_gamma = {w.gamma.tobytes(): w for w in raw if w.gamma is not None}
+    for layer in bns:
+        assert layer.epsilon == 1e-3
+        stored = layer.get_weights()
+        w = by_gamma.pop(stored[0].tobytes())
+        for array, original in zip(stored, (w.gamma, w.beta, w.mean, w.variance)):
+            np.testing.assert_array_equal(array, original)
+    assert not by_gamma
+    image = random_image(64)
+    errors = relative_errors(keras_outputs(body, image), darknet_forward(cfg, weights, image, bn="keras-yolo3")[0])
+    assert max(errors) <= 1e-5
+
+
+def test_bn_flags_conflict():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["a.cfg", "b.weights", "out.keras", "--keras-yolo3-compat", "--darknet-bn", "alexeyab"])
+    assert exit_info.value.code == 2
 
 
 def test_parameter_counts_of_real_cfgs():
@@ -372,13 +516,13 @@ def test_tiny_converts_into_tiny_yolo_body(tmp_path):
         np.concatenate([o.ravel() for o in keras_outputs(generic, image)]),
         atol=1e-5,
     )
-    assert max_abs_error(from_body, reference) < 1e-4
+    assert max(relative_errors(from_body, reference)) <= 1e-4
 
     # .keras holds the whole tiny_yolo_body; --generic keeps the cfg-built model.
     convert(cfg, weights, tmp_path / "tiny.keras")
     loaded = load_converted(tmp_path / "tiny.keras")
     assert loaded.name == "tiny_yolo_body"
-    assert max_abs_error(keras_outputs(loaded, image), reference) < 1e-4
+    assert max(relative_errors(keras_outputs(loaded, image), reference)) <= 1e-4
     result = convert(cfg, weights, tmp_path / "generic.weights.h5", generic=True)
     assert result.architecture == "generic" and os.path.isfile(result.cfg_copy_path)
 
@@ -407,13 +551,13 @@ def test_generic_outputs_keras_and_weights_h5(tmp_path):
     result = convert(cfg, weights, tmp_path / "spp.keras")
     assert result.architecture == "generic" and result.cfg_copy_path is None
     loaded = load_converted(tmp_path / "spp.keras")
-    assert max_abs_error(keras_outputs(loaded, image), reference) < 1e-4
+    assert max(relative_errors(keras_outputs(loaded, image), reference)) <= 1e-4
 
     result = convert(cfg, weights, tmp_path / "spp.weights.h5")
     assert result.cfg_copy_path == str(tmp_path / "spp.weights.h5") + ".cfg"
     assert open(result.cfg_copy_path).read() == MINI_SPP
     loaded = load_converted(tmp_path / "spp.weights.h5")
-    assert max_abs_error(keras_outputs(loaded, image), reference) < 1e-4
+    assert max(relative_errors(keras_outputs(loaded, image), reference)) <= 1e-4
 
 
 def test_short_file_names_the_layer_and_writes_nothing(tmp_path):
@@ -504,7 +648,7 @@ def test_convert_script_runs(tmp_path):
     assert anchors.read_text() == "10,13,  16,30,  33,23,  30,61,  62,45,  59,119\n"
     image = random_image(64)
     reference, _, _ = darknet_forward(cfg, weights, image)
-    assert max_abs_error(keras_outputs(load_converted(tmp_path / "mini.keras"), image), reference) < 1e-4
+    assert max(relative_errors(keras_outputs(load_converted(tmp_path / "mini.keras"), image), reference)) <= 1e-4
 
 
 @pytest.mark.slow
@@ -529,7 +673,6 @@ def test_yolov3_converts_into_yolo_body_and_matches_numpy(tmp_path):
     assert header_bytes + 4 * floats_read == os.path.getsize(weights)
     outputs = keras_outputs(body, image)
     assert [o.shape for o in outputs] == [(2, 2, 255), (4, 4, 255), (8, 8, 255)]
-    error = max_abs_error(outputs, reference)
-    scale = max(float(np.max(np.abs(r))) for r in reference)
-    print(f"yolov3.cfg conversion: max abs error {error:.3g} (outputs up to {scale:.3g}), convert {convert_s:.1f} s")
-    assert error < 1e-4
+    errors = relative_errors(outputs, reference)
+    print(f"yolov3.cfg conversion: relative error per output scale {errors}, convert {convert_s:.1f} s")
+    assert max(errors) <= 1e-4

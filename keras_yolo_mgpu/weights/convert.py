@@ -172,6 +172,7 @@ def convert(
     *,
     generic: bool = False,
     check: bool = True,
+    darknet_bn: str = darknet.DEFAULT_DARKNET_BN,
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
@@ -183,6 +184,12 @@ def convert(
             is a ``yolo_body``.
         check: verify the ``yolo_body`` copy on a test image (see
             :func:`build_matching_body`).
+        darknet_bn: whose batch norm the converted model reproduces:
+            ``"pjreddie"`` (default: the original Darknet, which trained the
+            official YOLOv3 weights), ``"alexeyab"`` (AlexeyAB/darknet) or
+            ``"keras-yolo3"`` (raw arrays with Keras's epsilon: keras-yolo3's
+            own conversion, bit for bit). See
+            :func:`~keras_yolo_mgpu.weights.darknet.fold_batch_norm`.
 
     Returns:
         A :class:`ConversionResult`.
@@ -198,8 +205,16 @@ def convert(
     convs, yolos = darknet.infer_layers(sections)
     header, weights = darknet.read_weights(weights_path, convs)
     num_floats = sum(c.num_floats for c in convs)
-    model = darknet.build_model(sections, weights, name=os.path.splitext(os.path.basename(str(cfg_path)))[0])
-    logger.info("Built %s: %d layers, %d parameters", cfg_path, len(model.layers), model.count_params())
+    model = darknet.build_model(
+        sections, weights, darknet_bn=darknet_bn, name=os.path.splitext(os.path.basename(str(cfg_path)))[0]
+    )
+    logger.info(
+        "Built %s: %d layers, %d parameters; batch norm as %s",
+        cfg_path,
+        len(model.layers),
+        model.count_params(),
+        darknet_bn,
+    )
 
     heads = _yolo_heads(yolos)
     architecture = "generic"
@@ -320,6 +335,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
     )
     parser.add_argument(
+        "--darknet-bn",
+        choices=("pjreddie", "alexeyab"),
+        default=None,
+        help="which Darknet's batch-norm formula to reproduce (a .weights file does not say): pjreddie "
+        "(default; sqrt(var) + 1e-6, the original Darknet that trained the official YOLOv3 weights) or "
+        "alexeyab (sqrt(var + 1e-5), AlexeyAB/darknet)",
+    )
+    parser.add_argument(
+        "--keras-yolo3-compat",
+        action="store_true",
+        help="store the raw Darknet arrays with Keras's epsilon 1e-3, exactly as keras-yolo3's convert.py "
+        "(about 0.5-0.9%% off Darknet's outputs); for comparing with old keras-yolo3 files",
+    )
+    parser.add_argument(
         "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -336,11 +365,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_path(args.output_path)
     except ValueError as error:
         parser.error(str(error))
+    if args.keras_yolo3_compat and args.darknet_bn:
+        parser.error(
+            f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
+        )
+    darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else (args.darknet_bn or darknet.DEFAULT_DARKNET_BN)
     for label, path in (("config", args.config_path), ("weights", args.weights_path)):
         if not os.path.isfile(path):
             parser.error(f"{label} file not found: {path}")
     try:
-        result = convert(args.config_path, args.weights_path, args.output_path, generic=args.generic)
+        result = convert(
+            args.config_path, args.weights_path, args.output_path, generic=args.generic, darknet_bn=darknet_bn
+        )
     except (DarknetError, OSError) as error:
         print(f"convert.py: error: {error}", file=sys.stderr)
         return 1

@@ -20,10 +20,14 @@ literal numpy re-implementation of Darknet's layers):
   multiple of 32) the bottom/right padding is never read, so both give the
   same numbers. The builder uses the smallest padding that gives Darknet's
   output for such inputs, which for 3x3/2 is exactly keras-yolo3's.
-- Batch norm: Darknet divides by ``sqrt(var) + 1e-6``; Keras divides by
-  ``sqrt(var + epsilon)``. Like keras-yolo3 we keep Keras's formula with
-  the ``epsilon`` that ``yolo_body`` uses (:data:`BN_EPSILON`); for trained
-  weights the difference is far below detection noise.
+- Batch norm: at inference Darknet computes ``(x - mean) / d * gamma + beta``
+  with ``d = sqrt(var) + 1e-6`` in pjreddie/darknet's ``normalize_cpu`` and
+  ``d = sqrt(var + 1e-5)`` in AlexeyAB/darknet (and in pjreddie's own CUDA
+  ``normalize_kernel``); Keras divides by ``sqrt(var + epsilon)`` with
+  keras-yolo3's ``epsilon`` 1e-3 (:data:`BN_EPSILON`). :func:`fold_batch_norm`
+  rewrites the four BN arrays so that Keras's formula gives Darknet's
+  numbers; ``darknet_bn="keras-yolo3"`` keeps the raw arrays (keras-yolo3's
+  own conversion, 0.5-0.9 % off Darknet on the official tiny weights).
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ logger = logging.getLogger(__name__)
 BN_EPSILON = 1e-3
 #: Slope of Darknet's ``leaky`` activation.
 LEAKY_SLOPE = 0.1
+
+#: Batch-norm conventions :func:`fold_batch_norm` knows: Darknet's two
+#: inference formulas, and keras-yolo3's conversion (raw arrays, Keras's
+#: ``sqrt(var + 1e-3)``). A ``.weights`` file does not say which Darknet
+#: trained it (both forks write the same header), hence a choice.
+DARKNET_BN_CONVENTIONS = ("pjreddie", "alexeyab", "keras-yolo3")
+#: The default: the original Darknet that trained the official YOLOv3 weights.
+DEFAULT_DARKNET_BN = "pjreddie"
 
 _SUPPORTED_ACTIVATIONS = ("leaky", "linear", "relu", "logistic")
 
@@ -321,6 +333,89 @@ def infer_layers(sections: Sequence[CfgSection]) -> tuple[list[ConvSpec], list[Y
 
 
 # --------------------------------------------------------------------------
+# Batch normalisation: Darknet's formula expressed in Keras's
+# --------------------------------------------------------------------------
+
+
+def darknet_bn_denominator(variance: np.ndarray, convention: str = DEFAULT_DARKNET_BN) -> np.ndarray:
+    """What Darknet divides ``x - mean`` by at inference, in float64.
+
+    Args:
+        variance: ``(channels,)`` rolling variance from the ``.weights`` file.
+        convention: ``"pjreddie"``: ``sqrt(var) + 1e-6`` (pjreddie/darknet
+            ``normalize_cpu``); ``"alexeyab"``: ``sqrt(var + 1e-5)``
+            (AlexeyAB/darknet, and pjreddie's CUDA kernel); ``"keras-yolo3"``:
+            Keras's ``sqrt(var + 1e-3)``.
+
+    Returns:
+        ``(channels,)`` float64 denominators.
+    """
+    variance = np.asarray(variance, np.float64)
+    if convention == "pjreddie":
+        return np.sqrt(variance) + 1e-6
+    if convention == "alexeyab":
+        return np.sqrt(variance + 1e-5)
+    if convention == "keras-yolo3":
+        return np.sqrt(variance + BN_EPSILON)
+    raise ValueError(f"`convention` must be one of {DARKNET_BN_CONVENTIONS}. Received: convention={convention!r}")
+
+
+def fold_batch_norm(
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    mean: np.ndarray,
+    variance: np.ndarray,
+    convention: str = DEFAULT_DARKNET_BN,
+    epsilon: float = BN_EPSILON,
+) -> list[np.ndarray]:
+    """Keras ``BatchNormalization`` weights that compute Darknet's batch norm.
+
+    Keras computes ``(x - mean') / sqrt(var' + epsilon) * gamma' + beta'``;
+    Darknet ``(x - mean) / d * gamma + beta`` with ``d`` from
+    :func:`darknet_bn_denominator`. Per channel:
+
+    - ``d**2 >= epsilon`` (every channel of a trained network but dead or
+      near-constant ones): ``var' = d**2 - epsilon``, the other three arrays
+      unchanged, so ``sqrt(var' + epsilon) == d``.
+    - ``d**2 < epsilon`` (variance below ~1e-3): ``var' - epsilon`` would be
+      negative, and ``var' + epsilon`` would lose ``d`` to float32
+      cancellation (``d = 1e-6`` for a zero variance). There ``var' = 0`` and
+      ``gamma' = gamma * sqrt(epsilon) / d``: the same product, with no
+      subtraction anywhere.
+
+    Both branches meet at ``d**2 == epsilon`` and keep the variance
+    non-negative, so Keras training can start from the result. Only float32
+    rounding of the stored values separates the two forward passes.
+
+    Args:
+        gamma, beta, mean, variance: ``(channels,)`` arrays in Darknet's
+            meaning (``gamma`` = Darknet's ``scales``, ``beta`` = ``biases``).
+        convention: see :func:`darknet_bn_denominator`; ``"keras-yolo3"``
+            returns the arrays unchanged.
+        epsilon: the Keras layer's epsilon.
+
+    Returns:
+        ``[gamma', beta', mean', var']`` float32, in ``BatchNormalization``'s
+        ``set_weights`` order.
+    """
+    if convention == "keras-yolo3":
+        if epsilon != BN_EPSILON:
+            raise ValueError(f"keras-yolo3's conversion uses epsilon {BN_EPSILON}. Received: epsilon={epsilon}")
+        return [np.asarray(a, np.float32) for a in (gamma, beta, mean, variance)]
+    d = darknet_bn_denominator(variance, convention)
+    d2 = d * d
+    wide = d2 >= epsilon
+    folded_variance = np.where(wide, d2 - epsilon, 0.0)
+    folded_gamma = np.where(wide, np.asarray(gamma, np.float64), np.asarray(gamma, np.float64) * np.sqrt(epsilon) / d)
+    return [
+        folded_gamma.astype(np.float32),
+        np.asarray(beta, np.float32),
+        np.asarray(mean, np.float32),
+        folded_variance.astype(np.float32),
+    ]
+
+
+# --------------------------------------------------------------------------
 # .weights files
 # --------------------------------------------------------------------------
 
@@ -363,9 +458,10 @@ class ConvWeights:
         kernel = np.transpose(self.kernel, (2, 3, 1, 0))
         return [kernel] if self.bias is None else [kernel, self.bias]
 
-    def keras_bn_weights(self) -> list[np.ndarray]:
-        """``BatchNormalization`` weights: gamma, beta, moving mean, moving variance."""
-        return [self.gamma, self.beta, self.mean, self.variance]
+    def keras_bn_weights(self, convention: str = DEFAULT_DARKNET_BN) -> list[np.ndarray]:
+        """``BatchNormalization`` weights (gamma, beta, moving mean, moving variance)
+        that reproduce ``convention``'s batch norm (see :func:`fold_batch_norm`)."""
+        return fold_batch_norm(self.gamma, self.beta, self.mean, self.variance, convention)
 
 
 def read_header(path: str | os.PathLike) -> DarknetHeader:
@@ -463,7 +559,12 @@ def random_weights(convs: Sequence[ConvSpec], seed: int = 0) -> list[ConvWeights
     """Random weights that keep activations of order 1 through a deep network.
 
     Meant for tests and for trying the converter without a real weights
-    file; variances are positive, kernels scaled by ``1 / sqrt(fan_in)``.
+    file. Kernels are scaled by ``1 / sqrt(fan_in)``. BN variances span
+    1e-8 to 1e2 (log-uniform) with about one channel in 16 exactly zero, as
+    dead channels of trained networks are, which is where Darknet's and
+    Keras's batch-norm formulas differ most; ``gamma`` is
+    ``U(0.5, 1) * sqrt(variance)`` (plus 1e-6) so that every channel's
+    overall gain stays below 1 under either Darknet formula.
     """
     rng = np.random.default_rng(seed)
     out = []
@@ -472,13 +573,16 @@ def random_weights(convs: Sequence[ConvSpec], seed: int = 0) -> list[ConvWeights
         kernel = rng.normal(0.0, 1.0 / np.sqrt(fan_in), spec.kernel_shape).astype(np.float32)
         n = spec.filters
         if spec.batch_normalize:
+            variance = 10.0 ** rng.uniform(-8.0, 2.0, n)
+            variance[rng.uniform(size=n) < 1 / 16] = 0.0
+            gain = rng.uniform(0.5, 1.0, n)
             out.append(
                 ConvWeights(
                     kernel,
                     beta=rng.uniform(-0.2, 0.2, n).astype(np.float32),
-                    gamma=rng.uniform(0.5, 1.0, n).astype(np.float32),
+                    gamma=(gain * (np.sqrt(variance) + 1e-6)).astype(np.float32),
                     mean=rng.uniform(-0.2, 0.2, n).astype(np.float32),
-                    variance=rng.uniform(0.5, 1.5, n).astype(np.float32),
+                    variance=variance.astype(np.float32),
                 )
             )
         else:
@@ -505,6 +609,7 @@ def build_model(
     weights: Sequence[ConvWeights] | None = None,
     *,
     weight_decay: float | None = None,
+    darknet_bn: str = DEFAULT_DARKNET_BN,
     name: str = "darknet",
 ):
     """Builds the Keras 3 functional model described by a parsed cfg.
@@ -519,6 +624,8 @@ def build_model(
             ``None`` keeps Keras's initial values.
         weight_decay: L2 factor for conv kernels; default the ``decay`` of
             ``[net]`` (``5e-4`` when absent), as keras-yolo3 did.
+        darknet_bn: whose batch-norm formula the Keras layers reproduce, one
+            of :data:`DARKNET_BN_CONVENTIONS` (see :func:`fold_batch_norm`).
         name: model name.
 
     Returns:
@@ -529,6 +636,8 @@ def build_model(
     """
     import keras
 
+    if darknet_bn not in DARKNET_BN_CONVENTIONS:
+        raise ValueError(f"`darknet_bn` must be one of {DARKNET_BN_CONVENTIONS}. Received: darknet_bn={darknet_bn!r}")
     convs, _ = infer_layers(sections)
     if weights is not None and len(weights) != len(convs):
         raise DarknetError(f"{len(weights)} conv weights given for {len(convs)} conv layers")
@@ -575,7 +684,12 @@ def build_model(
                 bn = L.BatchNormalization(epsilon=BN_EPSILON, name=f"bn_{i}")
                 x = bn(x)
                 if weights is not None:
-                    bn.set_weights(weights[k].keras_bn_weights())
+                    if np.any(weights[k].variance < 0) or not np.all(np.isfinite(weights[k].variance)):
+                        raise DarknetError(
+                            f"{section.describe()}: batch-norm variance has negative or non-finite values; "
+                            "the weights file is damaged or does not match this cfg"
+                        )
+                    bn.set_weights(weights[k].keras_bn_weights(darknet_bn))
             if spec.activation == "leaky":
                 x = L.LeakyReLU(negative_slope=LEAKY_SLOPE, name=f"leaky_{i}")(x)
             elif spec.activation == "relu":
