@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "anchor_masks": "model.boxes",
     "box_iou": "model.boxes",
-    "letterbox_image": "model.boxes",
+    "letterbox_image": "data.letterbox",
     "yolo_correct_boxes": "model.boxes",
     "yolo_eval": "model.boxes",
     "yolo_head": "model.boxes",

@@ -751,3 +751,26 @@ def test_v4_cfgs_use_alexeyab_features_and_v3_cfgs_do_not():
     assert features["yolov4.cfg"] == ["mish", "scale_x_y"]
     assert features["yolov4-tiny.cfg"] == ["grouped route", "scale_x_y"]
     assert features["yolov3.cfg"] == features["yolov3-tiny.cfg"] == []
+
+
+def test_tiny_masks_default_to_keras_yolo3s_with_a_warning(tmp_path, caplog):
+    from keras_yolo_mgpu.weights.convert import choose_masks, parse_masks
+
+    # pjreddie's later yolov3-tiny.cfg: mask 0,1,2 on the fine scale.
+    text = open(shared_cfg("yolov3-tiny.cfg")).read().replace("mask = 1,2,3", "mask = 0,1,2")
+    cfg = write_cfg(tmp_path, "tiny012", text)
+    weights = str(tmp_path / "w.weights")
+    random_weights_file(cfg, weights)
+    with caplog.at_level("WARNING"):
+        result = convert(cfg, weights, tmp_path / "t.weights.h5")
+    assert result.masks == [[3, 4, 5], [1, 2, 3]]
+    assert "AlexeyAB/darknet#1341" in caplog.text and "--masks cfg" in caplog.text
+    cfg_masks = [[3, 4, 5], [0, 1, 2]]
+    assert choose_masks("cfg", cfg_masks, 6) == cfg_masks
+    assert choose_masks("keras-yolo3", cfg_masks, 6) == [[3, 4, 5], [1, 2, 3]]
+    assert choose_masks(parse_masks("3,4,5 0,1,2"), cfg_masks, 6) == cfg_masks
+    assert choose_masks("auto", [[6, 7, 8], [3, 4, 5], [0, 1, 2]], 9) == [[6, 7, 8], [3, 4, 5], [0, 1, 2]]
+    with pytest.raises(ValueError, match="2 masks of 3"):
+        choose_masks(parse_masks("3,4,5"), cfg_masks, 6)
+    with pytest.raises(ValueError, match="--masks must be"):
+        parse_masks("three")

@@ -12,20 +12,10 @@ from PIL import Image
 
 from keras_yolo_mgpu.bench.reference_generator import get_random_data
 from keras_yolo_mgpu.data.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
-from keras_yolo_mgpu.data.augment import (
-    JPEG,
-    OTHER,
-    PNG,
-    augment_boxes,
-    augmentation_params,
-    distort_hsv,
-    letterbox_size,
-    open_image_rgb,
-    sample_augmentation,
-    sniff_image,
-)
+from keras_yolo_mgpu.data.augment import augment_boxes, augmentation_params, distort_hsv, sample_augmentation
+from keras_yolo_mgpu.data.images import read_image
+from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.data.pipeline import _element_seed, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
-from keras_yolo_mgpu.model.boxes import letterbox_image
 from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
@@ -96,6 +86,11 @@ def test_targets_equal_preprocess_true_boxes_on_random_boxes(anchors, shape):
         assert g.dtype == tf.float32 and tuple(g.shape) == e.shape
         np.testing.assert_array_equal(g.numpy(), e)  # bitwise
     assert sum(e[..., 4].sum() for e in expected) > 20  # the boxes did land
+    # Other masks flow through both implementations the same way.
+    masks = [[6, 7, 8], [0, 1, 2], [3, 4, 5]] if len(anchors) == 9 else [[3, 4, 5], [0, 1, 2]]
+    expected = preprocess_true_boxes(boxes, shape, anchors, 5, masks=masks)
+    for e, g in zip(expected, build_targets(boxes, shape, anchors, 5, masks=masks)):
+        np.testing.assert_array_equal(g.numpy(), e)
 
 
 def test_targets_last_box_wins_and_class_bits_accumulate():
@@ -224,53 +219,10 @@ def test_sampled_parameters_cover_keras_yolo3_ranges():
         assert (p[offset] < 0).any() and (p[offset] > 0).any()
 
 
-def test_open_image_converts_grayscale_rgba_palette_and_16_bit(tmp_path):
-    """PIL decoding (validation, caches, and files TF does not decode like PIL)."""
-    gray = np.arange(48, dtype=np.uint8).reshape(6, 8) * 5
-    Image.fromarray(gray, "L").save(tmp_path / "gray.png")
-    rgba = np.dstack([np.full((6, 8, 3), 200, np.uint8), np.full((6, 8), 7, np.uint8)])
-    Image.fromarray(rgba, "RGBA").save(tmp_path / "rgba.png")
-    palette = Image.fromarray(np.zeros((6, 8), np.uint8), "P")
-    palette.putpalette([90, 91, 92] + [0] * 765)
-    palette.save(tmp_path / "palette.png")
-    deep = np.full((6, 8), 65535, np.uint16)
-    deep[0, 0] = 32896  # 128 * 257
-    Image.fromarray(deep).save(tmp_path / "deep.png")  # 16-bit grayscale
-    Image.fromarray(np.full((6, 8, 4), 50, np.uint8), "CMYK").save(tmp_path / "cmyk.jpg")
-
-    def load(name):
-        pixels, size = open_image_rgb(str(tmp_path / name))
-        assert pixels.shape == (6, 8, 3) and pixels.dtype == np.uint8 and size == (8, 6)
-        return pixels
-
-    np.testing.assert_array_equal(load("gray.png")[..., 1], gray)
-    np.testing.assert_array_equal(load("rgba.png"), 200)
-    np.testing.assert_array_equal(load("palette.png"), np.broadcast_to([90, 91, 92], (6, 8, 3)))
-    deep_rgb = load("deep.png")
-    assert deep_rgb[0, 0].tolist() == [128] * 3 and deep_rgb[1:].min() == 255
-    assert load("cmyk.jpg").shape == (6, 8, 3)
-
-
 def _encode(pixels, fmt, mode=None, **options):
     buffer = io.BytesIO()
     Image.fromarray(pixels, mode).save(buffer, fmt, **options)
     return buffer.getvalue()
-
-
-def test_sniff_image_sends_only_what_tf_decodes_like_pil_to_tf():
-    rgb = _photo(40, 30, 1)
-    jpeg = _encode(rgb, "JPEG")
-    assert sniff_image(jpeg) == (JPEG, 40, 30)
-    assert sniff_image(_encode(rgb, "JPEG", progressive=True)) == (JPEG, 40, 30)
-    assert sniff_image(_encode(rgb[..., 0], "JPEG")) == (JPEG, 40, 30)  # greyscale
-    assert sniff_image(_encode(rgb, "PNG")) == (PNG, 40, 30)
-    assert sniff_image(_encode(np.full((30, 40), 40000, np.uint16), "PNG")) == (PNG, 40, 30)
-    assert sniff_image(_encode(np.full((30, 40, 4), 9, np.uint8), "JPEG", "CMYK"))[0] == OTHER
-    assert sniff_image(jpeg[: len(jpeg) // 2])[0] == OTHER  # truncated: PIL reports it
-    assert sniff_image(_encode(rgb, "PNG")[:-20])[0] == OTHER
-    for fmt in ("GIF", "BMP", "TIFF"):
-        assert sniff_image(_encode(rgb, fmt))[0] == OTHER
-    assert sniff_image(b"")[0] == OTHER and sniff_image(b"\xff\xd8\xff\xd9")[0] == OTHER
 
 
 def test_training_reads_every_format(tmp_path, caplog):
@@ -355,15 +307,16 @@ def test_validation_letterboxes_in_order_pads_and_weights(small_dataset):
     np.testing.assert_allclose(weights, [1.2] * 10 + [0, 0])  # 3 * 4 / 10
     np.testing.assert_allclose(images[10:], 128 / 255)
     for index, annotation in enumerate(small_dataset):
-        # Exactly the detector's letterbox (boxes.letterbox_image), never augmented.
-        expected = np.asarray(letterbox_image(Image.open(annotation.image_path), (96, 64))) / 255.0
+        # Exactly the detector's letterbox, never augmented.
+        expected = letterbox_array(read_image(annotation.image_path), (64, 96)) / 255.0
         np.testing.assert_allclose(images[index], expected, atol=1e-6)
-    # Targets equal preprocess_true_boxes on the letterboxed boxes.
+    # Targets equal preprocess_true_boxes on the letterboxed boxes (keras-yolo3's box formula).
     boxes = np.zeros((12, 20, 5), np.float32)
     for index, annotation in enumerate(small_dataset):
         iw, ih = Image.open(annotation.image_path).size
         scale = min(96 / iw, 64 / ih)
-        nw, nh, dx, dy = letterbox_size((iw, ih), (96, 64))
+        nw, nh = int(iw * scale), int(ih * scale)
+        dx, dy = (96 - nw) // 2, (64 - nh) // 2
         b = annotation.boxes.copy()
         b[:, [0, 2]] = b[:, [0, 2]] * np.float32(scale) + dx
         b[:, [1, 3]] = b[:, [1, 3]] * np.float32(scale) + dy
@@ -444,9 +397,7 @@ def test_cache_gives_the_same_validation_images(small_dataset, tmp_path, cache):
 def test_training_without_augmentation_is_letterboxed(small_dataset):
     dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 10, training=True, augment=False, seed=0)
     images = next(iter(dataset))[0]["image"].numpy()
-    expected = {
-        a.image_path: np.asarray(letterbox_image(Image.open(a.image_path), (96, 64))) / 255.0 for a in small_dataset
-    }
+    expected = {a.image_path: letterbox_array(read_image(a.image_path), (64, 96)) / 255.0 for a in small_dataset}
     for image in images:  # a shuffled pass: each image is one of the letterboxed ones
         assert min(np.abs(image - e).max() for e in expected.values()) < 1e-6
 

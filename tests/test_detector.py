@@ -16,10 +16,11 @@ from inference_helpers import (
 )
 from PIL import Image
 
-from keras_yolo_mgpu.inference.detector import YOLO, Detections, as_rgb_array, letterbox_array
+from keras_yolo_mgpu.data.letterbox import letterbox_array
+from keras_yolo_mgpu.inference.detector import YOLO, Detections
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import YoloDecode, YoloNMS, build_inference_model
-from keras_yolo_mgpu.model.boxes import letterbox_image, yolo_eval
+from keras_yolo_mgpu.model.boxes import yolo_eval
 
 SCORE, IOU = 0.5, 0.45
 
@@ -115,6 +116,21 @@ def test_layers_serialize_and_saved_inference_model_reloads(body, tmp_path):
         assert type(clone) is type(layer) and clone.get_config() == layer.get_config()
     with pytest.raises(ValueError, match="method"):
         YoloNMS(method="soft")
+    # Masks decide which anchors decode each scale: with the cfg's 0,1,2 the
+    # fine scale's boxes scale by anchors 0..2 instead of 1..3.
+    cfg_decode = YoloDecode(TINY_ANCHORS, 2, masks=[[3, 4, 5], [0, 1, 2]])
+    assert keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(cfg_decode)).masks == [
+        [3, 4, 5],
+        [0, 1, 2],
+    ]
+    raw = [np.zeros((1, 2, 2, 21), np.float32), np.zeros((1, 4, 4, 21), np.float32)]
+    shape = np.array([[64, 64]], np.float32)
+    default_boxes, cfg_boxes = (np.asarray(d([*raw, shape])[0])[0] for d in (decode, cfg_decode))
+    coarse = 2 * 2 * 3
+    np.testing.assert_array_equal(cfg_boxes[:coarse], default_boxes[:coarse])
+    width = lambda b: (b[:, 2] - b[:, 0]).reshape(-1, 3)  # noqa: E731  (cells, anchors)
+    np.testing.assert_allclose(width(cfg_boxes[coarse:])[0], np.asarray(TINY_ANCHORS)[[0, 1, 2], 0], rtol=1e-5)
+    np.testing.assert_allclose(width(default_boxes[coarse:])[0], np.asarray(TINY_ANCHORS)[[1, 2, 3], 0], rtol=1e-5)
 
     model = build_inference_model(body, TINY_ANCHORS, 2, input_shape=INPUT_SHAPE, score_threshold=SCORE)
     path = str(tmp_path / "inference.keras")
@@ -232,23 +248,7 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
 # ---- pre- and post-processing ------------------------------------------------------
 
 
-def test_letterbox_array_matches_keras_yolo3_letterbox():
-    y, x = np.mgrid[0:150, 0:300]
-    image = np.stack([x * 255 // 299, y * 255 // 149, (x + y) * 255 // 448], axis=-1).astype(np.uint8)
-    ours = letterbox_array(image, (96, 128)).astype(int)
-    theirs = np.asarray(letterbox_image(Image.fromarray(image), (128, 96))).astype(int)
-    grey = np.all(theirs == 128, axis=-1)
-    np.testing.assert_array_equal(np.all(ours == 128, axis=-1)[:, 0], grey[:, 0])  # same bands
-    assert np.abs(ours - theirs).mean() < 1.5
-
-
-def test_as_rgb_array_normalises_inputs():
-    assert as_rgb_array(np.zeros((5, 6), np.uint8)).shape == (5, 6, 3)
-    assert as_rgb_array(np.zeros((5, 6, 4), np.uint8)).shape == (5, 6, 3)
-    assert as_rgb_array(np.full((2, 2, 3), 1.0, np.float32)).max() == 255
-    assert as_rgb_array(Image.new("L", (6, 5))).shape == (5, 6, 3)
-    with pytest.raises(ValueError, match="RGB"):
-        as_rgb_array(np.zeros((5,), np.uint8))
+# The letterbox and the image reader: tests/test_letterbox.py, tests/test_images.py.
 
 
 def test_draw_detections_uses_class_colours():

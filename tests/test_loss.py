@@ -31,7 +31,7 @@ def _iou_xywh(a, b):
     return inter / (a[..., 2] * a[..., 3] + b[:, 2] * b[:, 3] - inter)
 
 
-def numpy_loss(outputs, y_true, anchors, num_classes, ignore_thresh=0.5):
+def numpy_loss(outputs, y_true, anchors, num_classes, ignore_thresh=0.5, masks=None):
     """keras-yolo3's loss, per sample, written with loops in float64."""
     num_layers = len(outputs)
     batch = outputs[0].shape[0]
@@ -39,7 +39,7 @@ def numpy_loss(outputs, y_true, anchors, num_classes, ignore_thresh=0.5):
     per_sample = np.zeros(batch)
     for layer in range(num_layers):
         gh, gw = outputs[layer].shape[1:3]
-        layer_anchors = anchors[MASKS[num_layers][layer]]
+        layer_anchors = anchors[(masks or MASKS[num_layers])[layer]]
         raw = outputs[layer].reshape(batch, gh, gw, 3, 5 + num_classes).astype(np.float64)
         target = y_true[layer].astype(np.float64)
         grid = np.stack(np.meshgrid(np.arange(gw), np.arange(gh)), -1)[:, :, None, :]  # (gh, gw, 1, 2) x,y
@@ -65,7 +65,7 @@ def numpy_loss(outputs, y_true, anchors, num_classes, ignore_thresh=0.5):
     return per_sample
 
 
-def _random_case(anchors, input_hw, num_classes, batch, seed, boxes_per_image=6):
+def _random_case(anchors, input_hw, num_classes, batch, seed, boxes_per_image=6, masks=None):
     rng = np.random.default_rng(seed)
     num_layers = len(anchors) // 3
     h, w = input_hw
@@ -76,7 +76,7 @@ def _random_case(anchors, input_hw, num_classes, batch, seed, boxes_per_image=6)
             bw, bh = rng.uniform(6, w * 0.9), rng.uniform(6, h * 0.9)
             x1, y1 = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
             boxes[b, t] = [x1, y1, x1 + bw, y1 + bh, rng.integers(num_classes)]
-    y_true = preprocess_true_boxes(boxes, input_hw, anchors, num_classes)
+    y_true = preprocess_true_boxes(boxes, input_hw, anchors, num_classes, masks=masks)
     outputs = [
         rng.normal(0, 1.5, (batch, h // s, w // s, 3 * (5 + num_classes))).astype(np.float32)
         for s in (32, 16, 8)[:num_layers]
@@ -151,6 +151,18 @@ def test_totalloss_returns_per_sample_values():
     got = totalloss(tf.zeros((3, 1)), y_pred)
     assert got.shape == (3,)
     np.testing.assert_array_equal(got.numpy(), [1.0, 2.0, 4.0])
+
+
+def test_loss_with_cfg_masks_matches_numpy():
+    masks = [[3, 4, 5], [0, 1, 2]]
+    outputs, y_true = _random_case(TINY_ANCHORS, (96, 96), 2, batch=3, seed=4, masks=masks)
+    expected = numpy_loss(outputs, y_true, TINY_ANCHORS, 2, masks=masks)
+    layer = YoloLoss(TINY_ANCHORS, 2, masks=masks)
+    clone = keras.layers.deserialize(keras.layers.serialize(layer))
+    assert clone.masks == masks
+    np.testing.assert_allclose(clone([*outputs, *y_true]).numpy()[:, 0], expected, rtol=1e-5)
+    # The default masks give a different loss on the same tensors.
+    assert not np.allclose(yolo_loss([*outputs, *y_true], TINY_ANCHORS, 2).numpy()[:, 0], expected, rtol=1e-3)
 
 
 def test_yolo_loss_layer_config_round_trip():

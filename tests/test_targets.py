@@ -71,3 +71,25 @@ def test_tiny_masks_drop_anchor_0_and_duplicate_anchor_3():
 def test_class_out_of_range_is_refused():
     with pytest.raises(ValueError, match="class ids"):
         preprocess_true_boxes(np.array([[[0, 0, 10, 10, 2]]], np.float32), (64, 64), TINY_ANCHORS, 2)
+
+
+def test_cfg_masks_give_anchor_0_a_target_and_anchor_3_only_one():
+    # pjreddie's later yolov3-tiny.cfg says mask 0,1,2 for the fine scale.
+    cfg_masks = [[3, 4, 5], [0, 1, 2]]
+    small = np.array([[[100, 100, 110, 114, 0]]], np.float32)  # best anchor 0
+    y_true = preprocess_true_boxes(small, (416, 416), TINY_ANCHORS, 1, masks=cfg_masks)
+    assert y_true[0].sum() == 0 and y_true[1][..., 0, 4].sum() == 1
+    mid = np.array([[[100, 100, 181, 182, 0]]], np.float32)  # best anchor 3
+    y_true = preprocess_true_boxes(mid, (416, 416), TINY_ANCHORS, 1, masks=cfg_masks)
+    assert y_true[0][..., 0, 4].sum() == 1 and y_true[1].sum() == 0
+
+
+def test_bad_masks_are_refused_with_the_expected_layout():
+    from keras_yolo_mgpu.model.boxes import resolve_masks
+
+    assert resolve_masks(None, 6) == [[3, 4, 5], [1, 2, 3]]
+    assert resolve_masks([(6, 7, 8), (3, 4, 5), (0, 1, 2)], 9) == [[6, 7, 8], [3, 4, 5], [0, 1, 2]]
+    with pytest.raises(ValueError, match=r"6 anchors need 2 masks of 3 anchor indices"):
+        resolve_masks([[0, 1, 2]], 6)
+    with pytest.raises(ValueError, match=r"in \[0, 6\)"):
+        resolve_masks([[3, 4, 5], [1, 2, 6]], 6)

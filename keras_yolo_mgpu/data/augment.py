@@ -1,4 +1,4 @@
-"""Training augmentation with keras-yolo3's distribution, and letterboxing.
+"""Training augmentation with keras-yolo3's distribution.
 
 keras-yolo3's `get_random_data` draws, per image (input `w` x `h`):
 
@@ -32,8 +32,8 @@ Differences from keras-yolo3, all deliberate:
 - HSV is computed in float32 with OpenCV instead of float64 with matplotlib
   (differences ~1e-6, tested).
 
-Validation images are letterboxed with PIL BICUBIC exactly as the detector
-does (`boxes.letterbox_image`).
+Validation and training without augmentation use the letterbox
+(`data.letterbox`), a different geometry with no randomness.
 """
 
 from __future__ import annotations
@@ -41,107 +41,26 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import tensorflow as tf
-from PIL import Image
 
-GREY = 128  # keras-yolo3's canvas colour
+from keras_yolo_mgpu.data.letterbox import GREY
+
 JITTER = 0.3
 MIN_SCALE, MAX_SCALE = 0.25, 2.0
 HUE, SAT, VAL = 0.1, 1.5, 1.5
 NUM_UNIFORMS = 11  # random numbers one augmentation draws
 
 __all__ = [
-    "GREY",
-    "JPEG",
-    "OTHER",
-    "PNG",
     "augment_boxes",
     "augmentation_params",
     "distort_hsv",
-    "letterbox_boxes",
-    "letterbox_size",
-    "open_image_rgb",
     "jpeg_reduction",
+    "pad_boxes",
     "place_image",
     "sample_augmentation",
-    "sniff_image",
 ]
 
 
-# --- images ----------------------------------------------------------------
-
-
-def open_image_rgb(path: str) -> tuple[np.ndarray, tuple[int, int]]:
-    """Decodes an image file to 8-bit RGB with PIL.
-
-    Grayscale, palette, CMYK and RGBA images are converted by PIL (alpha is
-    dropped, as keras-yolo3 and `letterbox_image` do); 16- and 32-bit integer
-    images are scaled to 8 bits (PIL's own conversion would clip them).
-
-    Returns:
-        ((H, W, 3) uint8 RGB pixels, (width, height)).
-
-    Raises:
-        OSError, ValueError, ...: whatever PIL raises for a missing, truncated
-        or undecodable file.
-    """
-    with Image.open(path) as image:
-        image.load()  # full decode: truncated files fail here
-        return np.asarray(image if image.mode == "RGB" else _to_rgb(image)), image.size
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        pixels = np.asarray(image)
-        if image.mode == "F":
-            peak = 1.0 if pixels.max(initial=0) <= 1.0 else 255.0
-        else:  # integer images: 16-bit unless the values say 8-bit
-            peak = 65535.0 if pixels.max(initial=0) > 255 else 255.0
-        pixels = np.clip(pixels.astype(np.float32) * (255.0 / peak) + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(pixels, "L").convert("RGB")
-    return image.convert("RGB")
-
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Huffman-coded JPEG frames (baseline, extended, progressive): TF decodes them
-# as PIL does. Other SOF markers (lossless, arithmetic, hierarchical) go to PIL.
-_JPEG_TF_FRAMES = {0xC0, 0xC1, 0xC2}
-_JPEG_OTHER_FRAMES = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-JPEG, PNG, OTHER = 0, 1, 2
-
-
-def sniff_image(data: bytes) -> tuple[int, int, int]:
-    """Which decoder an image file needs, from its header.
-
-    Returns:
-        (kind, width, height): kind `JPEG` (8-bit, grey or colour, Huffman
-        coded, ends with its EOI marker) or `PNG` (ends with IEND) when
-        TensorFlow's decoders read it like PIL; otherwise `OTHER` (CMYK,
-        12-bit or arithmetic JPEG, truncated files, GIF, BMP, TIFF, WebP,
-        garbage...), width and height 0: PIL decodes those, or reports them.
-    """
-    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and data[-8:-4] == b"IEND":
-        return PNG, int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    if data[:2] != b"\xff\xd8" or b"\xff\xd9" not in data[-1024:]:
-        return OTHER, 0, 0
-    position = 2
-    while position + 9 < len(data):
-        if data[position] != 0xFF:
-            return OTHER, 0, 0  # not a marker: corrupt header
-        marker = data[position + 1]
-        if marker == 0xFF:  # fill byte
-            position += 1
-            continue
-        if marker in _JPEG_TF_FRAMES:
-            precision, components = data[position + 4], data[position + 9]
-            height = int.from_bytes(data[position + 5 : position + 7], "big")
-            width = int.from_bytes(data[position + 7 : position + 9], "big")
-            if precision == 8 and components in (1, 3) and width and height:
-                return JPEG, width, height
-            return OTHER, 0, 0
-        if marker in _JPEG_OTHER_FRAMES or marker == 0xDA:  # other frame type, or scan before any frame
-            return OTHER, 0, 0
-        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
-    return OTHER, 0, 0
+# --- images (TF ops) -------------------------------------------------------
 
 
 def jpeg_reduction(image_size, target_size):
@@ -215,14 +134,6 @@ def distort_hsv(image: np.ndarray, hue: float, sat: float, val: float) -> np.nda
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
 
-def letterbox_size(image_size: tuple[int, int], canvas_size: tuple[int, int]) -> tuple[int, int, int, int]:
-    """(nw, nh, dx, dy) of keras-yolo3's letterbox (`letterbox_image`)."""
-    (iw, ih), (w, h) = image_size, canvas_size
-    scale = min(w / iw, h / ih)
-    nw, nh = int(iw * scale), int(ih * scale)
-    return nw, nh, (w - nw) // 2, (h - nh) // 2
-
-
 # --- random parameters and boxes (TensorFlow) -----------------------------
 
 
@@ -275,7 +186,8 @@ def sample_augmentation(seed, input_shape: tuple[int, int]) -> dict[str, tf.Tens
     return augmentation_params(tf.random.stateless_uniform([NUM_UNIFORMS], seed, dtype=tf.float64), input_shape)
 
 
-def _pad_boxes(boxes, max_boxes: int):
+def pad_boxes(boxes, max_boxes: int):
+    """(K, 5) boxes -> (max_boxes, 5): the first `max_boxes`, zero rows as padding."""
     boxes = boxes[:max_boxes]
     return tf.pad(boxes, [[0, max_boxes - tf.shape(boxes)[0]], [0, 0]])
 
@@ -307,26 +219,4 @@ def augment_boxes(boxes, image_size, params, input_shape: tuple[int, int], max_b
     y = tf.stack([tf.maximum(y[:, 0], 0.0), tf.minimum(y[:, 1], float(h))], axis=1)
     boxes = tf.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1], boxes[:, 4]], axis=1)
     keep = tf.logical_and(x[:, 1] - x[:, 0] > 1, y[:, 1] - y[:, 0] > 1)
-    return _pad_boxes(tf.boolean_mask(boxes, keep), max_boxes)
-
-
-def letterbox_boxes(boxes, image_size, input_shape: tuple[int, int], max_boxes: int):
-    """Boxes of a letterboxed image: scaled, centred, clipped, first `max_boxes`.
-
-    Boxes that end up with no width or height are dropped (none do when the
-    boxes lie inside the image, which the dataset checker ensures).
-
-    Returns:
-        (max_boxes, 5) float32 in input pixels, zero rows as padding.
-    """
-    h, w = input_shape
-    iw, ih = tf.unstack(tf.cast(image_size, tf.float64))
-    scale = tf.minimum(w / iw, h / ih)
-    dx = tf.cast((w - tf.cast(tf.cast(iw * scale, tf.int32), tf.float64)) // 2, tf.float32)
-    dy = tf.cast((h - tf.cast(tf.cast(ih * scale, tf.int32), tf.float64)) // 2, tf.float32)
-    scale = tf.cast(scale, tf.float32)
-    x = tf.clip_by_value(boxes[:, 0:4:2] * scale + dx, 0.0, float(w))
-    y = tf.clip_by_value(boxes[:, 1:4:2] * scale + dy, 0.0, float(h))
-    boxes = tf.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1], boxes[:, 4]], axis=1)
-    keep = tf.logical_and(x[:, 1] > x[:, 0], y[:, 1] > y[:, 0])
-    return _pad_boxes(tf.boolean_mask(boxes, keep), max_boxes)
+    return pad_boxes(tf.boolean_mask(boxes, keep), max_boxes)

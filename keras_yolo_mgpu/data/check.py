@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 from tqdm import tqdm
 
 from keras_yolo_mgpu.data.annotations import Annotation, AnnotationError, iter_annotation_lines, parse_annotation_line
+from keras_yolo_mgpu.data.images import read_image
 
 __all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "main"]
 
@@ -121,9 +121,8 @@ def _inspect_image(path: str) -> tuple[tuple[int, int] | None, str | None, str |
     if not os.path.isfile(path):
         return None, "missing-file", f"image not found: {path}"
     try:
-        with Image.open(path) as image:
-            image.load()  # the whole file: a truncated image fails here, not at open
-            return image.size, None, None
+        pixels = read_image(path)  # decoded as training will decode it: a truncated file fails here
+        return (pixels.shape[1], pixels.shape[0]), None, None
     except Exception as error:  # noqa: BLE001 - any decoder failure is a finding
         return None, "unreadable-image", f"unreadable image {path}: {type(error).__name__}: {error}"
 

@@ -25,10 +25,12 @@ replica of a multi-device run gets the same share:
   the n real images.
 
 Training images are read in Python (bytes only) and decoded, resized and
-placed by TF ops (JPEG/PNG; PIL decodes other formats); the HSV jitter runs
-in OpenCV through `tf.numpy_function` (GIL released); random parameters,
-boxes and targets are TF ops. Everything runs in parallel maps. Validation
-images are decoded and letterboxed by PIL exactly as the detector does.
+placed by TF ops (the JPEGs and PNGs that TF decodes exactly like
+`images.read_image`; `read_image` decodes the rest); the HSV jitter runs in
+OpenCV through `tf.numpy_function` (GIL released); random parameters, boxes
+and targets are TF ops. Everything runs in parallel maps. Validation images
+are read by `images.read_image` and letterboxed by `letterbox.letterbox_array`'s
+code: the pixels the detector, evaluation and export inputs get.
 
 An image that fails to decode during training or validation (deleted,
 truncated, corrupt since the dataset check) does not stop the run: a warning
@@ -47,23 +49,25 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from PIL import Image
 
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.augment import (
-    GREY,
-    OTHER,
     augment_boxes,
     distort_hsv,
     jpeg_reduction,
-    letterbox_boxes,
-    letterbox_size,
-    open_image_rgb,
+    pad_boxes,
     place_image,
     sample_augmentation,
-    sniff_image,
 )
-from keras_yolo_mgpu.model.boxes import anchor_masks, letterbox_image, num_output_layers, output_strides
+from keras_yolo_mgpu.data.images import OTHER, read_image, sniff_image
+from keras_yolo_mgpu.data.letterbox import (
+    GREY,
+    letterbox_boxes,
+    letterbox_geometry,
+    paste_letterbox,
+    resize_for_letterbox,
+)
+from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +92,7 @@ def steps_per_epoch(num_samples: int, batch_size: int) -> int:
 # --- targets -----------------------------------------------------------------
 
 
-def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int) -> list[tf.Tensor]:
+def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int, masks=None) -> list[tf.Tensor]:
     """`targets.preprocess_true_boxes` with vectorised TF ops (same numbers).
 
     Args:
@@ -97,6 +101,8 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
         input_shape: (height, width), multiples of 32.
         anchors: (num_anchors, 2) (w, h) in input pixels; 9 or 6 anchors.
         num_classes: number of classes.
+        masks: anchor indices per scale (default keras-yolo3's, see
+            `boxes.resolve_masks`).
 
     Returns:
         One float32 tensor per output scale, coarsest first, of shape
@@ -111,7 +117,7 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
     """
     anchors = np.asarray(anchors, dtype=np.float32)
     num_layers = num_output_layers(len(anchors))
-    masks = anchor_masks(num_layers)
+    masks = resolve_masks(masks, len(anchors))
     height, width = input_shape
     boxes = tf.convert_to_tensor(boxes, tf.float32)
     batch, num_boxes = tf.shape(boxes)[0], tf.shape(boxes)[1]
@@ -177,10 +183,11 @@ class _ImageSource:
 
     Its methods run in `tf.numpy_function` calls, so in several threads at
     once. Without a cache, training reads the file bytes here and TF decodes
-    the JPEGs and PNGs it reads like PIL (see `augment.sniff_image`); PIL
-    decodes the rest. Validation and the caches decode with PIL. Cached
-    images are stored at their letterbox size (fit within the input, aspect
-    kept): validation reads them unchanged, augmentation resamples them (a
+    the JPEGs and PNGs it reads like `images.read_image` (see
+    `images.sniff_image`); `read_image` decodes the rest. Validation and the
+    caches decode with `read_image`. Cached images are stored resized to
+    their letterbox size (`letterbox.resize_for_letterbox`): validation pastes
+    them unchanged, augmentation resamples them (a
     zoom beyond 1x is then a little softer than from the file). The RAM cache
     lives as long as the process and is shared by all its datasets; a disk
     cache entry is keyed by the image's path, mtime and size and the input
@@ -201,14 +208,16 @@ class _ImageSource:
 
     def _cache_file(self, path: str) -> str:
         stat = os.stat(path)
-        key = f"{os.path.abspath(path)}|{stat.st_mtime_ns}|{stat.st_size}|{self.canvas_size}|v1"
+        # v2: resized by the OpenCV letterbox (v1 entries, Pillow-resized, are not reused).
+        key = f"{os.path.abspath(path)}|{stat.st_mtime_ns}|{stat.st_size}|{self.canvas_size}|v2"
         return os.path.join(self.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".bin")
 
     def _decode(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
-        """PIL decode through the cache: ((H, W, 3) uint8, stored (w, h))."""
+        """`images.read_image` through the cache: ((H, W, 3) uint8, stored (w, h))."""
         path = self.paths[index]
         if not self.cached:
-            return open_image_rgb(path)
+            pixels = read_image(path)
+            return pixels, (pixels.shape[1], pixels.shape[0])
         ram_key = (path, self.canvas_size)
         if self.ram and ram_key in _ram_cache:
             return _ram_cache[ram_key]
@@ -217,15 +226,15 @@ class _ImageSource:
             header = np.fromfile(cache_file, dtype=np.int32, count=4)
             pixels = np.fromfile(cache_file, dtype=np.uint8, offset=16).reshape(header[3], header[2], 3)
             return pixels, (int(header[0]), int(header[1]))
-        pixels, size = open_image_rgb(path)
-        nw, nh, _, _ = letterbox_size(size, self.canvas_size)
-        pixels = np.asarray(Image.fromarray(pixels).resize((nw, nh), Image.BICUBIC))  # as letterbox_image
+        pixels = read_image(path)
+        size = (pixels.shape[1], pixels.shape[0])
+        pixels = resize_for_letterbox(pixels, letterbox_geometry(size, self.canvas_size))
         if self.ram:
             _ram_cache[ram_key] = (pixels, size)
         else:
             temporary = f"{cache_file}.{os.getpid()}.{threading.get_ident()}.tmp"
             with open(temporary, "wb") as f:
-                f.write(np.array([size[0], size[1], nw, nh], np.int32).tobytes())
+                f.write(np.array([*size, pixels.shape[1], pixels.shape[0]], np.int32).tobytes())
                 f.write(pixels.tobytes())
             os.replace(temporary, cache_file)  # atomic: readers never see half a file
         return pixels, size
@@ -248,7 +257,7 @@ class _ImageSource:
     def read(self, index):
         """-> (file bytes, decoder kind, stored (w, h) int32) for TF to decode.
 
-        The kind is `augment.JPEG`/`PNG` (TF decodes the bytes), `OTHER`
+        The kind is `images.JPEG`/`PNG` (TF decodes the bytes), `OTHER`
         (call `decode`) or -1: the file cannot be read (warned; no bytes).
         """
         try:
@@ -270,10 +279,34 @@ class _ImageSource:
             return np.full((1, 1, 3), GREY, np.uint8), np.zeros(2, np.int32), np.bool_(False)
 
     def letterboxed(self, index):
-        """-> (h, w, 3) uint8 letterboxed image, stored (w, h) int32, ok."""
+        """-> (h, w, 3) uint8 letterboxed image (`letterbox.letterbox_array`'s pixels), stored (w, h) int32, ok."""
         pixels, size, ok = self.decode(index)
-        canvas = np.asarray(letterbox_image(Image.fromarray(pixels), self.canvas_size))
-        return canvas, size, ok
+        if not ok:
+            return np.full((self.canvas_size[1], self.canvas_size[0], 3), GREY, np.uint8), size, ok
+        geometry = letterbox_geometry(tuple(size), self.canvas_size)
+        if not self.cached:  # cached images are stored resized
+            pixels = resize_for_letterbox(pixels, geometry)
+        return paste_letterbox(pixels, geometry), size, ok
+
+
+def decode_jpeg_tf(data, log2_ratio=0):
+    """A file `images.sniff_image` calls `JPEG`, decoded by TF at 1/2**log2_ratio scale.
+
+    At full scale (`log2_ratio` 0) the pixels equal `images.read_image`'s:
+    INTEGER_ACCURATE is libjpeg's default IDCT, the one Pillow uses.
+
+    Returns:
+        (H, W, 3) uint8 RGB.
+    """
+    branches = [
+        lambda r=r: tf.io.decode_jpeg(data, channels=3, ratio=r, dct_method="INTEGER_ACCURATE") for r in (1, 2, 4, 8)
+    ]
+    return tf.switch_case(tf.convert_to_tensor(log2_ratio, tf.int32), branches)
+
+
+def decode_png_tf(data):
+    """A file `images.sniff_image` calls `PNG`, decoded by TF: (H, W, 3) uint8, equal to `images.read_image`'s."""
+    return tf.io.decode_png(data, channels=3, dtype=tf.uint8)
 
 
 def _distort_hsv(image, hue, sat, val):
@@ -336,6 +369,7 @@ def make_dataset(
     seed: int | None = None,
     max_boxes: int = 20,
     cache: str | None = None,
+    masks=None,
 ) -> tf.data.Dataset:
     """Builds the training or validation dataset (see the module docstring).
 
@@ -357,6 +391,8 @@ def make_dataset(
             size (see `_ImageSource`). RAM: about h*w*3 bytes per image for
             the life of the process (shared by training stages and the
             validation set). A directory may be reused between runs.
+        masks: anchor indices per scale for the targets (default
+            keras-yolo3's); must be the loss's masks.
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
@@ -365,7 +401,7 @@ def make_dataset(
     input_shape = (int(input_shape[0]), int(input_shape[1]))
     height, width = input_shape
     anchors = np.asarray(anchors, dtype=np.float32)
-    num_output_layers(len(anchors))  # validates the anchor count
+    masks = resolve_masks(masks, len(anchors))  # also validates the anchor count
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
         logger.debug("make_dataset: random seed %d", seed)
@@ -392,7 +428,7 @@ def make_dataset(
         pixels.set_shape([height, width, 3])
         boxes, size = drop_boxes_if_failed(boxes_of(index), size, ok)
         image = tf.cast(pixels, tf.float32) / 255.0
-        return image, letterbox_boxes(boxes, size, input_shape, max_boxes), ok
+        return image, pad_boxes(letterbox_boxes(boxes, size, input_shape), max_boxes), ok
 
     def decode_pil(index):
         pixels, size, ok = tf.numpy_function(source.decode, [index], [tf.uint8, tf.int32, tf.bool], name="decode_image")
@@ -409,20 +445,16 @@ def make_dataset(
         def jpeg():
             # Decode at 1/2, 1/4 or 1/8 scale when the image will shrink that much.
             log2_ratio = jpeg_reduction(size, tf.stack([params["nw"], params["nh"]]))
-            # INTEGER_ACCURATE: libjpeg's default IDCT, the one PIL uses (same pixels).
-            branches = [
-                lambda r=r: tf.io.decode_jpeg(data, channels=3, ratio=r, dct_method="INTEGER_ACCURATE")
-                for r in (1, 2, 4, 8)
-            ]
-            return tf.switch_case(log2_ratio, branches), tf.cast(size, tf.float32) / tf.cast(2**log2_ratio, tf.float32)
+            pixels = decode_jpeg_tf(data, log2_ratio)
+            return pixels, tf.cast(size, tf.float32) / tf.cast(2**log2_ratio, tf.float32)
 
         def png():
-            return tf.io.decode_png(data, channels=3, dtype=tf.uint8), tf.cast(size, tf.float32)
+            return decode_png_tf(data), tf.cast(size, tf.float32)
 
         def guarded(decode):
             # TF's decoder raises on a file that is corrupt past its header;
             # a raising op would end the pipeline, so it runs in a one-element
-            # dataset that drops errors, and PIL (which warns with the path
+            # dataset that drops errors, and `read_image` (warned with the path
             # when it fails too) takes over.
             def attempt_decode(_):
                 pixels, extent = decode()
@@ -435,7 +467,7 @@ def make_dataset(
         def failed():
             return tf.fill([1, 1, 3], tf.constant(GREY, tf.uint8)), size, tf.ones([2]), tf.constant(False)
 
-        # kind: -1 unreadable (warned), JPEG, PNG, OTHER (PIL).
+        # kind: -1 unreadable (warned), JPEG, PNG, OTHER (read_image).
         return tf.switch_case(
             kind + 1, [failed, lambda: guarded(jpeg), lambda: guarded(png), lambda: decode_pil(index)]
         )
@@ -484,7 +516,7 @@ def make_dataset(
 
     def to_model_inputs(images, boxes, *weights):
         x = {"image": images}
-        for layer, y_true in enumerate(build_targets(boxes, input_shape, anchors, num_classes)):
+        for layer, y_true in enumerate(build_targets(boxes, input_shape, anchors, num_classes, masks)):
             x[f"y_true_{layer}"] = y_true
         y = tf.zeros([batch_size, 1], tf.float32)
         return (x, y, *weights)

@@ -48,11 +48,10 @@ MATCH_IOU = 0.5
 
 def _image_size(annotation) -> tuple[int, int]:
     """(width, height) from the image header, or from the boxes when it is missing."""
-    from PIL import Image
+    from keras_yolo_mgpu.data.images import image_size
 
     try:
-        with Image.open(annotation.image_path) as image:
-            return image.size
+        return image_size(annotation.image_path)
     except (OSError, ValueError):
         boxes = annotation.boxes
         if len(boxes):
@@ -384,7 +383,7 @@ def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[lis
     """
     from tqdm import tqdm
 
-    from keras_yolo_mgpu.inference.media import read_image
+    from keras_yolo_mgpu.data.images import read_image
 
     def batches():
         for start in range(0, len(annotations), yolo.batch_size):

@@ -18,12 +18,13 @@ import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import cv2
 import keras
 import numpy as np
 import tensorflow as tf
 from PIL import Image
 
+from keras_yolo_mgpu.data.images import to_rgb_array
+from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_inference_model
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
@@ -63,57 +64,6 @@ class Detections(NamedTuple):
             }
             for b, s, c in zip(self.boxes, self.scores, self.classes)
         ]
-
-
-def as_rgb_array(image) -> np.ndarray:
-    """A PIL image or array as (H, W, 3) uint8 RGB.
-
-    Grey images are repeated to three channels, an alpha channel is dropped.
-    """
-    if isinstance(image, Image.Image):
-        return np.asarray(image.convert("RGB"))
-    array = np.asarray(image)
-    if array.ndim == 2:
-        array = np.repeat(array[:, :, None], 3, axis=2)
-    if array.ndim != 3 or array.shape[2] not in (1, 3, 4) or array.shape[0] < 1 or array.shape[1] < 1:
-        raise ValueError(f"expected an (H, W, 3) RGB image. Received: array of shape {array.shape}")
-    if array.shape[2] == 1:
-        array = np.repeat(array, 3, axis=2)
-    array = array[:, :, :3]
-    if array.dtype != np.uint8:
-        if np.issubdtype(array.dtype, np.floating) and array.size and float(array.max()) <= 1.0:
-            array = array * 255.0  # [0, 1] floats
-        array = np.clip(np.rint(array), 0, 255).astype(np.uint8)
-    return array
-
-
-def letterbox_array(image: np.ndarray, input_shape: tuple[int, int]) -> np.ndarray:
-    """Resizes keeping the aspect ratio, centred on grey (128), like `boxes.letterbox_image`.
-
-    The geometry is keras-yolo3's exactly (`int(size * scale)`, offsets
-    floored), so `YoloDecode` maps boxes back the same way. Resampling uses
-    OpenCV, several times faster than Pillow: bilinear for moderate
-    shrinking (scale >= 0.5, as video frames into a 416 input), area
-    averaging below that (anti-aliased, like Pillow's bicubic), bicubic when
-    enlarging (keras-yolo3's filter).
-
-    Args:
-        image: (H, W, 3) uint8 RGB.
-        input_shape: (height, width) of the network input.
-
-    Returns:
-        (height, width, 3) uint8.
-    """
-    ih, iw = image.shape[:2]
-    h, w = input_shape
-    scale = min(w / iw, h / ih)
-    nw, nh = max(1, int(iw * scale)), max(1, int(ih * scale))
-    interpolation = cv2.INTER_CUBIC if scale > 1 else cv2.INTER_LINEAR if scale >= 0.5 else cv2.INTER_AREA
-    resized = cv2.resize(image, (nw, nh), interpolation=interpolation) if (nw, nh) != (iw, ih) else image
-    canvas = np.full((h, w, 3), 128, dtype=np.uint8)
-    top, left = (h - nh) // 2, (w - nw) // 2
-    canvas[top : top + nh, left : left + nw] = resized
-    return canvas
 
 
 def _inference_devices(gpu_num: int) -> list[str | None]:
@@ -313,7 +263,7 @@ class YOLO:
 
     def preprocess(self, image) -> tuple[np.ndarray, tuple[int, int]]:
         """RGB image -> (letterboxed (H, W, 3) uint8, original (height, width))."""
-        array = as_rgb_array(image)
+        array = to_rgb_array(image)
         return letterbox_array(array, self.model_image_size), array.shape[:2]
 
     def detect_letterboxed(self, images: np.ndarray, image_shapes) -> list[Detections]:

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_yolo_mgpu.model.boxes import anchor_masks, num_output_layers
+from keras_yolo_mgpu.model.boxes import num_output_layers, resolve_masks
 
 _SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
 
@@ -102,13 +102,16 @@ class YoloDecode(keras.layers.Layer):
     Args:
         anchors: (num_anchors, 2) (w, h) in input pixels; 9 or 6 anchors.
         num_classes: number of classes.
+        masks: anchor indices per scale (default keras-yolo3's, see
+            `boxes.resolve_masks`).
     """
 
-    def __init__(self, anchors, num_classes: int, **kwargs):
+    def __init__(self, anchors, num_classes: int, masks=None, **kwargs):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.anchors = np.asarray(anchors, dtype=np.float32).reshape(-1, 2)
         self.num_layers = num_output_layers(len(self.anchors))
+        self.masks = resolve_masks(masks, len(self.anchors))
         self.num_classes = int(num_classes)
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1. Received: num_classes={num_classes}")
@@ -126,7 +129,7 @@ class YoloDecode(keras.layers.Layer):
         )
         batch = _static_or_dynamic(outputs[0], 0)
         all_boxes, all_scores = [], []
-        for layer, mask in enumerate(anchor_masks(self.num_layers)):
+        for layer, mask in enumerate(self.masks):
             box_xy, box_wh, scores = decode_scale(outputs[layer], self.anchors[mask], self.num_classes, input_wh)
             boxes = correct_boxes_batched(box_xy, box_wh, input_wh, image_shape)
             all_boxes.append(tf.reshape(boxes, [batch, -1, 4]))
@@ -147,7 +150,7 @@ class YoloDecode(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(anchors=self.anchors.tolist(), num_classes=self.num_classes)
+        config.update(anchors=self.anchors.tolist(), num_classes=self.num_classes, masks=self.masks)
         return config
 
 
@@ -333,6 +336,7 @@ def build_inference_model(
     max_detections: int = 100,
     nms_method: str = "combined",
     batch_size: int | None = None,
+    masks=None,
     name: str = "yolo_inference",
 ) -> keras.Model:
     """Wraps a YOLO body with decoding and NMS.
@@ -344,6 +348,7 @@ def build_inference_model(
             model exports with static shapes.
         nms_method: "combined" or "padded", see `YoloNMS`.
         batch_size: None for any batch; a number fixes it (TFLite export).
+        masks: anchor indices per scale (default keras-yolo3's).
 
     Returns:
         A model with inputs `image` (N, H, W, 3) float32 letterboxed RGB in
@@ -357,7 +362,7 @@ def build_inference_model(
     image_shape = keras.Input(shape=(2,), batch_size=batch_size, name="image_shape")
     raw = body(image)
     raw = list(raw) if isinstance(raw, (list, tuple)) else [raw]
-    boxes, scores = YoloDecode(anchors, num_classes, name="yolo_decode")([*raw, image_shape])
+    boxes, scores = YoloDecode(anchors, num_classes, masks=masks, name="yolo_decode")([*raw, image_shape])
     outputs = YoloNMS(
         max_detections=max_detections,
         max_boxes_per_class=max_boxes_per_class,

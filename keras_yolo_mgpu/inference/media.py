@@ -23,10 +23,11 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 from tqdm import tqdm
 
 from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
+from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.resources import default_anchors_path, model_data_path
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def process_video(
         video.VideoError: the input cannot be opened or read, or no codec
             can write the output.
     """
-    from keras_yolo_mgpu.inference.detector import letterbox_array
+    from keras_yolo_mgpu.data.letterbox import letterbox_array
     from keras_yolo_mgpu.inference.video import VideoReader, VideoWriter
 
     batch_size = batch_size or yolo.batch_size
@@ -192,16 +193,6 @@ def _output_image_path(image_path: str, output_dir: Path) -> Path:
     if target.resolve() == Path(image_path).resolve():  # never overwrite the input
         target = target.with_name(f"{target.stem}_detected{target.suffix}")
     return target
-
-
-def read_image(path: str) -> np.ndarray:
-    """(H, W, 3) uint8 RGB of an image file, in its stored pixel grid.
-
-    No EXIF rotation: annotation files and the training pipeline use the
-    stored grid, and boxes must mean the same pixels everywhere.
-    """
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
 
 
 def process_images(

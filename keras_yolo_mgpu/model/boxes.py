@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from PIL import Image
 
 # Which anchors each output scale predicts, coarsest grid first. The tiny
 # masks overlap on anchor 3 and skip anchor 0: that is keras-yolo3's choice,
@@ -30,8 +29,42 @@ def num_output_layers(num_anchors: int) -> int:
 
 
 def anchor_masks(num_layers: int) -> list[list[int]]:
-    """Anchor indices per output scale, coarsest first."""
+    """The default (keras-yolo3's) anchor indices per output scale, coarsest first."""
     return [list(mask) for mask in _ANCHOR_MASKS[num_layers]]
+
+
+def resolve_masks(masks, num_anchors: int) -> list[list[int]]:
+    """Anchor masks for a model with `num_anchors` anchors, validated.
+
+    Args:
+        masks: anchor indices per output scale, coarsest first (e.g. a
+            Darknet cfg's ``[yolo] mask`` lines, or weights metadata), or
+            None for keras-yolo3's masks (:func:`anchor_masks`).
+        num_anchors: 9 (YOLOv3: 3 scales) or 6 (tiny: 2 scales).
+
+    Returns:
+        A list of ``num_layers`` lists of ``num_anchors // num_layers`` ints.
+
+    Raises:
+        ValueError: wrong number of scales, of indices per scale, or an
+            index outside the anchors.
+    """
+    num_layers = num_output_layers(num_anchors)
+    if masks is None:
+        return anchor_masks(num_layers)
+    try:
+        masks = [[int(i) for i in mask] for mask in masks]
+    except (TypeError, ValueError):
+        raise ValueError(f"masks must be lists of anchor indices. Received: masks={masks!r}") from None
+    per_scale = num_anchors // num_layers
+    if len(masks) != num_layers or any(len(mask) != per_scale for mask in masks):
+        raise ValueError(
+            f"{num_anchors} anchors need {num_layers} masks of {per_scale} anchor indices each, "
+            f"coarsest scale first (e.g. {anchor_masks(num_layers)}). Received: masks={masks}"
+        )
+    if any(not 0 <= i < num_anchors for mask in masks for i in mask):
+        raise ValueError(f"mask indices must be in [0, {num_anchors}). Received: masks={masks}")
+    return masks
 
 
 def output_strides(num_layers: int) -> tuple[int, ...]:
@@ -170,6 +203,7 @@ def yolo_eval(
     max_boxes: int = 20,
     score_threshold: float = 0.6,
     iou_threshold: float = 0.5,
+    masks=None,
 ):
     """Per-class NMS over all scales of ONE image (keras-yolo3's `yolo_eval`).
 
@@ -177,13 +211,14 @@ def yolo_eval(
         yolo_outputs: list of raw outputs, each (1, gh, gw, A * (5 + C)).
         anchors: (num_anchors, 2).
         image_shape: (height, width) of the original image.
+        masks: anchor indices per scale (default keras-yolo3's, see `resolve_masks`).
 
     Returns:
         `boxes` (K, 4) as (y_min, x_min, y_max, x_max) image pixels,
         `scores` (K,), `classes` (K,) int32.
     """
     num_layers = num_output_layers(len(anchors))
-    masks = anchor_masks(num_layers)
+    masks = resolve_masks(masks, len(anchors))
     anchors = np.asarray(anchors, dtype=np.float32)
     input_shape = tf.shape(yolo_outputs[0])[1:3] * 32
     boxes, box_scores = [], []
@@ -206,20 +241,3 @@ def yolo_eval(
         scores_.append(tf.gather(class_scores, keep))
         classes_.append(tf.fill(tf.shape(keep), c))
     return tf.concat(boxes_, axis=0), tf.concat(scores_, axis=0), tf.concat(classes_, axis=0)
-
-
-def letterbox_image(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """Resizes keeping the aspect ratio and pads with grey (128) to `size`.
-
-    Args:
-        image: a PIL image.
-        size: (width, height) of the result, keras-yolo3's order.
-    """
-    iw, ih = image.size
-    w, h = size
-    scale = min(w / iw, h / ih)
-    nw, nh = int(iw * scale), int(ih * scale)
-    resized = image.convert("RGB").resize((nw, nh), Image.BICUBIC)
-    canvas = Image.new("RGB", (w, h), (128, 128, 128))
-    canvas.paste(resized, ((w - nw) // 2, (h - nh) // 2))
-    return canvas

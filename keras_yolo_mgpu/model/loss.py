@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_yolo_mgpu.model.boxes import anchor_masks, batched_box_iou, num_output_layers, yolo_head
+from keras_yolo_mgpu.model.boxes import batched_box_iou, num_output_layers, resolve_masks, yolo_head
 
 _SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
 
@@ -76,7 +76,9 @@ def _ignore_mask(pred_box, y_true_layer, object_mask, ignore_thresh, max_true_bo
     return tf.cast(best_iou < ignore_thresh, pred_box.dtype)
 
 
-def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None):
+def yolo_loss_terms(
+    args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, masks=None
+):
     """The four loss terms per sample, summed over scales.
 
     Args:
@@ -86,13 +88,15 @@ def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5,
         max_true_boxes: None gathers every true box (ragged, exact for any
             input); an int uses static shapes XLA can compile, exact when no
             sample has more boxes than that at one scale.
+        masks: anchor indices per scale (default keras-yolo3's, see
+            `boxes.resolve_masks`); must be the targets' masks.
 
     Returns:
         A dict with `xy`, `wh`, `confidence` and `class`, each (N,) float32.
     """
     anchors = np.asarray(anchors, dtype=np.float32)
     num_layers = num_output_layers(len(anchors))
-    masks = anchor_masks(num_layers)
+    masks = resolve_masks(masks, len(anchors))
     # The loss is always computed in float32, also under mixed precision.
     yolo_outputs = [tf.cast(t, tf.float32) for t in args[:num_layers]]
     y_true = [tf.cast(t, tf.float32) for t in args[num_layers:]]
@@ -136,7 +140,9 @@ def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5,
     return terms
 
 
-def yolo_loss(args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None):
+def yolo_loss(
+    args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, masks=None
+):
     """YOLOv3 loss per sample (keras-yolo3's `yolo_loss`, not averaged).
 
     Args:
@@ -146,11 +152,12 @@ def yolo_loss(args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_t
         ignore_thresh: predictions whose best IoU with a true box exceeds this
             are not penalised as background.
         max_true_boxes: see `yolo_loss_terms` (set it for XLA).
+        masks: see `yolo_loss_terms`.
 
     Returns:
         (N, 1) float32. `sum(loss) / N` equals the original's scalar.
     """
-    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh, max_true_boxes)
+    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh, max_true_boxes, masks)
     total = terms["xy"] + terms["wh"] + terms["confidence"] + terms["class"]
     return tf.expand_dims(total, -1)
 
@@ -163,7 +170,13 @@ class YoloLoss(keras.layers.Layer):
     """
 
     def __init__(
-        self, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, **kwargs
+        self,
+        anchors,
+        num_classes: int,
+        ignore_thresh: float = 0.5,
+        max_true_boxes: int | None = None,
+        masks=None,
+        **kwargs,
     ):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
@@ -172,9 +185,12 @@ class YoloLoss(keras.layers.Layer):
         self.ignore_thresh = float(ignore_thresh)
         self.max_true_boxes = None if max_true_boxes is None else int(max_true_boxes)
         num_output_layers(len(self.anchors))  # validates the anchor count
+        self.masks = resolve_masks(masks, len(self.anchors))
 
     def call(self, inputs):
-        return yolo_loss(list(inputs), self.anchors, self.num_classes, self.ignore_thresh, self.max_true_boxes)
+        return yolo_loss(
+            list(inputs), self.anchors, self.num_classes, self.ignore_thresh, self.max_true_boxes, self.masks
+        )
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], 1)
@@ -186,6 +202,7 @@ class YoloLoss(keras.layers.Layer):
             num_classes=self.num_classes,
             ignore_thresh=self.ignore_thresh,
             max_true_boxes=self.max_true_boxes,
+            masks=self.masks,
         )
         return config
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_yolo_mgpu.model.boxes import anchor_masks, num_output_layers, output_strides
+from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
 
-def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int):
+def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, masks=None):
     """Assigns each box to its best anchor's grid cell.
 
     Args:
@@ -21,6 +21,8 @@ def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int):
         input_shape: (height, width), multiples of 32.
         anchors: (num_anchors, 2), (w, h) in input pixels.
         num_classes: number of classes.
+        masks: anchor indices per scale (default keras-yolo3's, see
+            `boxes.resolve_masks`).
 
     Returns:
         A list with one float32 array per output scale, coarsest first, of
@@ -41,7 +43,7 @@ def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int):
         raise ValueError(f"class ids must be in [0, {num_classes}); got {np.unique(class_ids).tolist()}")
     anchors = np.asarray(anchors, dtype=np.float32)
     num_layers = num_output_layers(len(anchors))
-    masks = anchor_masks(num_layers)
+    masks = resolve_masks(masks, len(anchors))
     input_shape = np.array(input_shape, dtype=np.int32)  # (h, w)
 
     boxes_xy = (true_boxes[..., 0:2] + true_boxes[..., 2:4]) // 2

@@ -229,6 +229,7 @@ def create_model(
     ignore_thresh: float = 0.5,
     skip_mismatch: bool = True,
     max_true_boxes: int | None = None,
+    masks=None,
 ):
     """Builds the network and the training model that outputs its loss.
 
@@ -245,6 +246,8 @@ def create_model(
             background.
         max_true_boxes: None for the exact ragged ignore mask; an int (at
             least the pipeline's `max_boxes`) for static shapes XLA compiles.
+        masks: anchor indices per scale for the loss (default keras-yolo3's,
+            see `boxes.resolve_masks`).
 
     Returns:
         `(body, train_model)`. `body` maps images (N, H, W, 3) to the raw
@@ -268,8 +271,8 @@ def create_model(
         )
         for layer, stride in enumerate(output_strides(num_layers))
     ]
-    loss = YoloLoss(anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, name="yolo_loss")(
-        [*body.outputs, *y_true]
-    )
+    loss = YoloLoss(
+        anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, masks=masks, name="yolo_loss"
+    )([*body.outputs, *y_true])
     train_model = keras.Model([*body.inputs, *y_true], loss, name="yolo_train")
     return body, train_model

@@ -42,6 +42,9 @@ class TrainConfig:
     classes: str
     anchors: str | None = None
     tiny: bool = False
+    # Anchor indices per output scale, coarsest first; None: keras-yolo3's
+    # (or those stored in the start weights' metadata).
+    masks: list | None = None
     input_shape: tuple[int, int] = (416, 416)
     weights: str | None = None
     val_annotations: str | None = None
@@ -270,6 +273,7 @@ def train(config: TrainConfig) -> TrainResult:
 
     class_names = get_classes(config.classes)
     anchors = get_anchors(config.anchors or default_anchors_path(config.tiny))
+    masks = config.masks
     train_annotations, val_annotations = _load_annotations(config, len(class_names), run_dir)
     logger.info(
         "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
@@ -293,6 +297,7 @@ def train(config: TrainConfig) -> TrainResult:
             seed=config.seed,
             cache=config.cache,
             max_boxes=MAX_BOXES,
+            masks=masks,
         )
         val_ds = None
         if val_annotations:
@@ -306,6 +311,7 @@ def train(config: TrainConfig) -> TrainResult:
                 seed=config.seed,
                 cache=config.cache,
                 max_boxes=MAX_BOXES,
+                masks=masks,
             )
         steps = config.steps_per_epoch or steps_per_epoch(len(train_annotations), batch)
         return train_ds, val_ds, steps
@@ -324,6 +330,7 @@ def train(config: TrainConfig) -> TrainResult:
             # XLA needs static shapes: gather at most MAX_BOXES true boxes per
             # scale, exact because the pipeline keeps at most that many.
             max_true_boxes=MAX_BOXES if config.jit else None,
+            masks=masks,
         )
         if stage1_done:
             body.load_weights(stage1_path)

@@ -222,6 +222,7 @@ def convert(
     generic: bool = False,
     check: bool = True,
     darknet_bn: str | None = None,
+    masks="auto",
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
@@ -242,6 +243,13 @@ def convert(
             ``"keras-yolo3"`` (raw arrays with Keras's epsilon: keras-yolo3's
             own conversion, bit for bit). See
             :func:`~keras_yolo_mgpu.weights.darknet.fold_batch_norm`.
+        masks: the anchor masks the converted model decodes with:
+            ``"cfg"`` (the ``[yolo] mask`` lines), ``"keras-yolo3"``
+            (``[[6,7,8],[3,4,5],[0,1,2]]`` / tiny ``[[3,4,5],[1,2,3]]``),
+            explicit lists (coarsest scale first), or ``"auto"``: the cfg's,
+            except for a 2-scale (tiny) cfg whose masks differ from
+            keras-yolo3's, which gets keras-yolo3's with a warning (see
+            :func:`choose_masks`).
 
     Returns:
         A :class:`ConversionResult`.
@@ -282,21 +290,14 @@ def convert(
         else:
             logger.info("Not a yolo_body/tiny_yolo_body (%s): saving the generic cfg-built model", why)
     if heads is not None:
-        anchors, masks, num_classes, _ = heads
-        from keras_yolo_mgpu.model.boxes import anchor_masks
-
+        anchors, cfg_masks, num_classes, _ = heads
         if architecture == "yolo4_body":
             # yolov4.cfg lists the fine scale first; the body's outputs are coarse first.
-            masks, yolos = masks[::-1], list(yolos)[::-1]
+            cfg_masks, yolos = cfg_masks[::-1], list(yolos)[::-1]
         _check_scale_x_y(architecture, yolos)
-
-        if architecture != "generic" and masks != anchor_masks(len(masks)):
-            logger.warning(
-                "The cfg's anchor masks %s differ from the masks %s that yolo_body's decoding uses; "
-                "detections will use the wrong anchors unless the masks are changed",
-                masks,
-                anchor_masks(len(masks)),
-            )
+        # Masks matter to the yolo_body kinds, whose decoding uses them; a
+        # generic model just reports the cfg's.
+        masks = cfg_masks if architecture == "generic" else choose_masks(masks, cfg_masks, len(anchors))
     else:
         anchors, masks, num_classes = None, None, None
 
@@ -343,6 +344,41 @@ def _check_scale_x_y(architecture: str, yolos: Sequence[darknet.YoloSpec]) -> No
             expected or "1.0 per scale",
             architecture,
         )
+
+
+#: Why the official yolov3-tiny weights keep keras-yolo3's masks by default.
+TINY_MASKS_WARNING = (
+    "The cfg's anchor masks are %s but this converter keeps keras-yolo3's %s for a tiny cfg: the official "
+    "yolov3-tiny.weights were trained with 3,4,5 / 1,2,3 although the later cfg says 0,1,2 "
+    "(AlexeyAB/darknet#1341); with 0,1,2 the fine scale's boxes come out about half size, and on hand-drawn "
+    "boxes 1,2,3 fits the official weights better. If YOUR weights were trained "
+    "with the cfg's masks, convert with --masks cfg."
+)
+
+
+def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
+    """The masks a converted model decodes with (see :func:`convert`'s ``masks``).
+
+    Raises:
+        ValueError: unknown keyword or masks that do not fit the anchors.
+    """
+    from keras_yolo_mgpu.model.boxes import anchor_masks, resolve_masks
+
+    default = anchor_masks(len(cfg_masks)) if len(cfg_masks) in (2, 3) else None
+    if masks == "auto":
+        if len(cfg_masks) == 2 and cfg_masks != default:
+            logger.warning(TINY_MASKS_WARNING, cfg_masks, default)
+            return default
+        return cfg_masks
+    if masks == "cfg":
+        return cfg_masks
+    if masks == "keras-yolo3":
+        if default is None:
+            raise ValueError(f"keras-yolo3 has no masks for {len(cfg_masks)} output scales")
+        return default
+    if isinstance(masks, str):
+        raise ValueError(f"masks must be 'auto', 'cfg', 'keras-yolo3' or lists of indices. Received: masks={masks!r}")
+    return resolve_masks(masks, num_anchors)
 
 
 def _write_text(path: str, text: str) -> None:
@@ -399,6 +435,19 @@ def load_converted(path: str | os.PathLike):
     return model
 
 
+def parse_masks(text: str):
+    """``"cfg"``/``"keras-yolo3"``/``"auto"`` as they are; ``"3,4,5 1,2,3"`` -> ``[[3, 4, 5], [1, 2, 3]]``."""
+    text = text.strip()
+    if text in ("auto", "cfg", "keras-yolo3"):
+        return text
+    try:
+        return [[int(i) for i in group.split(",") if i] for group in text.replace(";", " ").split()]
+    except ValueError:
+        raise ValueError(
+            f"--masks must be cfg, keras-yolo3 or anchor indices per scale like '6,7,8 3,4,5 0,1,2'. Received: {text!r}"
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Convert Darknet .cfg + .weights to a Keras 3 model file.",
@@ -418,14 +467,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("pjreddie", "alexeyab"),
         default=None,
         help="which Darknet's batch-norm formula to reproduce (a .weights file does not say): pjreddie "
-        "(default; sqrt(var) + 1e-6, the original Darknet that trained the official YOLOv3 weights) or "
-        "alexeyab (sqrt(var + 1e-5), AlexeyAB/darknet)",
+        "(sqrt(var) + 1e-6, the original Darknet that trained the official YOLOv3 weights) or "
+        "alexeyab (sqrt(var + 1e-5), AlexeyAB/darknet). Default: alexeyab for cfgs only AlexeyAB/darknet runs "
+        "(mish, grouped routes, scale_x_y: yolov4, yolov4-tiny), else pjreddie",
     )
     parser.add_argument(
         "--keras-yolo3-compat",
         action="store_true",
         help="store the raw Darknet arrays with Keras's epsilon 1e-3, exactly as keras-yolo3's convert.py "
         "(about 0.5-0.9%% off Darknet's outputs); for comparing with old keras-yolo3 files",
+    )
+    parser.add_argument(
+        "--masks",
+        default="auto",
+        metavar="cfg|keras-yolo3|'3,4,5 1,2,3'",
+        help="anchor masks of the converted model, coarsest scale first (default: the cfg's, except keras-yolo3's "
+        "3,4,5 1,2,3 for a tiny cfg, which the official yolov3-tiny weights were trained with)",
     )
     parser.add_argument(
         "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
@@ -448,15 +505,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
         )
-    darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else (args.darknet_bn or darknet.DEFAULT_DARKNET_BN)
+    darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else args.darknet_bn  # None: by cfg
+    try:
+        masks = parse_masks(args.masks)
+    except ValueError as error:
+        parser.error(str(error))
     for label, path in (("config", args.config_path), ("weights", args.weights_path)):
         if not os.path.isfile(path):
             parser.error(f"{label} file not found: {path}")
     try:
         result = convert(
-            args.config_path, args.weights_path, args.output_path, generic=args.generic, darknet_bn=darknet_bn
+            args.config_path,
+            args.weights_path,
+            args.output_path,
+            generic=args.generic,
+            darknet_bn=darknet_bn,
+            masks=masks,
         )
-    except (DarknetError, OSError) as error:
+    except (DarknetError, OSError, ValueError) as error:
         print(f"convert.py: error: {error}", file=sys.stderr)
         return 1
     if args.anchors_output:

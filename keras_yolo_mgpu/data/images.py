@@ -1,0 +1,155 @@
+"""How an image becomes pixels: one reader for every path.
+
+Training, validation, detection, evaluation, the dataset checker and the
+benchmarks all read files with `read_image`, and in-memory images (PIL
+images, arrays from users or OpenCV) go through `to_rgb_array`; both return
+(H, W, 3) uint8 RGB by the same rules:
+
+- grey, grey + alpha, palette, 1-bit, CMYK and RGBA are converted by Pillow
+  (alpha is dropped, not composited: keras-yolo3 and TensorFlow's decoders
+  drop it too);
+- more than 8 bits per sample keep the high byte (`v >> 8` for 16 bits), which
+  is what libpng, Pillow (16-bit RGB) and `tf.io.decode_png(dtype=uint8)`
+  do, so every decoder gives the same pixels for the same file; 16-bit grey,
+  which Pillow's own conversion would clip to white, follows that rule;
+- no EXIF rotation: pixels stay in the stored grid, which is the grid that
+  annotation files (VOC and COCO record the stored width and height),
+  TensorFlow's decoders and keras-yolo3 use, so a box means the same pixels
+  on every path.
+
+The tf.data pipeline decodes most JPEGs and PNGs with TensorFlow ops for
+speed; `sniff_image` sends it only the files TensorFlow decodes exactly like
+`read_image` (tests/test_images.py compares them kind by kind).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["JPEG", "OTHER", "PNG", "image_size", "read_image", "sniff_image", "to_rgb_array"]
+
+# Pillow modes of one channel with more than 8 bits per sample ("I" holds
+# 16-bit PGM and TIFF samples; 32-bit values beyond 16 bits clip at 255).
+_DEEP_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def read_image(path: str) -> np.ndarray:
+    """Decodes an image file completely to RGB.
+
+    Args:
+        path: any format Pillow reads.
+
+    Returns:
+        (H, W, 3) uint8 RGB in the stored pixel grid (see the module docstring).
+
+    Raises:
+        OSError, ValueError, ...: whatever Pillow raises for a missing,
+        truncated or undecodable file.
+    """
+    with Image.open(path) as image:
+        image.load()  # the whole file: a truncated image fails here, not later
+        return to_rgb_array(image)
+
+
+def image_size(path: str) -> tuple[int, int]:
+    """(width, height) of an image file from its header, without decoding it."""
+    with Image.open(path) as image:
+        return image.size
+
+
+def to_rgb_array(image) -> np.ndarray:
+    """A PIL image or an array as (H, W, 3) uint8 RGB.
+
+    Args:
+        image: a PIL image of any mode, or an array (H, W), (H, W, 1),
+            (H, W, 3) or (H, W, 4) in RGB(A) order: uint8; uint16 (16 bits,
+            high byte kept); float in [0, 1] (scaled by 255) or in [0, 255];
+            other types are rounded and clipped to [0, 255].
+
+    Returns:
+        (H, W, 3) uint8 RGB; the input itself when it already is one.
+
+    Raises:
+        ValueError: an array of another shape.
+    """
+    if isinstance(image, Image.Image):
+        return _pil_to_rgb(image)
+    array = np.asarray(image)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or array.shape[2] not in (1, 3, 4) or array.shape[0] < 1 or array.shape[1] < 1:
+        raise ValueError(f"expected an (H, W, 3) RGB image. Received: array of shape {array.shape}")
+    array = array[:, :, :3]
+    if array.shape[2] == 1:
+        array = np.repeat(array, 3, axis=2)
+    if array.dtype == np.uint16:
+        array = array >> 8
+    elif array.dtype != np.uint8:
+        if np.issubdtype(array.dtype, np.floating) and array.size and float(array.max()) <= 1.0:
+            array = array * 255.0  # [0, 1] floats
+        array = np.clip(np.rint(array), 0, 255)
+    return array.astype(np.uint8, copy=False)
+
+
+def _pil_to_rgb(image: Image.Image) -> np.ndarray:
+    if image.mode == "RGB":
+        return np.asarray(image)
+    if image.mode in _DEEP_GREY_MODES:
+        # Pillow's convert("RGB") clips these at 255: keep the high byte instead.
+        grey = np.asarray(image).astype(np.int64) >> 8
+        return to_rgb_array(np.clip(grey, 0, 255).astype(np.uint8))
+    if image.mode == "F":
+        return to_rgb_array(np.asarray(image))
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # the same colours; Pillow warns on a direct P -> RGB
+    return np.asarray(image.convert("RGB"))
+
+
+# --- which files TensorFlow's decoders read exactly like `read_image` ----------
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Huffman-coded JPEG frames (baseline, extended, progressive): TF decodes them
+# as Pillow does (same libjpeg IDCT). Other SOF markers (lossless, arithmetic,
+# hierarchical) go to Pillow.
+_JPEG_TF_FRAMES = {0xC0, 0xC1, 0xC2}
+_JPEG_OTHER_FRAMES = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+JPEG, PNG, OTHER = 0, 1, 2
+
+
+def sniff_image(data: bytes) -> tuple[int, int, int]:
+    """Which decoder an image file needs, from its header.
+
+    Returns:
+        (kind, width, height): kind `JPEG` (8-bit, grey or colour, Huffman
+        coded, ends with its EOI marker) or `PNG` (any PNG that ends with
+        IEND: TF's `decode_png(channels=3, dtype=uint8)` converts every PNG
+        colour type and bit depth as `read_image` does) when TensorFlow's
+        decoders read it exactly like `read_image`; otherwise `OTHER` (CMYK,
+        12-bit or arithmetic JPEG, truncated files, GIF, BMP, TIFF, WebP,
+        garbage...), width and height 0: `read_image` decodes those, or
+        reports them.
+    """
+    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and data[-8:-4] == b"IEND":
+        return PNG, int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data[:2] != b"\xff\xd8" or b"\xff\xd9" not in data[-1024:]:
+        return OTHER, 0, 0
+    position = 2
+    while position + 9 < len(data):
+        if data[position] != 0xFF:
+            return OTHER, 0, 0  # not a marker: corrupt header
+        marker = data[position + 1]
+        if marker == 0xFF:  # fill byte
+            position += 1
+            continue
+        if marker in _JPEG_TF_FRAMES:
+            precision, components = data[position + 4], data[position + 9]
+            height = int.from_bytes(data[position + 5 : position + 7], "big")
+            width = int.from_bytes(data[position + 7 : position + 9], "big")
+            if precision == 8 and components in (1, 3) and width and height:
+                return JPEG, width, height
+            return OTHER, 0, 0
+        if marker in _JPEG_OTHER_FRAMES or marker == 0xDA:  # other frame type, or scan before any frame
+            return OTHER, 0, 0
+        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return OTHER, 0, 0

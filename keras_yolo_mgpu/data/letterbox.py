@@ -1,0 +1,182 @@
+"""The letterbox: an image scaled to fit the network input, aspect kept, centred on grey.
+
+One geometry, keras-yolo3's (`letterbox_geometry`): for an image `iw x ih`
+and an input `w x h`, `scale = min(w / iw, h / ih)`, the resized image is
+`nw = int(iw * scale)` by `nh = int(ih * scale)` pixels (at least 1), pasted
+at `dx = (w - nw) // 2`, `dy = (h - nh) // 2` on a grey (128) canvas, and a
+box coordinate `x` moves to `x * scale + dx`. Adapters for each library:
+
+- `letterbox_array`: numpy/OpenCV pixels, the one letterbox of validation
+  (`data.pipeline`), evaluation, the detector, video, export inputs and
+  benchmarks, so the same image gives the same pixels on every path;
+- `letterbox_image`: the same pixels as a PIL image (keras-yolo3's public
+  name and signature);
+- `resize_for_letterbox` + `paste_letterbox`: the two halves, for the
+  pipeline's cache, which stores images resized and pastes them later;
+- `letterbox_boxes`: the box transform in TF ops, for tf.data.
+
+The resampler is the detector's OpenCV choice, fixed per scale: bicubic when
+enlarging (keras-yolo3's filter), bilinear for moderate shrinking (scale >=
+0.5, e.g. video frames into a 416 input), area averaging below (anti-aliased,
+like Pillow's bicubic). OpenCV rather than Pillow because the detector and
+the video path run it on every frame, where OpenCV is several times faster;
+validation adopts it so that the validation loss is measured on the pixels
+the deployed model sees. keras-yolo3 resized with Pillow BICUBIC: the pixels
+differ by a few levels at edges, the geometry not at all.
+
+The inverse (boxes from the input back to the image) is keras-yolo3's
+`yolo_correct_boxes` (`model.boxes`, `inference.layers.YoloDecode`), kept
+as keras-yolo3 wrote it: it rounds `nw, nh` to the nearest integer and
+centres without flooring, so it differs from the exact inverse of this
+geometry by under one input pixel.
+
+The training augmentation (random scale and placement, `data.augment`) is a
+different geometry, keras-yolo3's `get_random_data`, and stays there.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import cv2
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+from keras_yolo_mgpu.data.images import to_rgb_array
+
+GREY = 128  # keras-yolo3's canvas colour
+
+__all__ = [
+    "GREY",
+    "LetterboxGeometry",
+    "letterbox_array",
+    "letterbox_boxes",
+    "letterbox_geometry",
+    "letterbox_image",
+    "paste_letterbox",
+    "resize_for_letterbox",
+]
+
+
+class LetterboxGeometry(NamedTuple):
+    """Where an image lands in the letterboxed input.
+
+    Attributes:
+        scale: input pixels per image pixel, `min(w / iw, h / ih)`.
+        width, height: size of the resized image, `int(iw * scale)`,
+            `int(ih * scale)`, at least 1.
+        left, top: its offset on the canvas, `(w - width) // 2`, `(h - height) // 2`.
+        canvas_width, canvas_height: the input size.
+    """
+
+    scale: float
+    width: int
+    height: int
+    left: int
+    top: int
+    canvas_width: int
+    canvas_height: int
+
+
+def letterbox_geometry(image_size: tuple[int, int], canvas_size: tuple[int, int]) -> LetterboxGeometry:
+    """keras-yolo3's letterbox of an image into a canvas.
+
+    Args:
+        image_size: (width, height) of the image.
+        canvas_size: (width, height) of the network input (PIL order, as
+            keras-yolo3's `letterbox_image`).
+    """
+    (iw, ih), (w, h) = image_size, canvas_size
+    scale = min(w / iw, h / ih)
+    nw, nh = max(1, int(iw * scale)), max(1, int(ih * scale))
+    return LetterboxGeometry(scale, nw, nh, (w - nw) // 2, (h - nh) // 2, w, h)
+
+
+def resize_for_letterbox(image: np.ndarray, geometry: LetterboxGeometry) -> np.ndarray:
+    """The image resized to `geometry.width x geometry.height` (OpenCV, see module docstring).
+
+    Args:
+        image: (ih, iw, C) uint8.
+
+    Returns:
+        (height, width, C) uint8; `image` itself when no resize is needed.
+    """
+    size = (geometry.width, geometry.height)
+    if size == (image.shape[1], image.shape[0]):
+        return image
+    scale = geometry.scale
+    interpolation = cv2.INTER_CUBIC if scale > 1 else cv2.INTER_LINEAR if scale >= 0.5 else cv2.INTER_AREA
+    return cv2.resize(image, size, interpolation=interpolation)
+
+
+def paste_letterbox(resized: np.ndarray, geometry: LetterboxGeometry) -> np.ndarray:
+    """`resize_for_letterbox`'s output pasted on the grey canvas.
+
+    Returns:
+        (canvas_height, canvas_width, C) uint8.
+    """
+    canvas = np.full((geometry.canvas_height, geometry.canvas_width, resized.shape[2]), GREY, np.uint8)
+    top, left = geometry.top, geometry.left
+    canvas[top : top + geometry.height, left : left + geometry.width] = resized
+    return canvas
+
+
+def letterbox_array(image: np.ndarray, input_shape: tuple[int, int]) -> np.ndarray:
+    """Letterboxes an image array into the network input.
+
+    Args:
+        image: (H, W, 3) uint8, RGB (or BGR: channels are not touched).
+        input_shape: (height, width) of the network input.
+
+    Returns:
+        (height, width, 3) uint8.
+    """
+    geometry = letterbox_geometry((image.shape[1], image.shape[0]), (input_shape[1], input_shape[0]))
+    return paste_letterbox(resize_for_letterbox(image, geometry), geometry)
+
+
+def letterbox_image(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """keras-yolo3's `letterbox_image`: the same pixels as `letterbox_array`, as a PIL image.
+
+    Args:
+        image: a PIL image of any mode (converted as `images.to_rgb_array` does).
+        size: (width, height) of the result, keras-yolo3's order.
+
+    Returns:
+        An RGB PIL image of `size`.
+    """
+    return Image.fromarray(letterbox_array(to_rgb_array(image), (size[1], size[0])))
+
+
+def letterbox_boxes(boxes, image_size, input_shape: tuple[int, int]):
+    """Boxes of a letterboxed image, in TF ops: scaled, centred, clipped to the input.
+
+    The geometry is computed in float64 like Python's `letterbox_geometry`,
+    so `int()` truncates the same values. Boxes left with no width or height
+    are dropped (none are when the boxes lie inside the image, which the
+    dataset checker ensures).
+
+    Args:
+        boxes: (K, 5) float32 x_min, y_min, x_max, y_max, class in image pixels.
+        image_size: (2,) int32 (width, height) of the image.
+        input_shape: (height, width) of the network input.
+
+    Returns:
+        (K', 5) float32 in input pixels, K' <= K, in the original order.
+    """
+    h, w = input_shape
+    iw, ih = tf.unstack(tf.cast(image_size, tf.float64))
+    scale = tf.minimum(w / iw, h / ih)
+
+    def offset(canvas, side):  # (canvas - max(1, int(side * scale))) // 2
+        resized = tf.maximum(tf.cast(tf.cast(side * scale, tf.int32), tf.float64), 1.0)
+        return tf.cast((canvas - resized) // 2, tf.float32)
+
+    dx, dy = offset(w, iw), offset(h, ih)
+    scale = tf.cast(scale, tf.float32)
+    x = tf.clip_by_value(boxes[:, 0:4:2] * scale + dx, 0.0, float(w))
+    y = tf.clip_by_value(boxes[:, 1:4:2] * scale + dy, 0.0, float(h))
+    boxes = tf.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1], boxes[:, 4]], axis=1)
+    keep = tf.logical_and(x[:, 1] > x[:, 0], y[:, 1] > y[:, 0])
+    return tf.boolean_mask(boxes, keep)

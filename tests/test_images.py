@@ -1,0 +1,177 @@
+"""The one image reader: every kind of file to RGB uint8, and TF's decoders agreeing with it."""
+
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+import zlib
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from keras_yolo_mgpu.data.images import JPEG, OTHER, PNG, image_size, read_image, sniff_image, to_rgb_array
+from keras_yolo_mgpu.data.pipeline import decode_jpeg_tf, decode_png_tf
+
+RNG = np.random.default_rng(0)
+W16 = RNG.integers(0, 65536, (5, 7, 4)).astype(np.uint16)  # (H, W, 4) 16-bit samples
+W8 = RNG.integers(0, 256, (5, 7, 4)).astype(np.uint8)
+PALETTE = [90, 91, 92, 10, 200, 30, 0, 0, 255, 255, 255, 0]  # 4 RGB entries
+
+
+def _png(samples: np.ndarray, color_type: int, bit_depth: int, palette=None, transparency=None) -> bytes:
+    """A PNG written from the specification (no filter), so every colour type and depth can be made."""
+    height = samples.shape[0]
+    if bit_depth == 16:
+        rows = samples.astype(">u2").reshape(height, -1).view(np.uint8)
+    elif bit_depth == 8:
+        rows = samples.astype(np.uint8).reshape(height, -1)
+    else:  # 1-bit
+        rows = np.packbits(samples.reshape(height, -1).astype(np.uint8), axis=1)
+    raw = b"".join(b"\x00" + row.tobytes() for row in rows)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", samples.shape[1], height, bit_depth, color_type, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+    if palette is not None:
+        data += chunk(b"PLTE", bytes(palette))
+    if transparency is not None:
+        data += chunk(b"tRNS", bytes(transparency))
+    return data + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def _grey(values: np.ndarray) -> np.ndarray:
+    return np.repeat(values[..., None], 3, axis=2).astype(np.uint8)
+
+
+# name: (file bytes, expected RGB). 16-bit samples keep their high byte (not
+# clipped: Pillow's own convert("RGB") would turn every grey value > 255 white).
+PNG_KINDS = {
+    "grey-8": (_png(W8[..., 0], 0, 8), _grey(W8[..., 0])),
+    "grey-16": (_png(W16[..., 0], 0, 16), _grey(W16[..., 0] >> 8)),
+    "grey-1": (_png(W8[..., 0] > 127, 0, 1), _grey(np.where(W8[..., 0] > 127, 255, 0))),
+    "grey-alpha-8": (_png(W8[..., :2], 4, 8), _grey(W8[..., 0])),
+    "grey-alpha-16": (_png(W16[..., :2], 4, 16), _grey(W16[..., 0] >> 8)),
+    "rgb-16": (_png(W16[..., :3], 2, 16), (W16[..., :3] >> 8).astype(np.uint8)),
+    "rgba-8": (_png(W8, 6, 8), W8[..., :3]),
+    "rgba-16": (_png(W16, 6, 16), (W16[..., :3] >> 8).astype(np.uint8)),
+    "palette": (_png(W8[..., 0] % 4, 3, 8, PALETTE), np.reshape(PALETTE, (4, 3))[W8[..., 0] % 4].astype(np.uint8)),
+    "palette-transparent": (
+        _png(W8[..., 0] % 4, 3, 8, PALETTE, transparency=[0, 128]),
+        np.reshape(PALETTE, (4, 3))[W8[..., 0] % 4].astype(np.uint8),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(PNG_KINDS))
+def test_png_of_every_kind_is_read_as_rgb_and_tf_agrees(tmp_path, kind):
+    data, expected = PNG_KINDS[kind]
+    path = tmp_path / f"{kind}.png"
+    path.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no Pillow warning (palette + transparency)
+        pixels = read_image(str(path))
+    assert pixels.dtype == np.uint8 and pixels.shape == (5, 7, 3)
+    np.testing.assert_array_equal(pixels, expected)
+    assert image_size(str(path)) == (7, 5)
+    # The training pipeline decodes these with TF ops: the same pixels.
+    assert sniff_image(data) == (PNG, 7, 5)
+    np.testing.assert_array_equal(decode_png_tf(data).numpy(), pixels)
+
+
+def _photo(height=30, width=40):
+    yy, xx = np.mgrid[0:height, 0:width]
+    return np.stack([xx * 6, yy * 8, (xx + yy) * 3], axis=-1).astype(np.uint8)
+
+
+def _encode(pixels, fmt, mode=None, **options) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode).save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def _exif_rotated_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
+    return _encode(_photo(), "JPEG", exif=exif.tobytes())
+
+
+JPEG_KINDS = {
+    "baseline": lambda: _encode(_photo(), "JPEG", quality=90),
+    "progressive": lambda: _encode(_photo(), "JPEG", progressive=True),
+    "grey": lambda: _encode(_photo()[..., 0], "JPEG"),
+    "exif-rotated": _exif_rotated_jpeg,
+}
+
+
+@pytest.mark.parametrize("kind", list(JPEG_KINDS))
+def test_jpeg_tf_decoding_equals_the_reader(tmp_path, kind):
+    data = JPEG_KINDS[kind]()
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(data)
+    pixels = read_image(str(path))
+    assert pixels.shape == (30, 40, 3)  # the stored grid: an EXIF orientation is not applied
+    assert sniff_image(data) == (JPEG, 40, 30)
+    np.testing.assert_array_equal(decode_jpeg_tf(data).numpy(), pixels)
+    if kind == "baseline":  # close to the source (lossy)
+        assert np.abs(pixels.astype(int) - _photo()).mean() < 3
+
+
+def test_cmyk_and_formats_tf_does_not_decode(tmp_path):
+    # CMYK (TIFF, lossless): the subtractive conversion R = (255 - C) * (255 - K) / 255, rounded.
+    cmyk = np.zeros((4, 6, 4), np.uint8)
+    cmyk[...] = [50, 0, 100, 20]
+    expected = np.rint((255 - cmyk[..., :3].astype(float)) * (255 - cmyk[..., 3:]) / 255)  # (189, 235, 143)
+    (tmp_path / "cmyk.tif").write_bytes(_encode(cmyk, "TIFF", "CMYK"))
+    np.testing.assert_array_equal(read_image(str(tmp_path / "cmyk.tif")), expected)
+    jpeg = _encode(cmyk, "JPEG", "CMYK", quality=100)
+    assert sniff_image(jpeg)[0] == OTHER  # TF cannot decode CMYK JPEGs: the reader does
+    (tmp_path / "cmyk.jpg").write_bytes(jpeg)
+    assert np.abs(read_image(str(tmp_path / "cmyk.jpg")) - expected).max() <= 3
+    # 16-bit TIFF and PGM (OpenCV writes them): high byte, like the PNGs.
+    rgb16 = W16[..., :3]
+    cv2.imwrite(str(tmp_path / "rgb16.tif"), rgb16[..., ::-1])  # OpenCV writes BGR
+    np.testing.assert_array_equal(read_image(str(tmp_path / "rgb16.tif")), rgb16 >> 8)
+    for ext in ("tif", "pgm"):
+        cv2.imwrite(str(tmp_path / f"grey16.{ext}"), W16[..., 0])
+        np.testing.assert_array_equal(read_image(str(tmp_path / f"grey16.{ext}")), _grey(W16[..., 0] >> 8))
+    # GIF and BMP.
+    for fmt in ("GIF", "BMP"):
+        (tmp_path / f"image.{fmt}").write_bytes(_encode(W8[..., 0], fmt))
+        np.testing.assert_array_equal(read_image(str(tmp_path / f"image.{fmt}")), _grey(W8[..., 0]))
+
+
+def test_unreadable_files_raise(tmp_path):
+    data = _encode(_photo(), "JPEG")
+    (tmp_path / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    (tmp_path / "garbage.png").write_bytes(b"not an image")
+    for name in ("truncated.jpg", "garbage.png", "missing.png"):
+        with pytest.raises(OSError):
+            read_image(str(tmp_path / name))
+
+
+def test_sniff_image_sends_only_what_tf_decodes_like_the_reader_to_tf():
+    rgb = _photo()
+    jpeg = _encode(rgb, "JPEG")
+    assert sniff_image(_encode(np.full((30, 40, 4), 9, np.uint8), "JPEG", "CMYK"))[0] == OTHER
+    assert sniff_image(jpeg[: len(jpeg) // 2])[0] == OTHER  # truncated: the reader reports it
+    assert sniff_image(_encode(rgb, "PNG")[:-20])[0] == OTHER
+    for fmt in ("GIF", "BMP", "TIFF"):
+        assert sniff_image(_encode(rgb, fmt))[0] == OTHER
+    assert sniff_image(b"")[0] == OTHER and sniff_image(b"\xff\xd8\xff\xd9")[0] == OTHER
+
+
+def test_to_rgb_array_normalises_in_memory_images():
+    assert to_rgb_array(np.zeros((5, 6), np.uint8)).shape == (5, 6, 3)
+    rgba = np.dstack([W8[..., :3], np.zeros((5, 7), np.uint8)])
+    np.testing.assert_array_equal(to_rgb_array(rgba), W8[..., :3])
+    assert to_rgb_array(np.full((2, 2, 3), 1.0, np.float32)).max() == 255  # [0, 1] floats
+    np.testing.assert_array_equal(to_rgb_array(W16[..., :3]), W16[..., :3] >> 8)  # 16-bit arrays: high byte
+    assert to_rgb_array(Image.new("L", (6, 5))).shape == (5, 6, 3)
+    np.testing.assert_array_equal(to_rgb_array(Image.fromarray(W16[..., 0])), _grey(W16[..., 0] >> 8))
+    with pytest.raises(ValueError, match="expected an"):
+        to_rgb_array(np.zeros((5,), np.uint8))
