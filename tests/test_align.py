@@ -10,7 +10,7 @@ import pytest
 
 from keras_yolo_mgpu.cli import align as align_cli
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
-from keras_yolo_mgpu.parallel.align import LayerDifference, judge, layer_differences
+from keras_yolo_mgpu.parallel.align import FLOAT32_RELATIVE_THRESHOLD, LayerDifference, judge, layer_differences
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,21 +27,24 @@ def _align_flags(dataset, *extra):
     ]
 
 
-def test_layer_differences_group_by_layer_and_judge_each_layer():
+def test_layer_differences_group_by_layer_and_judge():
     names = ["conv", "conv", "bn"]
     start = [np.zeros(2), np.zeros(1), np.zeros(3)]
     reference = [np.array([1.0, -2.0]), np.array([0.5]), np.array([0.1, 0.0, 0.0])]
     other = [np.array([1.0, -2.001]), np.array([0.5]), np.array([0.1, 0.0, 0.01])]
-    rows = {r.layer: r for r in layer_differences(names, start, reference, other)}
-    assert rows["conv"].max_abs_diff == pytest.approx(0.001) and rows["conv"].step == 2.0
-    assert rows["bn"].max_abs_diff == pytest.approx(0.01) and rows["bn"].step == pytest.approx(0.1)
-    # Absolute (float64 default 1e-9): both layers fail, largest difference first.
-    passed, threshold, relative, ordered = judge(list(rows.values()), "float64")
-    assert (passed, threshold, relative, ordered[0].layer) == (False, 1e-9, None, "bn")
-    # Relative (float32): bn moved 0.1 and is 0.01 off (ratio 0.1); conv is 5e-4 of its step.
-    passed, threshold, relative, ordered = judge(list(rows.values()), "float32", relative_threshold=0.05)
-    assert (passed, threshold, ordered[0].layer) == (False, None, "bn")
-    assert judge(list(rows.values()), "float32", relative_threshold=0.2)[0]
+    rows = layer_differences(names, start, reference, other)
+    assert [r.layer for r in rows] == ["bn", "conv"]  # largest difference first
+    by_name = {r.layer: r for r in rows}
+    assert by_name["conv"].max_abs_diff == pytest.approx(0.001) and by_name["conv"].step == 2.0
+    assert by_name["bn"].max_abs_diff == pytest.approx(0.01) and by_name["bn"].ratio == pytest.approx(0.1)
+    # float64: absolute 1e-9 by default.
+    assert judge(rows, "float64") == (False, 1e-9, None)
+    assert judge(rows, "float64", threshold=0.02)[0]
+    # float32: a fraction of the largest step (2.0): 0.01 / 2.0 = 0.005.
+    passed, threshold, relative = judge(rows, "float32", relative_threshold=0.004)
+    assert (passed, threshold, relative) == (False, pytest.approx(0.008), 0.004)
+    assert judge(rows, "float32", relative_threshold=0.006)[0]
+    assert judge(rows, "float32")[2] == FLOAT32_RELATIVE_THRESHOLD
     # A layer that did not move must not differ at all.
     assert LayerDifference("frozen", 0.0, 0.0).ratio == 0.0
     assert LayerDifference("frozen", 1e-12, 0.0).ratio == float("inf")

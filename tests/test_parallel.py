@@ -53,15 +53,29 @@ def _batches(num_images, seed=0):
     return x, np.zeros((num_images, 1), dtype)
 
 
+# Both tiny networks share the anchors, masks and targets; yolov4-tiny adds
+# grouped routes, scale_x_y decoding and the CIoU box loss.
+MODELS = ["yolov3-tiny", "yolov4-tiny"]
+
+
 @pytest.fixture(scope="module")
 def initial_weights():
-    body, _ = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=0)
-    return body.get_weights()
+    """Start weights per model (built once)."""
+    cache = {}
+
+    def get(model):
+        if model not in cache:
+            cache[model] = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=0, model=model)[0].get_weights()
+        return cache[model]
+
+    return get
 
 
-def _build(freeze_body):
+def _build(freeze_body, model="yolov3-tiny"):
     """`BuildFn` for `parallel.align`: the tiny training model, frozen as asked."""
-    return lambda sync_bn: create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=sync_bn)
+    return lambda sync_bn: create_model(
+        INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=sync_bn, model=model
+    )
 
 
 def _global_batches(global_batch=GLOBAL_BATCH):
@@ -75,50 +89,69 @@ def _global_batches(global_batch=GLOBAL_BATCH):
     ]
 
 
-def _trajectory(initial_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH):
+def _trajectory(initial_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH, model="yolov3-tiny"):
     """Free-running: STEPS steps from `initial_weights`; weights after each step and losses.
 
     Plain SGD (`replicate`'s default) is stateless, so a step depends only on
     weights and batch.
     """
-    body, model = replicate(_build(freeze_body), devices, engine)
-    return train_steps(body, model, _global_batches(global_batch), initial_weights)
+    body, fit_model = replicate(_build(freeze_body, model), devices, engine)
+    return train_steps(body, fit_model, _global_batches(global_batch), initial_weights)
 
 
-def _forced_steps(reference_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH):
+def _forced_steps(reference_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH, model="yolov3-tiny"):
     """Each step starts from the reference's weights before it; weights after each step."""
-    body, model = replicate(_build(freeze_body), devices, engine)
+    body, fit_model = replicate(_build(freeze_body, model), devices, engine)
     weights, _ = train_steps(
-        body, model, _global_batches(global_batch), reference_weights[0], restart_from=reference_weights
+        body, fit_model, _global_batches(global_batch), reference_weights[0], restart_from=reference_weights
     )
     return weights[1:]
 
 
-def _trainable_mask(freeze_body):
+def _trainable_mask(freeze_body, model="yolov3-tiny"):
     """Which of `body.get_weights()` the optimizer updates (not BN moving statistics)."""
-    body, _ = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body)
+    body, _ = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, model=model)
     return [v.trainable for v in body.weights]
 
 
 @pytest.fixture(scope="module")
 def single_device_runs(initial_weights):
-    return {freeze: _trajectory(initial_weights, freeze, "strategy", ["/device:CPU:0"]) for freeze in (2, 0)}
+    """`get(freeze_body, model)`: the one-device trajectory (computed once)."""
+    cache = {}
+
+    def get(freeze_body, model="yolov3-tiny"):
+        if (freeze_body, model) not in cache:
+            cache[freeze_body, model] = _trajectory(
+                initial_weights(model), freeze_body, "strategy", ["/device:CPU:0"], model=model
+            )
+        return cache[freeze_body, model]
+
+    return get
+
+
+# yolov4-tiny runs on the default engine only: multi_gpu_model's slicing does
+# not depend on the network, and the suite must stay within CI time.
+REPLICA_CASES = [
+    pytest.param(engine, num_devices, freeze_body, model, id=f"{engine}-{num_devices}-{stage}-{model}")
+    for model in MODELS
+    for engine in (["strategy", "multi_gpu_model"] if model == "yolov3-tiny" else ["strategy"])
+    for num_devices in (2, 4)
+    for freeze_body, stage in ((2, "frozen"), (0, "unfrozen"))
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("freeze_body", [2, 0], ids=["frozen", "unfrozen"])
-@pytest.mark.parametrize("num_devices", [2, 4])
-@pytest.mark.parametrize("engine", ["strategy", "multi_gpu_model"])
-def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num_devices, freeze_body):
+@pytest.mark.parametrize("engine, num_devices, freeze_body, model", REPLICA_CASES)
+def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num_devices, freeze_body, model):
     """Every step on N replicas equals the step one device takes from the same weights.
 
     Steps are compared along the single-device trajectory: each replica step
     starts from the reference weights before it, so every step is checked on
     its own (measured in float64: <= 2.2e-16 against steps of ~1e-3).
     """
-    reference, _ = single_device_runs[freeze_body]
-    trainable = _trainable_mask(freeze_body)
-    results = _forced_steps(reference, freeze_body, engine, logical_cpus[:num_devices])
+    reference, _ = single_device_runs(freeze_body, model)
+    trainable = _trainable_mask(freeze_body, model)
+    results = _forced_steps(reference, freeze_body, engine, logical_cpus[:num_devices], model=model)
     for step, weights in enumerate(results):
         # Each gradient step must move the trainable weights far more than the
         # tolerance: a gradient-scale error (2x or 4x the step) would then
@@ -142,11 +175,15 @@ def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("freeze_body", [2, 0], ids=["frozen", "unfrozen"])
-def test_free_running_replicas_track_one_device(single_device_runs, initial_weights, logical_cpus, freeze_body):
+@pytest.mark.parametrize(
+    "freeze_body, model",
+    [(2, "yolov3-tiny"), (0, "yolov3-tiny"), (0, "yolov4-tiny")],
+    ids=["frozen-yolov3-tiny", "unfrozen-yolov3-tiny", "unfrozen-yolov4-tiny"],
+)
+def test_free_running_replicas_track_one_device(single_device_runs, initial_weights, logical_cpus, freeze_body, model):
     """Several steps without resetting: the same losses and the same final weights."""
-    reference, reference_losses = single_device_runs[freeze_body]
-    weights, losses = _trajectory(initial_weights, freeze_body, "strategy", logical_cpus[:4])
+    reference, reference_losses = single_device_runs(freeze_body, model)
+    weights, losses = _trajectory(initial_weights(model), freeze_body, "strategy", logical_cpus[:4], model=model)
     np.testing.assert_allclose(losses, reference_losses, rtol=1e-7)
     assert max_difference(reference[-1], weights[-1]) <= TOLERANCE
 
@@ -154,7 +191,7 @@ def test_free_running_replicas_track_one_device(single_device_runs, initial_weig
 @pytest.mark.slow
 def test_multi_gpu_model_uneven_slices_match_one_device(single_device_runs, logical_cpus):
     # 8 images over 3 devices: slices of 3, 3 and 2.
-    reference, _ = single_device_runs[2]
+    reference, _ = single_device_runs(2)
     results = _forced_steps(reference, 2, "multi_gpu_model", logical_cpus[:3])
     for step, weights in enumerate(results):
         assert max_difference(reference[step + 1], weights) <= TOLERANCE

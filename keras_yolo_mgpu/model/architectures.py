@@ -31,6 +31,8 @@ class Architecture:
         num_anchors: anchors the body expects (9 or 6).
         scale_x_y: per output scale, coarse first; 1.0 is YOLOv3's decoding.
         box_loss: `"yolov3"` (keras-yolo3's xy BCE + wh squared error) or `"ciou"`.
+        ignore_thresh: the loss's default ignore threshold (the cfgs': 0.5
+            for YOLOv3 as in keras-yolo3, 0.7 for YOLOv4).
     """
 
     name: str
@@ -39,6 +41,7 @@ class Architecture:
     num_anchors: int
     scale_x_y: tuple[float, ...]
     box_loss: str
+    ignore_thresh: float
 
     @property
     def tiny(self) -> bool:
@@ -51,13 +54,13 @@ class Architecture:
 
 
 _ARCHITECTURES = {
-    "yolov3": Architecture("yolov3", "model.yolo3:yolo_body", "yolo_anchors.txt", 9, (1.0, 1.0, 1.0), "yolov3"),
+    "yolov3": Architecture("yolov3", "model.yolo3:yolo_body", "yolo_anchors.txt", 9, (1.0, 1.0, 1.0), "yolov3", 0.5),
     "yolov3-tiny": Architecture(
-        "yolov3-tiny", "model.yolo3:tiny_yolo_body", "tiny_yolo_anchors.txt", 6, (1.0, 1.0), "yolov3"
+        "yolov3-tiny", "model.yolo3:tiny_yolo_body", "tiny_yolo_anchors.txt", 6, (1.0, 1.0), "yolov3", 0.5
     ),
-    "yolov4": Architecture("yolov4", "model.yolo4:yolo4_body", "yolo4_anchors.txt", 9, (1.05, 1.1, 1.2), "ciou"),
+    "yolov4": Architecture("yolov4", "model.yolo4:yolo4_body", "yolo4_anchors.txt", 9, (1.05, 1.1, 1.2), "ciou", 0.7),
     "yolov4-tiny": Architecture(
-        "yolov4-tiny", "model.yolo4:yolo4_tiny_body", "yolo4_tiny_anchors.txt", 6, (1.05, 1.05), "ciou"
+        "yolov4-tiny", "model.yolo4:yolo4_tiny_body", "yolo4_tiny_anchors.txt", 6, (1.05, 1.05), "ciou", 0.7
     ),
 }
 
