@@ -47,6 +47,11 @@ class Architecture:
     def tiny(self) -> bool:
         return self.num_anchors == 6
 
+    @property
+    def decode_scale_x_y(self) -> list[float] | None:
+        """`scale_x_y` for the decoding layers and the loss: None where it is 1.0 (YOLOv3)."""
+        return None if set(self.scale_x_y) == {1.0} else list(self.scale_x_y)
+
     def body_builder(self):
         """The body function, `(inputs, num_anchors, num_classes, *, sync_bn) -> keras.Model`."""
         module, function = self.builder.split(":")

@@ -293,7 +293,7 @@ def create_model(
         max_true_boxes=max_true_boxes,
         masks=masks,
         # None keeps the YOLOv3 loss layer's configuration exactly as before.
-        scale_x_y=None if set(architecture.scale_x_y) == {1.0} else architecture.scale_x_y,
+        scale_x_y=architecture.decode_scale_x_y,
         box_loss=box_loss or architecture.box_loss,
         name="yolo_loss",
     )([*body.outputs, *y_true])
