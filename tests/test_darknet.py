@@ -706,8 +706,11 @@ def test_yolov4_tiny_converts_into_yolo4_tiny_body_and_matches_numpy(tmp_path):
 
     from keras_yolo_mgpu.model.yolo4 import yolo4_tiny_body
 
+    from keras_yolo_mgpu.weights.metadata import read_metadata
+
     result, cfg, weights = _convert_v4(tmp_path, "yolov4-tiny.cfg", 24_251_276, seed=17)
     assert result.architecture == "yolo4_tiny_body"
+    assert read_metadata(result.output_path).kind == "yolov4-tiny"
     assert result.num_classes == 80 and result.masks == [[3, 4, 5], [1, 2, 3]]
     body = yolo4_tiny_body(keras.Input((None, None, 3)), 3, 80)
     body.load_weights(result.output_path)

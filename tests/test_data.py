@@ -15,7 +15,14 @@ from keras_yolo_mgpu.data.annotations import Annotation, format_annotation_line,
 from keras_yolo_mgpu.data.augment import augment_boxes, augmentation_params, distort_hsv, sample_augmentation
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
-from keras_yolo_mgpu.data.pipeline import _element_seed, _shuffled_indices, build_targets, make_dataset, steps_per_epoch
+from keras_yolo_mgpu.data.pipeline import (
+    DatasetBuilder,
+    build_targets,
+    element_seed,
+    make_dataset,
+    shuffled_indices,
+    steps_per_epoch,
+)
 from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
@@ -124,7 +131,7 @@ def test_training_images_follow_keras_yolo3_draw_for_draw(tmp_path, ext):
     images = np.concatenate([x["image"] for x, _ in dataset.take(3).as_numpy_iterator()])
     mean_errors = []
     for position, image in enumerate(images):
-        uniforms = tf.random.stateless_uniform([11], _element_seed(3, position), dtype=tf.float64).numpy()
+        uniforms = tf.random.stateless_uniform([11], element_seed(3, position), dtype=tf.float64).numpy()
         feed = list(uniforms)
 
         def rand(a=0.0, b=1.0):
@@ -256,12 +263,12 @@ def test_steps_per_epoch():
         steps_per_epoch(0, 4)
 
 
-def test_shuffled_indices_cover_every_image_each_pass():
-    stream = list(_shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
+def testshuffled_indices_cover_every_image_each_pass():
+    stream = list(shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
     passes = [stream[i : i + 10] for i in range(0, 40, 10)]
     assert all(sorted(p) == list(range(10)) for p in passes)
     assert len({tuple(p) for p in passes}) == 4  # reshuffled every pass
-    again = list(_shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
+    again = list(shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
     assert again == stream
 
 
@@ -296,6 +303,31 @@ def test_training_batches_structure_and_determinism(small_dataset, anchors):
             np.testing.assert_array_equal(a[0][key], b[0][key])
     other = first_batches(2)
     assert not np.array_equal(batches[0][0]["image"], other[0][0]["image"])
+
+
+def test_builder_steps_alone_compose_into_make_dataset(small_dataset):
+    """Each step of DatasetBuilder can be run by itself and gives what the whole pipeline gives."""
+    builder = DatasetBuilder(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=True, seed=1)
+    pairs = list(builder.training_indices().take(10).as_numpy_iterator())
+    assert [p for p, _ in pairs] == list(range(10)) and sorted(i for _, i in pairs) == list(range(10))
+    batch = next(iter(make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=True, seed=1)))[0]
+    elements = [builder.augmented_element(tf.constant(p), tf.constant(i)) for p, i in pairs[:4]]
+    np.testing.assert_array_equal(np.stack([e[0] for e in elements]), batch["image"])
+    targets = builder.to_model_inputs(tf.stack([e[0] for e in elements]), tf.stack([e[1] for e in elements]))[0]
+    for key in ("y_true_0", "y_true_1"):
+        np.testing.assert_array_equal(targets[key], batch[key])
+    # Decoding alone: a PNG decoded by TF at full size is the reader's image.
+    params = {"nw": tf.constant(96), "nh": tf.constant(64)}
+    pixels, size, extent, ok = builder.decode(tf.constant(0, tf.int64), params)
+    np.testing.assert_array_equal(pixels, read_image(small_dataset[0].image_path))
+    assert ok and size.numpy().tolist() == extent.numpy().tolist() == [96, 64]
+    # The letterbox step, and a padding element of the validation stream.
+    image, boxes, ok = builder.letterbox(tf.constant(3, tf.int64))
+    expected = letterbox_array(read_image(small_dataset[3].image_path), (64, 96)).astype(np.float32) / np.float32(255)
+    np.testing.assert_array_equal(image, expected)
+    assert boxes.shape == (20, 5) and ok
+    image, boxes, weight = builder.validation_element(tf.constant(12, tf.int64))
+    assert float(weight) == 0.0 and not boxes.numpy().any() and np.allclose(image, 128 / 255)
 
 
 def test_validation_letterboxes_in_order_pads_and_weights(small_dataset):

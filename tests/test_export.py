@@ -6,7 +6,7 @@ import importlib.util
 
 import numpy as np
 import pytest
-from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body, write_classes
+from inference_helpers import INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, write_classes
 
 from keras_yolo_mgpu.inference import export
 from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, ExportError, export_model, main
@@ -67,9 +67,7 @@ def test_savedmodel_cli_matches_keras(files, capsys):
     assert "check:" in out and "exported savedmodel" in out
 
     # The signature any TensorFlow user calls, on a batch of 3 of different sizes.
-    model = export.build_export_model(
-        files["weights"], export.get_anchors(TINY_ANCHORS_PATH), ["a", "b"], input_size=INPUT_SHAPE, score=SCORE
-    )
+    model = export.build_export_model(files["weights"], TINY_ANCHORS, ["a", "b"], input_size=INPUT_SHAPE, score=SCORE)
     images = np.random.default_rng(0).random((3, *INPUT_SHAPE, 3), dtype=np.float32)
     shapes = np.array([[96, 128], [300, 200], [50, 400]], np.float32)
     served = export.run_savedmodel(str(output), images, shapes)

@@ -87,6 +87,14 @@ def test_two_simulated_gpus_write_a_checkpoint_that_loads_on_one_device(dataset,
     body = build_body(get_anchors(default_anchors_path(True)), 4)
     report = load_weights(body, str(log_dir / "trained_weights_final.weights.h5"))
     assert report.loaded > 0 and not report.skipped
+    # Every file the run wrote knows its model: the checkpoints alone are enough to detect with.
+    from keras_yolo_mgpu.weights.metadata import read_metadata
+
+    for name in files:
+        if name.endswith(".weights.h5"):
+            meta = read_metadata(str(log_dir / name))
+            assert meta.kind == "yolov3-tiny" and meta.num_classes == 4 and meta.masks_list == [[3, 4, 5], [1, 2, 3]]
+    assert report.metadata == meta
     outputs = body.predict(np.zeros((1, 64, 64, 3), np.float32), verbose=0)
     assert all(np.isfinite(o).all() for o in outputs)
 

@@ -57,25 +57,73 @@ def existing_file(text: str) -> str:
     return text
 
 
+def masks_arg(text: str):
+    """`keras-yolo3` -> None (the default masks); `6,7,8 3,4,5 0,1,2` -> [[6, 7, 8], [3, 4, 5], [0, 1, 2]]."""
+    if text.strip() == "keras-yolo3":
+        return None
+    try:
+        masks = [[int(i) for i in group.split(",") if i] for group in text.replace(";", " ").split()]
+    except ValueError:
+        masks = []
+    if not masks or not all(masks):
+        raise argparse.ArgumentTypeError(
+            f"expected keras-yolo3 or anchor indices per scale, coarsest first, like '3,4,5 1,2,3'; got {text!r}"
+        )
+    return masks
+
+
 def add_model_args(parser: argparse.ArgumentParser, *, weights_help: str = "weights file to load") -> None:
-    """--classes, --anchors, --tiny, --input-size, --weights."""
+    """--classes, --anchors, --tiny, --masks, --input-size, --weights.
+
+    Files the project writes carry their classes, anchors, masks and input
+    size (`weights.metadata`): these flags then default to the file's values
+    and must agree with them; they are needed for files without metadata.
+    """
     parser.add_argument(
-        "--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)"
+        "--classes",
+        default=None,
+        help="class names file, one per line (default: the weights' metadata, else model_data/coco_classes.txt)",
     )
     parser.add_argument(
         "--anchors",
         default=None,
-        help="anchors file (default: model_data/yolo_anchors.txt, or tiny_yolo_anchors.txt with --tiny)",
+        help="anchors file (default: the weights' metadata, else model_data/yolo_anchors.txt, "
+        "or tiny_yolo_anchors.txt with --tiny)",
     )
     parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (6 anchors) when --anchors is not given")
     parser.add_argument(
+        "--masks",
+        type=masks_arg,
+        default=None,
+        metavar="'3,4,5 1,2,3'",
+        help="anchor indices per output scale, coarsest first (default: the weights' metadata, else keras-yolo3's)",
+    )
+    parser.add_argument(
         "--input-size",
         type=input_size,
-        default=(416, 416),
+        default=None,
         metavar="HxW",
-        help="network input, multiples of 32 (default: 416)",
+        help="network input, multiples of 32 (default: the weights' metadata, else 416)",
     )
     parser.add_argument("--weights", default=None, help=weights_help)
+
+
+def resolve_model_settings(args: argparse.Namespace, weights: str | None):
+    """The `weights.metadata.ModelMetadata` for the model flags and the weights file.
+
+    Raises:
+        weights.metadata.MetadataError (a ValueError): a flag contradicts the file.
+    """
+    from keras_yolo_mgpu.weights.metadata import settings_for
+
+    return settings_for(
+        weights,
+        classes_path=args.classes,
+        anchors_path=args.anchors,
+        tiny=args.tiny,
+        masks=args.masks,
+        input_shape=args.input_size,
+    )
 
 
 def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, iou: float = 0.45) -> None:

@@ -41,6 +41,7 @@ readable images divided by n; nothing is dropped).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -71,7 +72,7 @@ from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resol
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_targets", "make_dataset", "steps_per_epoch"]
+__all__ = ["DatasetBuilder", "build_targets", "make_dataset", "steps_per_epoch"]
 
 _RAM_CACHE_NAMES = ("ram", "memory")
 # The RAM cache is shared by every dataset of the process (training stages,
@@ -316,38 +317,14 @@ def _distort_hsv(image, hue, sat, val):
 # --- the dataset ---------------------------------------------------------------
 
 
-def _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxes, cache):
-    if not annotations:
-        raise ValueError("`annotations` is empty: no image to build a dataset from")
-    if len(input_shape) != 2 or any(int(s) <= 0 or int(s) % 32 for s in input_shape):
-        raise ValueError(
-            f"`input_shape` must be (height, width), positive multiples of 32. Received: input_shape={input_shape}"
-        )
-    if batch_size <= 0 or max_boxes <= 0 or num_classes <= 0:
-        raise ValueError(
-            f"`batch_size`, `max_boxes` and `num_classes` must be positive. "
-            f"Received: batch_size={batch_size}, max_boxes={max_boxes}, num_classes={num_classes}"
-        )
-    if cache is not None and not isinstance(cache, (str, os.PathLike)):
-        raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={cache!r}")
-    for annotation in annotations:
-        classes = annotation.boxes[:, 4]
-        bad = classes[(classes < 0) | (classes >= num_classes)]
-        if len(bad):
-            raise ValueError(
-                f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
-                f"for {num_classes} classes (run keras_yolo_mgpu.data.check)"
-            )
-
-
-def _element_seed(seed: int, position):
+def element_seed(seed: int, position):
     """Stateless seed of the `position`-th training element (augmentation, box shuffle)."""
     augment_seed = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), 2)
     # The seed's dtype follows the folded-in value's: always int64.
     return tf.random.experimental.stateless_fold_in(augment_seed, tf.cast(position, tf.int64))
 
 
-def _shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
+def shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
     """Endless stream of indices, a fresh permutation (a function of `seed`) per pass."""
 
     def permutation(epoch):
@@ -355,6 +332,255 @@ def _shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
         return tf.data.Dataset.from_tensor_slices(tf.argsort(tf.random.stateless_uniform([num_samples], epoch_seed)))
 
     return tf.data.Dataset.counter().flat_map(permutation)
+
+
+@dataclasses.dataclass(eq=False, repr=False)  # the repr would list every annotation
+class DatasetBuilder:
+    """`make_dataset`'s pipeline as named steps, each callable (and testable) alone.
+
+    `build()` chains them:
+
+    1. index stream: `training_indices` yields `(position, index)`, the
+       position counting elements since the start of training (it seeds the
+       element) and the index naming the annotation; `validation_indices`
+       yields indices in file order, padded to whole batches.
+    2. per element (in parallel maps): `element_seed(position)` ->
+       `sample_augmentation` -> `decode` -> `augment_image` +
+       `augment_boxes` (`augmented_element`), or the letterbox
+       (`letterboxed_element`, `validation_element`).
+    3. `batch`: exactly `batch_size` elements per batch.
+    4. `to_model_inputs`: targets per output scale, the model's dict input.
+
+    Where later features go: a start position (resume) or a per-worker shard
+    changes only the index stream; mosaic is an element step reading several
+    indices; multi-scale changes `input_shape` per batch between steps 3 and 4.
+
+    Attributes: `make_dataset`'s arguments; `seed` is drawn at random when None.
+    """
+
+    annotations: list[Annotation]
+    input_shape: tuple[int, int]
+    anchors: np.ndarray
+    num_classes: int
+    batch_size: int
+    _: dataclasses.KW_ONLY
+    training: bool
+    augment: bool = True
+    seed: int | None = None
+    max_boxes: int = 20
+    cache: str | None = None
+    masks: list[list[int]] | None = None
+
+    def __post_init__(self):
+        self._check_arguments()
+        self.input_shape = (int(self.input_shape[0]), int(self.input_shape[1]))
+        self.anchors = np.asarray(self.anchors, dtype=np.float32)
+        self.masks = resolve_masks(self.masks, len(self.anchors))  # also validates the anchor count
+        if self.seed is None:
+            self.seed = int.from_bytes(os.urandom(4), "little")
+            logger.debug("make_dataset: random seed %d", self.seed)
+        self.num_samples = len(self.annotations)
+        self.source = _ImageSource([a.image_path for a in self.annotations], self.input_shape, self.cache)
+        # Boxes of all images, flat, with row splits: boxes of image i are rows splits[i]:splits[i + 1].
+        boxes = [a.boxes for a in self.annotations]
+        self._flat_boxes = tf.constant(np.concatenate(boxes).reshape(-1, 5), tf.float32)
+        self._row_splits = tf.constant(np.cumsum([0] + [len(b) for b in boxes]), tf.int64)
+
+    def _check_arguments(self):
+        """ValueError naming the first bad argument (or annotation line)."""
+        input_shape, batch_size, max_boxes = self.input_shape, self.batch_size, self.max_boxes
+        num_classes = self.num_classes
+        if not self.annotations:
+            raise ValueError("`annotations` is empty: no image to build a dataset from")
+        if len(input_shape) != 2 or any(int(s) <= 0 or int(s) % 32 for s in input_shape):
+            raise ValueError(
+                f"`input_shape` must be (height, width), positive multiples of 32. Received: input_shape={input_shape}"
+            )
+        if batch_size <= 0 or max_boxes <= 0 or num_classes <= 0:
+            raise ValueError(
+                f"`batch_size`, `max_boxes` and `num_classes` must be positive. "
+                f"Received: batch_size={batch_size}, max_boxes={max_boxes}, num_classes={num_classes}"
+            )
+        if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
+            raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={self.cache!r}")
+        for annotation in self.annotations:
+            classes = annotation.boxes[:, 4]
+            bad = classes[(classes < 0) | (classes >= num_classes)]
+            if len(bad):
+                raise ValueError(
+                    f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
+                    f"for {num_classes} classes (run keras_yolo_mgpu.data.check)"
+                )
+
+    # --- 1. index stream ---------------------------------------------------------
+
+    def training_indices(self) -> tf.data.Dataset:
+        """Endless `(position, index)` int64 pairs, reshuffled every pass."""
+        shuffle_seed = tf.random.experimental.stateless_fold_in(tf.constant([self.seed, 0], tf.int64), 1)
+        return shuffled_indices(self.num_samples, shuffle_seed).enumerate()
+
+    def num_validation_batches(self) -> int:
+        return steps_per_epoch(self.num_samples, self.batch_size)
+
+    def validation_indices(self) -> tf.data.Dataset:
+        """0, 1, ... up to whole batches; indices >= `num_samples` are padding."""
+        return tf.data.Dataset.range(self.num_validation_batches() * self.batch_size)
+
+    # --- 2. elements -------------------------------------------------------------
+
+    def element_seed(self, position):
+        """(2,) int64 stateless seed of the `position`-th training element."""
+        return element_seed(self.seed, position)
+
+    def boxes_of(self, index):
+        """(K, 5) float32 boxes of image `index`, in image pixels."""
+        return self._flat_boxes[self._row_splits[index] : self._row_splits[index + 1]]
+
+    def _boxes_if_decoded(self, index, size, ok):
+        """The image's boxes and its size (>= 1), or no boxes when it failed to decode (no size)."""
+        size.set_shape([2])
+        ok.set_shape([])
+        boxes = self.boxes_of(index)
+        return boxes[: tf.shape(boxes)[0] * tf.cast(ok, tf.int32)], tf.maximum(size, 1)
+
+    def letterbox(self, index):
+        """-> (h, w, 3) float32 letterboxed image in [0, 1], (max_boxes, 5) boxes, ok."""
+        height, width = self.input_shape
+        pixels, size, ok = tf.numpy_function(
+            self.source.letterboxed, [index], [tf.uint8, tf.int32, tf.bool], name="letterbox_image"
+        )
+        pixels.set_shape([height, width, 3])
+        boxes, size = self._boxes_if_decoded(index, size, ok)
+        image = tf.cast(pixels, tf.float32) / 255.0
+        return image, pad_boxes(letterbox_boxes(boxes, size, self.input_shape), self.max_boxes), ok
+
+    def letterboxed_element(self, position, index):
+        """Training without augmentation: (image, boxes) of the letterbox."""
+        del position  # no randomness
+        return self.letterbox(index)[:2]
+
+    def validation_element(self, index):
+        """-> (image, boxes, sample weight); a grey, box-less image of weight 0 past the last sample."""
+        height, width = self.input_shape
+        real_weight = self.num_validation_batches() * self.batch_size / self.num_samples
+
+        def real():
+            image, boxes, ok = self.letterbox(index)
+            return image, boxes, tf.where(ok, real_weight, 0.0)
+
+        def blank():
+            return tf.fill([height, width, 3], GREY / 255.0), tf.zeros([self.max_boxes, 5]), tf.constant(0.0)
+
+        return tf.cond(index < self.num_samples, real, blank)
+
+    def _decode_with_read_image(self, index):
+        """-> (H, W, 3) uint8, stored (w, h), extent (w, h) float32 in decoded pixels, ok."""
+        pixels, size, ok = tf.numpy_function(
+            self.source.decode, [index], [tf.uint8, tf.int32, tf.bool], name="decode_image"
+        )
+        pixels.set_shape([None, None, 3])
+        return pixels, size, tf.cast(tf.shape(pixels)[1::-1], tf.float32), ok
+
+    def _decode_with_tf(self, index, decode, size):
+        """TF's `decode()` -> (pixels, extent), guarded: `read_image` takes over when TF raises.
+
+        TF's decoder raises on a file that is corrupt past its header; a
+        raising op would end the pipeline, so it runs in a one-element
+        dataset that drops errors, and `read_image` (warned with the path
+        when it fails too) takes over.
+        """
+
+        def attempt_decode(_):
+            pixels, extent = decode()
+            return pixels, size, extent, tf.constant(True)
+
+        attempt = tf.data.Dataset.from_tensors(0).map(attempt_decode).ignore_errors()
+        fallback = tf.data.Dataset.from_tensors(index).map(self._decode_with_read_image)
+        return attempt.concatenate(fallback).take(1).get_single_element()
+
+    def decode(self, index, params):
+        """Image `index` for augmentation, decoded at the smallest size `params` allow.
+
+        Returns:
+            (H, W, 3) uint8, stored (w, h) int32, extent (w, h) float32 of the
+            whole image in decoded pixels (smaller than the stored size when a
+            JPEG is decoded at reduced scale), ok.
+        """
+        if self.source.cached:
+            return self._decode_with_read_image(index)
+        data, kind, size = tf.numpy_function(
+            self.source.read, [index], [tf.string, tf.int32, tf.int32], name="read_image"
+        )
+        size.set_shape([2])
+
+        def jpeg():
+            # Decode at 1/2, 1/4 or 1/8 scale when the image will shrink that much.
+            log2_ratio = jpeg_reduction(size, tf.stack([params["nw"], params["nh"]]))
+            pixels = decode_jpeg_tf(data, log2_ratio)
+            return pixels, tf.cast(size, tf.float32) / tf.cast(2**log2_ratio, tf.float32)
+
+        def png():
+            return decode_png_tf(data), tf.cast(size, tf.float32)
+
+        def failed():
+            return tf.fill([1, 1, 3], tf.constant(GREY, tf.uint8)), size, tf.ones([2]), tf.constant(False)
+
+        # kind: -1 unreadable (warned), JPEG, PNG, OTHER (read_image).
+        return tf.switch_case(
+            kind + 1,
+            [
+                failed,
+                lambda: self._decode_with_tf(index, jpeg, size),
+                lambda: self._decode_with_tf(index, png, size),
+                lambda: self._decode_with_read_image(index),
+            ],
+        )
+
+    def augment_image(self, pixels, extent, params):
+        """keras-yolo3's resize + placement, flip and HSV jitter -> (h, w, 3) float32 in [0, 1]."""
+        canvas = place_image(pixels, extent, params, self.input_shape)
+        canvas = tf.cond(params["flip"], lambda: tf.reverse(canvas, [1]), lambda: canvas)
+        image = tf.numpy_function(
+            _distort_hsv, [canvas, params["hue"], params["sat"], params["val"]], tf.float32, name="distort_hsv"
+        )
+        image.set_shape([*self.input_shape, 3])
+        return image
+
+    def augmented_element(self, position, index):
+        """Training with augmentation: (image, boxes), a pure function of (seed, position, index)."""
+        seed = self.element_seed(position)
+        params = sample_augmentation(seed, self.input_shape)
+        pixels, size, extent, ok = self.decode(index, params)
+        image = self.augment_image(pixels, extent, params)
+        boxes, size = self._boxes_if_decoded(index, size, ok)
+        box_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+        return image, augment_boxes(boxes, size, params, self.input_shape, self.max_boxes, box_seed)
+
+    # --- 3. batches, 4. targets ----------------------------------------------------
+
+    def batch(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """Batches of exactly `batch_size` (the global batch)."""
+        return dataset.batch(self.batch_size, drop_remainder=True)
+
+    def to_model_inputs(self, images, boxes, *weights):
+        """A batch of (images, boxes[, weights]) -> ({"image", "y_true_0", ...}, zeros[, weights])."""
+        x = {"image": images}
+        for layer, y_true in enumerate(
+            build_targets(boxes, self.input_shape, self.anchors, self.num_classes, self.masks)
+        ):
+            x[f"y_true_{layer}"] = y_true
+        y = tf.zeros([self.batch_size, 1], tf.float32)
+        return (x, y, *weights)
+
+    def build(self) -> tf.data.Dataset:
+        """The whole pipeline (see the class docstring)."""
+        if self.training:
+            element = self.augmented_element if self.augment else self.letterboxed_element
+            dataset = self.training_indices().map(element, num_parallel_calls=tf.data.AUTOTUNE)
+        else:
+            dataset = self.validation_indices().map(self.validation_element, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = self.batch(dataset).map(self.to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def make_dataset(
@@ -397,129 +623,16 @@ def make_dataset(
     Returns:
         A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
     """
-    _check_arguments(annotations, input_shape, num_classes, batch_size, max_boxes, cache)
-    input_shape = (int(input_shape[0]), int(input_shape[1]))
-    height, width = input_shape
-    anchors = np.asarray(anchors, dtype=np.float32)
-    masks = resolve_masks(masks, len(anchors))  # also validates the anchor count
-    if seed is None:
-        seed = int.from_bytes(os.urandom(4), "little")
-        logger.debug("make_dataset: random seed %d", seed)
-    shuffle_seed = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), 1)
-
-    source = _ImageSource([a.image_path for a in annotations], input_shape, cache)
-    num_samples = len(annotations)
-    flat_boxes = tf.constant(np.concatenate([a.boxes for a in annotations]).reshape(-1, 5), tf.float32)
-    row_splits = tf.constant(np.cumsum([0] + [len(a.boxes) for a in annotations]), tf.int64)
-
-    def boxes_of(index):
-        return flat_boxes[row_splits[index] : row_splits[index + 1]]
-
-    def drop_boxes_if_failed(boxes, size, ok):
-        # A failed decode has no size; its boxes would be meaningless.
-        size.set_shape([2])
-        ok.set_shape([])
-        return boxes[: tf.shape(boxes)[0] * tf.cast(ok, tf.int32)], tf.maximum(size, 1)
-
-    def letterbox_element(index):
-        pixels, size, ok = tf.numpy_function(
-            source.letterboxed, [index], [tf.uint8, tf.int32, tf.bool], name="letterbox_image"
-        )
-        pixels.set_shape([height, width, 3])
-        boxes, size = drop_boxes_if_failed(boxes_of(index), size, ok)
-        image = tf.cast(pixels, tf.float32) / 255.0
-        return image, pad_boxes(letterbox_boxes(boxes, size, input_shape), max_boxes), ok
-
-    def decode_pil(index):
-        pixels, size, ok = tf.numpy_function(source.decode, [index], [tf.uint8, tf.int32, tf.bool], name="decode_image")
-        pixels.set_shape([None, None, 3])
-        return pixels, size, tf.cast(tf.shape(pixels)[1::-1], tf.float32), ok
-
-    def decode_for_augmentation(index, params):
-        """-> (H, W, 3) uint8, stored (w, h), extent (w, h) in decoded pixels, ok."""
-        if source.cached:
-            return decode_pil(index)
-        data, kind, size = tf.numpy_function(source.read, [index], [tf.string, tf.int32, tf.int32], name="read_image")
-        size.set_shape([2])
-
-        def jpeg():
-            # Decode at 1/2, 1/4 or 1/8 scale when the image will shrink that much.
-            log2_ratio = jpeg_reduction(size, tf.stack([params["nw"], params["nh"]]))
-            pixels = decode_jpeg_tf(data, log2_ratio)
-            return pixels, tf.cast(size, tf.float32) / tf.cast(2**log2_ratio, tf.float32)
-
-        def png():
-            return decode_png_tf(data), tf.cast(size, tf.float32)
-
-        def guarded(decode):
-            # TF's decoder raises on a file that is corrupt past its header;
-            # a raising op would end the pipeline, so it runs in a one-element
-            # dataset that drops errors, and `read_image` (warned with the path
-            # when it fails too) takes over.
-            def attempt_decode(_):
-                pixels, extent = decode()
-                return pixels, size, extent, tf.constant(True)
-
-            attempt = tf.data.Dataset.from_tensors(0).map(attempt_decode).ignore_errors()
-            fallback = tf.data.Dataset.from_tensors(index).map(decode_pil)
-            return attempt.concatenate(fallback).take(1).get_single_element()
-
-        def failed():
-            return tf.fill([1, 1, 3], tf.constant(GREY, tf.uint8)), size, tf.ones([2]), tf.constant(False)
-
-        # kind: -1 unreadable (warned), JPEG, PNG, OTHER (read_image).
-        return tf.switch_case(
-            kind + 1, [failed, lambda: guarded(jpeg), lambda: guarded(png), lambda: decode_pil(index)]
-        )
-
-    def augmented_element(position, index):
-        element_seed = _element_seed(seed, position)
-        params = sample_augmentation(element_seed, input_shape)
-        pixels, size, extent, ok = decode_for_augmentation(index, params)
-        canvas = place_image(pixels, extent, params, input_shape)
-        canvas = tf.cond(params["flip"], lambda: tf.reverse(canvas, [1]), lambda: canvas)
-        image = tf.numpy_function(
-            _distort_hsv, [canvas, params["hue"], params["sat"], params["val"]], tf.float32, name="distort_hsv"
-        )
-        image.set_shape([height, width, 3])
-        boxes, size = drop_boxes_if_failed(boxes_of(index), size, ok)
-        box_seed = tf.random.experimental.stateless_fold_in(element_seed, 1)
-        return image, augment_boxes(boxes, size, params, input_shape, max_boxes, box_seed)
-
-    if training:
-        indices = _shuffled_indices(num_samples, shuffle_seed)
-        if augment:
-            dataset = indices.enumerate().map(augmented_element, num_parallel_calls=tf.data.AUTOTUNE)
-        else:
-            dataset = indices.map(lambda i: letterbox_element(i)[:2], num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-        num_batches = steps_per_epoch(num_samples, batch_size)
-        real_weight = num_batches * batch_size / num_samples
-        blank = (
-            tf.fill([height, width, 3], GREY / 255.0),
-            tf.zeros([max_boxes, 5]),
-            tf.constant(0.0),
-        )
-
-        def validation_element(index):
-            def real():
-                image, boxes, ok = letterbox_element(index)
-                return image, boxes, tf.where(ok, real_weight, 0.0)
-
-            return tf.cond(index < num_samples, real, lambda: blank)
-
-        dataset = tf.data.Dataset.range(num_batches * batch_size).map(
-            validation_element, num_parallel_calls=tf.data.AUTOTUNE
-        )
-
-    dataset = dataset.batch(batch_size, drop_remainder=True)
-
-    def to_model_inputs(images, boxes, *weights):
-        x = {"image": images}
-        for layer, y_true in enumerate(build_targets(boxes, input_shape, anchors, num_classes, masks)):
-            x[f"y_true_{layer}"] = y_true
-        y = tf.zeros([batch_size, 1], tf.float32)
-        return (x, y, *weights)
-
-    dataset = dataset.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return DatasetBuilder(
+        annotations,
+        input_shape,
+        anchors,
+        num_classes,
+        batch_size,
+        training=training,
+        augment=augment,
+        seed=seed,
+        max_boxes=max_boxes,
+        cache=cache,
+        masks=masks,
+    ).build()

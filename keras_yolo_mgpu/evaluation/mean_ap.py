@@ -30,8 +30,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
-from keras_yolo_mgpu.resources import default_anchors_path, get_classes, model_data_path
+from keras_yolo_mgpu.cli.args import (
+    add_detection_args,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+    setup_logging,
+)
+from keras_yolo_mgpu.resources import get_classes, model_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -424,7 +430,7 @@ def evaluate_weights(
     class_names=None,
     anchors=None,
     *,
-    input_size: tuple[int, int] = (416, 416),
+    input_size: tuple[int, int] | None = None,
     score: float = 0.3,
     iou: float = 0.45,
     batch_size: int = 8,
@@ -433,27 +439,39 @@ def evaluate_weights(
     pr_curve: str | None = None,
     save_detections: str | None = None,
     progress: bool = True,
+    masks=None,
+    settings=None,
 ) -> dict:
     """mAP of a weights file on an annotation file.
 
     The model keeps every box scoring at least `EVAL_MIN_SCORE` (up to 100
     per image, 100 per class) for the COCO metrics; `score` sets only the
     precision/recall figures. Other arguments as in `evaluate_detections`;
-    `anchors` is an anchors file (default: YOLOv3's), `class_names` a
-    classes file or list; `save_detections` writes the COCO results JSON.
+    `anchors` is an anchors file, `class_names` a classes file or list,
+    `masks` anchor indices per scale; all default to the weights' metadata
+    (which they must agree with), else YOLOv3's anchors, COCO's names and
+    keras-yolo3's masks; `settings` (a `ModelMetadata`) replaces them all.
+    `save_detections` writes the COCO results JSON.
 
     Returns:
         `evaluate_detections`'s dict.
     """
     from keras_yolo_mgpu.inference.detector import YOLO, load_body
-    from keras_yolo_mgpu.resources import get_anchors
+    from keras_yolo_mgpu.weights.metadata import settings_for
 
     annotations = _load_annotations(annotations, root)
-    class_names = _class_names(class_names)
-    anchors_path = anchors or model_data_path("yolo_anchors.txt")
     if not os.path.isfile(os.fspath(weights)):
         raise FileNotFoundError(f"weights file not found: {weights}")
-    anchors_array = get_anchors(anchors_path)
+    if settings is None:
+        settings = settings_for(
+            weights,
+            class_names=None if class_names is None else _class_names(class_names),
+            anchors_path=anchors,
+            masks=masks,
+            input_shape=input_size,
+        )
+    class_names = list(settings.class_names)
+    anchors_array = settings.anchors_array
     body = load_body(weights, anchors_array, len(class_names))
     yolo = YOLO.from_body(
         body,
@@ -461,7 +479,8 @@ def evaluate_weights(
         class_names,
         score=EVAL_MIN_SCORE,
         iou=iou,
-        model_image_size=input_size,
+        masks=settings.masks_list,
+        model_image_size=settings.input_shape,
         gpu_num=gpu_num,
         max_boxes=EVAL_MAX_DETECTIONS,
         max_detections=EVAL_MAX_DETECTIONS,
@@ -557,12 +576,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give exactly one of --weights (run a model) or --detections (score saved detections)")
     setup_logging(args.verbose)
     try:
-        classes = args.classes or model_data_path("coco_classes.txt")
         if args.detections:
             result = evaluate_detections(
                 args.detections,
                 args.annotations,
-                classes,
+                args.classes or model_data_path("coco_classes.txt"),
                 score=args.score,
                 root=args.root,
                 pr_curve=args.pr_curve or None,
@@ -571,9 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = evaluate_weights(
                 args.weights,
                 args.annotations,
-                classes,
-                args.anchors or default_anchors_path(args.tiny),
-                input_size=args.input_size,
+                settings=resolve_model_settings(args, args.weights),
                 score=args.score,
                 iou=args.iou,
                 batch_size=args.batch_size,

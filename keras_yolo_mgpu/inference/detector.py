@@ -27,8 +27,8 @@ from keras_yolo_mgpu.data.images import to_rgb_array
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_inference_model
+from keras_yolo_mgpu.model.boxes import resolve_masks
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
-from keras_yolo_mgpu.resources import get_anchors, get_classes, model_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -119,18 +119,26 @@ class YOLO:
 
     Args:
         model_path: weights to load: any file `checkpoints.load_weights`
-            reads (`.weights.h5`, `.keras`, Keras 2 `.h5`).
+            reads (`.weights.h5`, `.keras`, Keras 2 `.h5`). When it carries
+            metadata (`weights.metadata`), its anchors, masks, class names
+            and input size are used; explicit arguments must agree.
         anchors_path: anchors file; 9 anchors build YOLOv3, 6 tiny YOLOv3
-            (default: model_data/yolo_anchors.txt).
-        classes_path: class names file (default: model_data/coco_classes.txt).
+            (default: the file's metadata, else model_data/yolo_anchors.txt).
+        classes_path: class names file (default: the file's metadata, else
+            model_data/coco_classes.txt).
         score: minimum score (objectness x class probability) to keep a box.
         iou: NMS IoU threshold.
-        model_image_size: (height, width) network input, multiples of 32.
+        model_image_size: (height, width) network input, multiples of 32
+            (default: the file's metadata, else 416x416).
         gpu_num: GPUs to spread batches of images over (one whole image per
             GPU, never split).
         max_boxes: most boxes kept per class and image (keras-yolo3: 20).
         max_detections: most boxes kept per image, all classes together.
         batch_size: images per forward pass in `detect_batch`.
+        masks: anchor indices per scale (default: the file's metadata, else
+            keras-yolo3's).
+        settings: a complete `ModelMetadata` to use instead of reading the
+            file's (what the CLIs pass after checking their flags).
     """
 
     def __init__(
@@ -140,22 +148,43 @@ class YOLO:
         classes_path: str | None = None,
         score: float = 0.3,
         iou: float = 0.45,
-        model_image_size: tuple[int, int] = (416, 416),
+        model_image_size: tuple[int, int] | None = None,
         gpu_num: int = 1,
         *,
         max_boxes: int = 20,
         max_detections: int = 100,
         batch_size: int = 8,
+        masks=None,
+        settings=None,
     ):
+        from keras_yolo_mgpu.weights.metadata import settings_for
+
         model_path = os.fspath(model_path)
         if not os.path.isfile(model_path):
             raise FileNotFoundError(f"model weights not found: {model_path}")
-        anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
-        class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
-        body = load_body(model_path, anchors, len(class_names))
+        if settings is None:
+            settings = settings_for(
+                model_path,
+                classes_path=classes_path,
+                anchors_path=anchors_path,
+                masks=masks,
+                input_shape=model_image_size,
+            )
+        self.metadata = settings
+        body = load_body(model_path, settings.anchors_array, settings.num_classes)
         self.model_path = model_path
         self._setup(
-            body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size
+            body,
+            settings.anchors_array,
+            list(settings.class_names),
+            score,
+            iou,
+            settings.input_shape,
+            gpu_num,
+            max_boxes,
+            max_detections,
+            batch_size,
+            settings.masks_list,
         )
 
     @classmethod
@@ -172,6 +201,7 @@ class YOLO:
         max_boxes: int = 20,
         max_detections: int = 100,
         batch_size: int = 8,
+        masks=None,
     ) -> YOLO:
         """A detector around an existing body (its weights are shared, not copied); arguments as for `YOLO`."""
         self = cls.__new__(cls)
@@ -188,17 +218,30 @@ class YOLO:
             max_boxes,
             max_detections,
             batch_size,
+            masks,
         )
         return self
 
     def _setup(
-        self, body, anchors, class_names, score, iou, model_image_size, gpu_num, max_boxes, max_detections, batch_size
+        self,
+        body,
+        anchors,
+        class_names,
+        score,
+        iou,
+        model_image_size,
+        gpu_num,
+        max_boxes,
+        max_detections,
+        batch_size,
+        masks=None,
     ):
         if not 0.0 <= float(score) <= 1.0 or not 0.0 <= float(iou) <= 1.0:
             raise ValueError(f"score and iou must be in [0, 1]. Received: score={score}, iou={iou}")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1. Received: batch_size={batch_size}")
         self.anchors = anchors
+        self.masks = resolve_masks(masks, len(anchors))
         self.class_names = class_names
         self.score = float(score)
         self.iou = float(iou)
@@ -231,6 +274,7 @@ class YOLO:
             iou_threshold=self.iou,
             max_boxes_per_class=self.max_boxes,
             max_detections=self.max_detections,
+            masks=self.masks,
         )
 
     # ------------------------------------------------------------------

@@ -37,8 +37,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
-from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes, model_data_path
+from keras_yolo_mgpu.cli.args import (
+    add_detection_args,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+    setup_logging,
+)
+from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +72,7 @@ def build_export_model(
     max_detections: int = 100,
     nms_method: str = "combined",
     batch_size: int | None = None,
+    masks=None,
 ):
     """The inference model (`inference_layers.build_inference_model`) with `weights` loaded."""
     from keras_yolo_mgpu.inference.detector import load_body
@@ -83,6 +90,7 @@ def build_export_model(
         max_detections=max_detections,
         nms_method=nms_method,
         batch_size=batch_size,
+        masks=masks,
     )
 
 
@@ -265,14 +273,23 @@ def export_model(
     *,
     classes_path: str | None = None,
     anchors_path: str | None = None,
-    input_size: tuple[int, int] = (416, 416),
+    input_size: tuple[int, int] | None = None,
     score: float = 0.3,
     iou: float = 0.45,
     max_boxes: int = 20,
     max_detections: int = 100,
     check: bool = True,
+    masks=None,
+    settings=None,
 ) -> dict:
-    """Exports `weights` in format `fmt`; returns `{"format", "path", "check"}`.
+    """Exports `weights` in format `fmt`; returns `{"format", "path", "check", "metadata"}`.
+
+    Classes, anchors, masks and input size default to the weights' metadata
+    (explicit ones must agree), else COCO's names, YOLOv3's anchors,
+    keras-yolo3's masks and 416; `settings` (a `ModelMetadata`) replaces
+    them all. They are written beside the export as `<output>.metadata.json`
+    (and into the ONNX file's `metadata_props`), so the exported model
+    still says which classes its class ids are.
 
     Raises:
         ExportError: the format cannot be made here (ONNX tools missing) or
@@ -282,13 +299,16 @@ def export_model(
         raise ValueError(f"format must be one of {FORMATS}. Received: format={fmt!r}")
     if fmt == "onnx":
         _import_onnx_tools()  # fail before building anything
-    anchors = get_anchors(anchors_path or model_data_path("yolo_anchors.txt"))
-    class_names = get_classes(classes_path or model_data_path("coco_classes.txt"))
+    if settings is None:
+        settings = settings_for(
+            weights, classes_path=classes_path, anchors_path=anchors_path, masks=masks, input_shape=input_size
+        )
     model = build_export_model(
         weights,
-        anchors,
-        class_names,
-        input_size=input_size,
+        settings.anchors_array,
+        list(settings.class_names),
+        input_size=settings.input_shape,
+        masks=settings.masks_list,
         score=score,
         iou=iou,
         max_boxes=max_boxes,
@@ -301,11 +321,28 @@ def export_model(
     parent = os.path.dirname(os.path.abspath(output))
     os.makedirs(parent, exist_ok=True)
     {"savedmodel": export_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
-    logger.info("wrote %s (%s)", output, fmt)
-    result = {"format": fmt, "path": output, "check": None}
+    if fmt == "onnx":
+        _add_onnx_metadata(output, settings)
+    metadata_path = write_sidecar(output, settings)
+    logger.info("wrote %s (%s) and %s", output, fmt, metadata_path)
+    result = {"format": fmt, "path": output, "check": None, "metadata": metadata_path}
     if check:
         result["check"] = check_export(model, fmt, output)
     return result
+
+
+def _add_onnx_metadata(path: str, settings) -> None:
+    """Stores the metadata JSON in the ONNX model's `metadata_props` (key `keras_yolo_mgpu_metadata`)."""
+    import onnx
+
+    from keras_yolo_mgpu.weights.metadata import ATTRIBUTE
+
+    model = onnx.load(path)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = ATTRIBUTE, settings.to_json()
+    temp = path + ".tmp"
+    onnx.save(model, temp)
+    os.replace(temp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -340,9 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.weights,
             args.format,
             args.output,
-            classes_path=args.classes,
-            anchors_path=args.anchors or default_anchors_path(args.tiny),
-            input_size=args.input_size,
+            settings=resolve_model_settings(args, args.weights),
             score=args.score,
             iou=args.iou,
             max_boxes=args.max_boxes,

@@ -26,9 +26,14 @@ import numpy as np
 from PIL import UnidentifiedImageError
 from tqdm import tqdm
 
-from keras_yolo_mgpu.cli.args import add_detection_args, add_model_args, positive_int, setup_logging
+from keras_yolo_mgpu.cli.args import (
+    add_detection_args,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+    setup_logging,
+)
 from keras_yolo_mgpu.data.images import read_image
-from keras_yolo_mgpu.resources import default_anchors_path, model_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -322,13 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         yolo = YOLO(
             weights,
-            anchors_path=args.anchors or default_anchors_path(args.tiny),
-            classes_path=args.classes or model_data_path("coco_classes.txt"),
             score=args.score,
             iou=args.iou,
-            model_image_size=args.input_size,
             gpu_num=args.gpu_num,
             batch_size=args.batch_size,
+            settings=resolve_model_settings(args, weights),
         )
         if args.image:
             stats = process_images(

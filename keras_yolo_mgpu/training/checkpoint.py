@@ -62,8 +62,11 @@ def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None
     return os.path.join(temp_dir, os.path.basename(filepath)), temp_dir
 
 
-def save_weights_atomic(model: keras.Model, filepath: str) -> None:
+def save_weights_atomic(model: keras.Model, filepath: str, metadata=None) -> None:
     """`model.save_weights(filepath)`, but the old file survives any failure.
+
+    `metadata` (a `weights.metadata.ModelMetadata`, optional) is written into
+    the temporary file before the rename, so it appears with the weights.
 
     The weights go to `<dir>/.<name>.tmp.weights.h5` (Keras insists on the
     `.weights.h5` ending), are flushed to disk, and replace `filepath` with
@@ -79,6 +82,10 @@ def save_weights_atomic(model: keras.Model, filepath: str) -> None:
     temp_path = os.path.join(dirname, f".{basename[: -len(_WEIGHTS_SUFFIX)]}.tmp{_WEIGHTS_SUFFIX}")
     try:
         model.save_weights(temp_path, overwrite=True)
+        if metadata is not None:
+            from keras_yolo_mgpu.weights.metadata import write_metadata
+
+            write_metadata(temp_path, metadata)
         with open(temp_path, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(temp_path, filepath)
@@ -115,12 +122,24 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
         **kwargs: `verbose`, `mode`, `save_freq`, `initial_value_threshold`
             of `keras.callbacks.ModelCheckpoint`. `save_weights_only` is
             always True.
+        metadata: optional `weights.metadata.ModelMetadata` stored in every
+            file (anchors, masks, classes, ...), so a checkpoint alone is
+            enough to detect with.
 
     Saves are atomic (`save_weights_atomic`). In multi-worker training only
     the chief writes to `filepath` (`checkpoint_write_path`).
     """
 
-    def __init__(self, filepath, template_model, monitor="val_loss", save_best_only=False, period=None, **kwargs):
+    def __init__(
+        self,
+        filepath,
+        template_model,
+        monitor="val_loss",
+        save_best_only=False,
+        period=None,
+        metadata=None,
+        **kwargs,
+    ):
         filepath = os.fspath(filepath)
         if not filepath.endswith(_WEIGHTS_SUFFIX):
             raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
@@ -141,6 +160,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 )
         super().__init__(filepath, monitor=monitor, save_best_only=save_best_only, save_weights_only=True, **kwargs)
         self.template_model = template_model
+        self.metadata = metadata
         self.period = period
         self._epochs_since_last_save = 0
 
@@ -160,7 +180,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
             return
         write_path, temp_dir = checkpoint_write_path(filepath, self._strategy())
         try:
-            save_weights_atomic(self.template_model, write_path)
+            save_weights_atomic(self.template_model, write_path, self.metadata)
         finally:
             if temp_dir is not None:
                 shutil.rmtree(temp_dir, ignore_errors=True)

@@ -125,6 +125,48 @@ class TrainResult:
     replicas: int = 1
 
 
+def _model_settings(config: TrainConfig):
+    """Class names, anchors and masks of a run.
+
+    Classes are always the dataset's (`config.classes`): training new
+    classes from pretrained weights is the usual case. Anchors and masks
+    come from the flags, else from the start weights' metadata (a converted
+    or trained file knows them), else the defaults. Start weights of another
+    model kind (tiny vs full) are an error naming both; other anchor values
+    or masks than the start weights' are allowed (keras-yolo3 users train
+    k-means anchors from COCO weights) with a warning.
+
+    Returns:
+        `(class_names, anchors (N, 2), masks)`.
+    """
+    from keras_yolo_mgpu.model.boxes import resolve_masks
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
+    from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
+
+    class_names = get_classes(config.classes)
+    start = read_metadata(config.weights) if config.weights and os.path.isfile(config.weights) else None
+    if start is None:
+        anchors = get_anchors(config.anchors or default_anchors_path(config.tiny))
+        return class_names, anchors, resolve_masks(config.masks, len(anchors))
+    if config.anchors:
+        anchors = get_anchors(config.anchors)
+    elif config.tiny and len(start.anchors) != 6:
+        raise MetadataError(f"--tiny says tiny YOLOv3 but the start weights {config.weights} are {start.kind}")
+    else:
+        anchors = start.anchors_array
+    if len(anchors) != len(start.anchors):
+        raise MetadataError(
+            f"--anchors ({config.anchors}) has {len(anchors)} anchors but the start weights {config.weights} "
+            f"are {start.kind} with {len(start.anchors)}: the networks differ"
+        )
+    if not np.allclose(anchors, start.anchors_array):
+        logger.warning("training with other anchors than the start weights %s were saved with", config.weights)
+    masks = resolve_masks(config.masks if config.masks is not None else start.masks_list, len(anchors))
+    if masks != start.masks_list:
+        logger.warning("training with masks %s; the start weights used %s", masks, start.masks_list)
+    return class_names, anchors, masks
+
+
 def _is_chief() -> bool:
     """True unless TF_CONFIG names this process a non-chief worker."""
     config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
@@ -251,7 +293,6 @@ def train(config: TrainConfig) -> TrainResult:
         patch_multiworker_log_reduction,
     )
     from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
     from keras_yolo_mgpu.training.callbacks import LossPlot, Throughput
     from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
 
@@ -271,9 +312,11 @@ def train(config: TrainConfig) -> TrainResult:
         _prepare_log_dir(config)
     _configure_precision(config)
 
-    class_names = get_classes(config.classes)
-    anchors = get_anchors(config.anchors or default_anchors_path(config.tiny))
-    masks = config.masks
+    class_names, anchors, masks = _model_settings(config)
+    from keras_yolo_mgpu.weights.metadata import make_metadata
+
+    # Stored in every checkpoint, so a trained file alone is enough to detect with.
+    metadata = make_metadata(anchors, class_names, config.input_shape, masks)
     train_annotations, val_annotations = _load_annotations(config, len(class_names), run_dir)
     logger.info(
         "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
@@ -356,6 +399,7 @@ def train(config: TrainConfig) -> TrainResult:
             body,
             monitor="val_loss" if val_annotations else "loss",
             save_best_only=True,
+            metadata=metadata,
         ),
     ]
 
@@ -398,7 +442,7 @@ def train(config: TrainConfig) -> TrainResult:
         for key, values in fit(1, config.lr1, batch_sizes[0], 0, config.freeze_epochs, []).items():
             history.setdefault(key, []).extend(values)
         if chief:
-            save_weights_atomic(body, stage1_path)
+            save_weights_atomic(body, stage1_path, metadata)
 
     if config.epochs > config.freeze_epochs:
         freeze_layers(body, 0)
@@ -418,7 +462,7 @@ def train(config: TrainConfig) -> TrainResult:
 
     final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)
     if chief:
-        save_weights_atomic(body, final_path)
+        save_weights_atomic(body, final_path, metadata)
         logger.info("final weights (single-device template): %s", final_path)
         try:  # BackupAndRestore removed its stage folders; drop their parent
             os.rmdir(os.path.join(run_dir, "backup"))

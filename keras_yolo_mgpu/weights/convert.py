@@ -38,6 +38,7 @@ import numpy as np
 
 from keras_yolo_mgpu.weights import darknet
 from keras_yolo_mgpu.weights.darknet import DarknetError
+from keras_yolo_mgpu.weights.metadata import ModelMetadata, write_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class ConversionResult:
         anchors: ``(N, 2)`` anchors of the ``[yolo]`` sections, or None.
         masks: anchor indices per output, coarsest first, or None.
         num_classes: classes of the ``[yolo]`` sections, or None.
+        metadata: what was stored in the file (``yolo_body`` kinds), or None.
     """
 
     model: object
@@ -70,6 +72,7 @@ class ConversionResult:
     anchors: np.ndarray | None
     masks: list | None
     num_classes: int | None
+    metadata: object = None
 
 
 def check_output_path(output_path: str) -> None:
@@ -223,6 +226,7 @@ def convert(
     check: bool = True,
     darknet_bn: str | None = None,
     masks="auto",
+    class_names: Sequence[str] | None = None,
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
@@ -250,6 +254,9 @@ def convert(
             except for a 2-scale (tiny) cfg whose masks differ from
             keras-yolo3's, which gets keras-yolo3's with a warning (see
             :func:`choose_masks`).
+        class_names: names stored in the file's metadata, one per class of
+            the cfg; default the COCO names for an 80-class cfg, else
+            ``class_0``, ``class_1``, ... with a warning.
 
     Returns:
         A :class:`ConversionResult`.
@@ -301,6 +308,12 @@ def convert(
     else:
         anchors, masks, num_classes = None, None, None
 
+    metadata = None
+    if architecture != "generic":
+        metadata = _conversion_metadata(
+            sections, anchors, masks, num_classes, class_names, cfg_path, MODEL_KINDS_BY_BODY[architecture]
+        )
+
     cfg_copy_path = None
     if architecture == "generic" and output_path.endswith(".weights.h5"):
         cfg_copy_path = output_path + ".cfg"
@@ -315,17 +328,21 @@ def convert(
         with open(cfg_path, encoding="utf-8") as f:
             cfg_text = f.read()
         _atomic_write(cfg_copy_path, lambda tmp: _write_text(tmp, cfg_text))
-    if output_path.endswith(".keras"):
-        _atomic_write(output_path, model.save)
-    else:
-        _atomic_write(output_path, model.save_weights)
+    save = model.save if output_path.endswith(".keras") else model.save_weights
+
+    def write(temp_path):
+        save(temp_path)
+        if metadata is not None:
+            write_metadata(temp_path, metadata)
+
+    _atomic_write(output_path, write)
     logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
     if anchors is not None:
         from keras_yolo_mgpu.resources import format_anchors
 
         logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
     return ConversionResult(
-        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes
+        model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes, metadata
     )
 
 
@@ -344,6 +361,40 @@ def _check_scale_x_y(architecture: str, yolos: Sequence[darknet.YoloSpec]) -> No
             expected or "1.0 per scale",
             architecture,
         )
+
+
+#: The `--model` kind recorded in the metadata of each body the converter saves.
+MODEL_KINDS_BY_BODY = {
+    "yolo_body": "yolov3",
+    "tiny_yolo_body": "yolov3-tiny",
+    "yolo4_body": "yolov4",
+    "yolo4_tiny_body": "yolov4-tiny",
+}
+
+
+def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path, kind):
+    """The :class:`ModelMetadata` of a converted ``yolo_body`` / ``tiny_yolo_body``."""
+    from keras_yolo_mgpu.resources import get_classes, model_data_path
+
+    if class_names is None:
+        if num_classes == 80:
+            class_names = get_classes(model_data_path("coco_classes.txt"))
+        else:
+            logger.warning(
+                "%s has %d classes and no --classes was given: storing the names class_0..class_%d",
+                cfg_path,
+                num_classes,
+                num_classes - 1,
+            )
+            class_names = [f"class_{i}" for i in range(num_classes)]
+    if len(class_names) != num_classes:
+        raise ValueError(f"--classes has {len(class_names)} names but {cfg_path} has {num_classes} classes")
+    net = darknet.net_section(sections)
+    input_shape = (net.get_int("height", 416), net.get_int("width", 416)) if net is not None else (416, 416)
+    if any(v <= 0 or v % 32 for v in input_shape):
+        logger.warning("[net] size %s is not a multiple of 32; storing 416x416 as the input size", input_shape)
+        input_shape = (416, 416)
+    return ModelMetadata(kind, input_shape, anchors, masks, class_names)
 
 
 #: Why the official yolov3-tiny weights keep keras-yolo3's masks by default.
@@ -478,6 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(about 0.5-0.9%% off Darknet's outputs); for comparing with old keras-yolo3 files",
     )
     parser.add_argument(
+        "--classes",
+        default=None,
+        help="class names file stored in the output's metadata (default: COCO's names for an 80-class cfg)",
+    )
+    parser.add_argument(
         "--masks",
         default="auto",
         metavar="cfg|keras-yolo3|'3,4,5 1,2,3'",
@@ -510,6 +566,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         masks = parse_masks(args.masks)
     except ValueError as error:
         parser.error(str(error))
+    class_names = None
+    if args.classes:
+        if not os.path.isfile(args.classes):
+            parser.error(f"classes file not found: {args.classes}")
+        from keras_yolo_mgpu.resources import get_classes
+
+        class_names = get_classes(args.classes)
     for label, path in (("config", args.config_path), ("weights", args.weights_path)):
         if not os.path.isfile(path):
             parser.error(f"{label} file not found: {path}")
@@ -521,6 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             generic=args.generic,
             darknet_bn=darknet_bn,
             masks=masks,
+            class_names=class_names,
         )
     except (DarknetError, OSError, ValueError) as error:
         print(f"convert.py: error: {error}", file=sys.stderr)

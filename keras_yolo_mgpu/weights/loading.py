@@ -63,12 +63,15 @@ class LoadReport:
             when the template was a nested layer of the saved model.
         loaded: number of model layers whose weights were set.
         skipped: layers left as they were (`skip_mismatch=True`).
+        metadata: the file's `weights.metadata.ModelMetadata` (model kind,
+            anchors, masks, classes, input size), None for a legacy file.
     """
 
     path: str
     format: str
     loaded: int = 0
     skipped: list[SkippedLayer] = dataclasses.field(default_factory=list)
+    metadata: object = None
 
 
 @dataclasses.dataclass
@@ -107,9 +110,35 @@ def load_weights(model: keras.Model, path: str, skip_mismatch: bool = False) -> 
         ValueError: unknown format; the file holds another network (layer
             counts differ); a layer's shapes differ (without
             `skip_mismatch`), naming the model layer, the file layer and both
-            shapes.
+            shapes, and what the file's metadata says it holds.
     """
+    from keras_yolo_mgpu.weights.metadata import read_metadata
+
     path = os.fspath(path)
+    metadata = read_metadata(path) if os.path.isfile(path) else None
+    try:
+        report = _load_any_format(model, path, skip_mismatch)
+    except ValueError as error:
+        if metadata is None:
+            raise
+        raise ValueError(
+            f"{error} (The file says it holds {metadata.kind} with {metadata.num_classes} classes, "
+            f"{len(metadata.anchors)} anchors, trained at {metadata.input_shape[0]}x{metadata.input_shape[1]}.)"
+        ) from None
+    report.metadata = metadata
+    if metadata is not None:
+        logger.info(
+            "%s: %s, %d classes, masks %s (from the file's metadata)",
+            path,
+            metadata.kind,
+            metadata.num_classes,
+            metadata.masks_list,
+        )
+    return report
+
+
+def _load_any_format(model: keras.Model, path: str, skip_mismatch: bool) -> LoadReport:
+    """`load_weights` without the metadata: detects the format and assigns the arrays."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights file not found: {path}")
     targets = weight_layers(model)
