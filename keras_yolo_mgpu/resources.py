@@ -31,8 +31,12 @@ def model_data_path(name: str) -> str:
     raise FileNotFoundError(f"{name} is not in model_data/ (looked in {', '.join(map(str, _MODEL_DATA_DIRS))})")
 
 
-def default_anchors_path(tiny: bool) -> str:
-    """The standard anchors for tiny YOLOv3 (6 anchors) or YOLOv3 (9)."""
+def default_anchors_path(tiny: bool = False, model: str | None = None) -> str:
+    """The standard anchors of `model` (`model.architectures.MODEL_NAMES`), else of tiny YOLOv3 or YOLOv3."""
+    if model is not None:
+        from keras_yolo_mgpu.model.architectures import get_architecture
+
+        return model_data_path(get_architecture(model).anchors_file)
     return model_data_path("tiny_yolo_anchors.txt" if tiny else "yolo_anchors.txt")
 
 

@@ -705,7 +705,6 @@ def test_yolov4_tiny_converts_into_yolo4_tiny_body_and_matches_numpy(tmp_path):
     import keras
 
     from keras_yolo_mgpu.model.yolo4 import yolo4_tiny_body
-
     from keras_yolo_mgpu.weights.metadata import read_metadata
 
     result, cfg, weights = _convert_v4(tmp_path, "yolov4-tiny.cfg", 24_251_276, seed=17)

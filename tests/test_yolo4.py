@@ -120,3 +120,68 @@ def test_ciou_loss_is_per_sample_and_zero_without_boxes():
     loss = train_model({"image": np.zeros((2, 64, 64, 3), np.float32), "y_true_0": y_true[0], "y_true_1": y_true[1]})
     assert tuple(loss.shape) == (2, 1) and np.all(np.isfinite(loss.numpy()))
     assert train_model.get_layer("yolo_loss").get_config()["box_loss"] == "ciou"
+
+
+def test_model_flag_picks_network_and_anchors_and_must_match_the_file(tmp_path):
+    from keras_yolo_mgpu.weights.metadata import MetadataError, make_metadata, settings_for, write_metadata
+
+    settings = settings_for(None, model="yolov4-tiny")
+    assert settings.kind == "yolov4-tiny"
+    np.testing.assert_array_equal(settings.anchors_array, get_anchors(model_data_path("yolo4_tiny_anchors.txt")))
+    assert settings_for(None, model="yolov4").anchors_array[0].tolist() == [12, 16]
+    assert settings_for(None, tiny=True).kind == "yolov3-tiny"
+    with pytest.raises(MetadataError, match="contradicts --model yolov4"):
+        settings_for(None, model="yolov4", tiny=True)
+    path = str(tmp_path / "v4tiny.weights.h5")
+    body = yolo4_tiny_body(keras.Input((None, None, 3), name="image"), 3, 2)
+    body.save_weights(path)
+    anchors = get_anchors(model_data_path("yolo4_tiny_anchors.txt"))
+    write_metadata(path, make_metadata(anchors, ["a", "b"], (64, 64), kind="yolov4-tiny"))
+    assert settings_for(path).kind == "yolov4-tiny"
+    with pytest.raises(MetadataError, match="--model says yolov3-tiny but .* yolov4-tiny"):
+        settings_for(path, model="yolov3-tiny")
+
+
+@pytest.mark.slow
+def test_yolov4_tiny_trains_detects_evaluates_and_exports(tmp_path):
+    """--model yolov4-tiny end to end: train.py's trainer, then the file alone drives detection, mAP and export."""
+    from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights
+    from keras_yolo_mgpu.inference.detector import YOLO
+    from keras_yolo_mgpu.inference.export import build_export_model
+    from keras_yolo_mgpu.training.trainer import TrainConfig, train
+    from keras_yolo_mgpu.weights.metadata import read_metadata
+
+    data = make_synthetic_dataset(tmp_path / "data", num_train=8, num_val=4, image_size=64, seed=0)
+    config = TrainConfig(
+        annotations=data.train,
+        val_annotations=data.val,
+        classes=data.classes,
+        model="yolov4-tiny",
+        input_shape=(64, 64),
+        batch_size=4,
+        freeze_epochs=1,
+        epochs=2,
+        log_dir=str(tmp_path / "run"),
+        verbose=0,
+    )
+    result = train(config)
+    metadata = read_metadata(result.final_weights)
+    assert metadata.kind == "yolov4-tiny" and metadata.anchors_array[0].tolist() == [10, 14]
+
+    yolo = YOLO(result.final_weights)  # no flags: the file's metadata says yolov4-tiny
+    assert yolo.kind == "yolov4-tiny" and yolo.body.name == "yolo4_tiny_body"
+    decode = yolo.inference_model.get_layer("yolo_decode")
+    assert decode.get_config()["scale_x_y"] == [1.05, 1.05]
+    yolo.detect(np.zeros((64, 64, 3), np.uint8))
+    scores = evaluate_weights(result.final_weights, data.val, progress=False)
+    # Two epochs from scratch detect little; the evaluation must run and report.
+    assert {"mAP", "mAP50"} <= set(scores)
+    exported = build_export_model(
+        result.final_weights,
+        metadata.anchors_array,
+        list(metadata.class_names),
+        input_size=(64, 64),
+        kind="yolov4-tiny",
+    )
+    assert exported.get_layer("yolo_decode").get_config()["scale_x_y"] == [1.05, 1.05]

@@ -472,7 +472,7 @@ def evaluate_weights(
         )
     class_names = list(settings.class_names)
     anchors_array = settings.anchors_array
-    body = load_body(weights, anchors_array, len(class_names))
+    body = load_body(weights, anchors_array, len(class_names), settings.kind)
     yolo = YOLO.from_body(
         body,
         anchors_array,
@@ -480,6 +480,7 @@ def evaluate_weights(
         score=EVAL_MIN_SCORE,
         iou=iou,
         masks=settings.masks_list,
+        kind=settings.kind,
         model_image_size=settings.input_shape,
         gpu_num=gpu_num,
         max_boxes=EVAL_MAX_DETECTIONS,
