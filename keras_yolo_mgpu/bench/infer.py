@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from keras_yolo_mgpu.cli.args import input_size, positive_int
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 
 def _frame_size(text: str) -> tuple[int, int]:
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=positive_int, default=4, help="frames per forward pass, both measurements (default: 4)"
     )
     parser.add_argument("--full", action="store_true", help="YOLOv3 (Darknet-53) instead of tiny YOLOv3")
+    parser.add_argument(
+        "--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3-tiny, yolov3 with --full)"
+    )
     parser.add_argument(
         "--num-classes", type=positive_int, default=80, help="classes of the random model (default: 80, COCO)"
     )
@@ -74,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 1.0):
+def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 1.0, model: str | None = None):
     """A random network; `output_gain` scales the output convolutions' kernels.
 
     Untrained outputs sit near 0 (every score about 0.25), so nothing would
@@ -86,7 +90,7 @@ def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 
     from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX, build_body
 
     keras.utils.set_random_seed(seed)
-    body = build_body(anchors, num_classes)
+    body = build_body(anchors, num_classes, model=model)
     for layer in body.layers:
         if layer.name.startswith(OUTPUT_PREFIX):
             kernel, bias = layer.get_weights()
@@ -121,15 +125,22 @@ def main(argv=None) -> int:
     from keras_yolo_mgpu.inference.detector import YOLO, load_body
     from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
 
-    anchors = get_anchors(args.anchors or default_anchors_path(not args.full))
+    kind = args.model or ("yolov3" if args.full else "yolov3-tiny")
+    anchors = get_anchors(args.anchors or default_anchors_path(model=kind))
     if args.weights:
         class_names = get_classes(args.classes) if args.classes else [f"class_{i}" for i in range(args.num_classes)]
-        body = load_body(args.weights, anchors, len(class_names))
+        body = load_body(args.weights, anchors, len(class_names), kind)
     else:
         class_names = [f"class_{i}" for i in range(args.num_classes)]
-        body = _random_body(anchors, len(class_names), output_gain=args.output_gain)
+        body = _random_body(anchors, len(class_names), output_gain=args.output_gain, model=kind)
     yolo = YOLO.from_body(
-        body, anchors, class_names, score=args.score, model_image_size=args.input_size, batch_size=args.batch_size
+        body,
+        anchors,
+        class_names,
+        score=args.score,
+        model_image_size=args.input_size,
+        batch_size=args.batch_size,
+        kind=kind,
     )
 
     if args.output_dir:

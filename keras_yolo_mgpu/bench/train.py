@@ -15,6 +15,7 @@ import sys
 import time
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES, model_name
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,8 @@ logger = logging.getLogger(__name__)
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(prog="python -m keras_yolo_mgpu.bench train", description=__doc__.splitlines()[0])
     cli.add_device_args(parser)
-    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (default: full YOLOv3)")
+    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
+    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3)")
     parser.add_argument("--input-size", type=cli.input_size, default=(416, 416), metavar="HxW")
     parser.add_argument("--num-classes", type=cli.positive_int, default=80)
     parser.add_argument(
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
     if global_batch % replicas:
         print(f"error: global batch {global_batch} does not divide over {replicas} replicas", file=sys.stderr)
         return 2
-    anchors = get_anchors(default_anchors_path(args.tiny))
+    kind = model_name(args.model, args.tiny) or "yolov3"
+    anchors = get_anchors(default_anchors_path(model=kind))
     if args.parallel == "strategy":
         strategy = parallel.make_strategy(devices)
     else:
@@ -88,6 +91,7 @@ def main(argv=None) -> int:
             args.num_classes,
             freeze_body=args.freeze_body,
             sync_bn=not args.no_sync_bn and replicas > 1 and args.parallel == "strategy",
+            model=kind,
         )
         model = (
             parallel.multi_gpu_model(train_model, devices=devices)
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
     seconds_per_step = sorted(timed)[len(timed) // 2]
     result = {
         "benchmark": "train",
-        "model": "tiny_yolo" if args.tiny else "yolo",
+        "model": kind,
         "input_size": list(args.input_size),
         "replicas": replicas,
         "devices": devices,

@@ -19,6 +19,7 @@ import os
 import sys
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 logger = logging.getLogger("align")
 
@@ -96,7 +97,8 @@ def build_diff_parser() -> cli.ArgumentParser:
         "--classes", default=None, help="class names file of the network (default: model_data/coco_classes.txt)"
     )
     parser.add_argument("--anchors", default=None, help="anchors file (default: the standard YOLOv3 / --tiny ones)")
-    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 when --anchors is not given")
+    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3 / --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
     parser.add_argument("--threshold", type=float, default=0.0, help="exit 1 when max |A - B| exceeds this")
     parser.add_argument("--top", type=cli.positive_int, default=20, help="tensors listed (largest difference first)")
     return parser
@@ -133,6 +135,7 @@ def _load_batches(args, anchors, num_classes):
         training=True,
         augment=not args.no_augment,
         seed=args.seed,
+        masks=args.masks,
     )
     dtype = keras.config.floatx()
     batches = []
@@ -147,11 +150,13 @@ def _format_row(name, diff, step, ratio) -> str:
 
 def run_alignment(args, devices):
     """Runs `parallel.align.align` as the parsed flags say, on `devices`; returns its report."""
+    from keras_yolo_mgpu.model.architectures import get_architecture, model_name
     from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.parallel import align
 
     class_names = cli.resolve_classes(args)
     anchors = cli.resolve_anchors(args)
+    kind = get_architecture(model_name(args.model, args.tiny), len(anchors)).name
     with align.floatx_policy("float64" if args.float64 else "float32"):
         batches = _load_batches(args, anchors, len(class_names))
 
@@ -163,6 +168,8 @@ def run_alignment(args, devices):
                 freeze_body=args.freeze_body,
                 weights_path=args.weights,
                 sync_bn=sync_bn,
+                masks=args.masks,
+                model=kind,
             )
 
         return align.align(
@@ -210,6 +217,7 @@ def run(args) -> int:
 
 def diff(argv) -> int:
     args = build_diff_parser().parse_args(argv)
+    from keras_yolo_mgpu.model.architectures import model_name
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.parallel.align import tensor_differences
     from keras_yolo_mgpu.weights.loading import load_weights
@@ -218,7 +226,7 @@ def diff(argv) -> int:
     num_classes = len(cli.resolve_classes(args))
     models = []
     for path in (args.first, args.second):
-        model = build_body(anchors, num_classes)
+        model = build_body(anchors, num_classes, model=model_name(args.model, args.tiny))
         report = load_weights(model, path)
         logger.info("%s: %s, %d layers", path, report.format, report.loaded)
         models.append(model)
