@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Thin wrapper: see keras_yolo_mgpu/kmeans.py (`python kmeans.py --help`)."""
+"""Anchors by IoU k-means over the boxes of an annotation file.
+
+See `python kmeans.py --help`; the command lives in keras_yolo_mgpu/cli/kmeans.py.
+"""
 
 import sys
 
-from keras_yolo_mgpu.data.kmeans import main
+from keras_yolo_mgpu.cli.kmeans import main
 
 if __name__ == "__main__":
     sys.exit(main())

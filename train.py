@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Train YOLOv3 on one or several GPUs. See `python train.py --help`."""
+"""Train YOLOv3 on one or several GPUs.
+
+See `python train.py --help`; the command lives in keras_yolo_mgpu/cli/train.py.
+"""
 
 import sys
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Thin wrapper: see keras_yolo_mgpu/voc_annotation.py (`python voc_annotation.py --help`)."""
+"""Pascal VOC XML to keras-yolo3 annotation lines.
+
+See `python voc_annotation.py --help`; the command lives in keras_yolo_mgpu/cli/voc.py.
+"""
 
 import sys
 
-from keras_yolo_mgpu.data.voc import main
+from keras_yolo_mgpu.cli.voc import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,15 +1,12 @@
 #!/usr/bin/env python3
-"""Detect objects in images or a video: `python yolo_video.py --model W --input clip.mp4 --output out.mp4`.
+"""Detect objects in images or a video.
 
-Thin wrapper: see keras_yolo_mgpu/yolo_video.py (`python yolo_video.py --help`).
+See `python yolo_video.py --help`; the command lives in keras_yolo_mgpu/cli/detect.py.
 """
 
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: its start-up chatter
-
-from keras_yolo_mgpu.inference.media import main  # noqa: E402
+from keras_yolo_mgpu.cli.detect import main
 
 if __name__ == "__main__":
     sys.exit(main())

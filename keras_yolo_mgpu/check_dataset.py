@@ -1,8 +1,8 @@
-"""`python -m keras_yolo_mgpu.check_dataset`: alias of keras_yolo_mgpu.data.check."""
+"""`python -m keras_yolo_mgpu.check_dataset`: alias of keras_yolo_mgpu.cli.check_dataset."""
 
 import sys
 
-from keras_yolo_mgpu.data.check import main
+from keras_yolo_mgpu.cli.check_dataset import main
 
 if __name__ == "__main__":
     sys.exit(main())

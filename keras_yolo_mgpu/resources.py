@@ -31,13 +31,47 @@ def model_data_path(name: str) -> str:
     raise FileNotFoundError(f"{name} is not in model_data/ (looked in {', '.join(map(str, _MODEL_DATA_DIRS))})")
 
 
-def default_anchors_path(tiny: bool = False, model: str | None = None) -> str:
-    """The standard anchors of `model` (`model.architectures.MODEL_NAMES`), else of tiny YOLOv3 or YOLOv3."""
-    if model is not None:
+# The shipped file each kind of resource falls back to.
+DEFAULT_FILES = {
+    "classes": "coco_classes.txt",
+    "voc_classes": "voc_classes.txt",
+    "anchors": "yolo_anchors.txt",
+    "tiny_anchors": "tiny_yolo_anchors.txt",
+}
+
+
+def resolve_resource(path: str | os.PathLike | None, kind: str, *, tiny: bool = False, model: str | None = None) -> str:
+    """`path` when given, else the shipped default of `kind` in `model_data/`.
+
+    The one place every command and library entry point picks its default
+    class or anchor file.
+
+    Args:
+        path: the user's file, or None (or "") for the default.
+        kind: "classes" (COCO's 80), "voc_classes" (VOC's 20) or "anchors".
+        tiny: with kind "anchors": tiny YOLOv3's 6 anchors instead of 9.
+        model: with kind "anchors": the default anchors of this network
+            (`model.architectures.MODEL_NAMES`), e.g. yolo4_anchors.txt.
+
+    Raises:
+        ValueError: unknown `kind`.
+    """
+    if path:
+        return os.fspath(path)
+    if kind == "anchors" and model is not None:
         from keras_yolo_mgpu.model.architectures import get_architecture
 
         return model_data_path(get_architecture(model).anchors_file)
-    return model_data_path("tiny_yolo_anchors.txt" if tiny else "yolo_anchors.txt")
+    if kind == "anchors" and tiny:
+        kind = "tiny_anchors"
+    if kind not in DEFAULT_FILES:
+        raise ValueError(f"kind must be one of {sorted(DEFAULT_FILES)}. Received: kind={kind!r}")
+    return model_data_path(DEFAULT_FILES[kind])
+
+
+def default_anchors_path(tiny: bool = False, model: str | None = None) -> str:
+    """The standard anchors of `model` (`model.architectures.MODEL_NAMES`), else of tiny YOLOv3 or YOLOv3."""
+    return resolve_resource(None, "anchors", tiny=tiny, model=model)
 
 
 def get_classes(classes_path: str | os.PathLike) -> list[str]:

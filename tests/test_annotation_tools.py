@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from keras_yolo_mgpu.data import coco as coco_annotation
-from keras_yolo_mgpu.data import voc as voc_annotation
+from keras_yolo_mgpu.cli import coco as coco_annotation
+from keras_yolo_mgpu.cli import voc as voc_annotation
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.coco import category_mapping, check_class_order, coco_lines
 from keras_yolo_mgpu.data.voc import parse_voc_xml

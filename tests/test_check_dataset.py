@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_yolo_mgpu.data.check import KINDS, Problem, check_annotations, main
+from keras_yolo_mgpu.cli.check_dataset import main
+from keras_yolo_mgpu.data.check import KINDS, Problem, check_annotations
 
 
 def _jpeg(path, size=(64, 48), seed=0):

@@ -22,8 +22,9 @@ import time
 import numpy as np
 import pytest
 
+from keras_yolo_mgpu.cli.convert import main
 from keras_yolo_mgpu.weights import darknet
-from keras_yolo_mgpu.weights.convert import build_matching_body, check_output_path, convert, load_converted, main
+from keras_yolo_mgpu.weights.convert import build_matching_body, check_output_path, convert, load_converted
 from keras_yolo_mgpu.weights.darknet import DarknetError, DarknetHeader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body
 
+from keras_yolo_mgpu.cli.evaluate import main
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
-from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, main
+from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog"]

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from inference_helpers import INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, write_classes
 
+from keras_yolo_mgpu.cli.export import main
 from keras_yolo_mgpu.inference import export
-from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, ExportError, export_model, main
+from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, ExportError, export_model
 
 SCORE = 0.5
 HAVE_ONNX = all(importlib.util.find_spec(name) for name in ("tf2onnx", "onnxruntime"))

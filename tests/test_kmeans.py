@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from keras_yolo_mgpu.cli.kmeans import main
 from keras_yolo_mgpu.data.annotations import format_annotation_line
 from keras_yolo_mgpu.data.kmeans import (
     _lloyd,
     box_sizes_from_annotations,
     iou_wh,
     kmeans_anchors,
-    main,
     mean_iou,
     round_anchors,
 )

@@ -208,7 +208,7 @@ def test_a_converted_file_alone_detects_evaluates_and_exports(converted, tmp_pat
 
 
 def test_a_flag_that_contradicts_the_file_stops_with_both_values(converted, tmp_path, capsys):
-    from keras_yolo_mgpu.inference.media import main
+    from keras_yolo_mgpu.cli.detect import main
 
     coco = os.path.join(REPO, "model_data", "coco_classes.txt")
     weights = str(converted / "tiny2.weights.h5")

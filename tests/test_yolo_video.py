@@ -21,10 +21,11 @@ from inference_helpers import (
     write_classes,
 )
 
+from keras_yolo_mgpu.cli.detect import main
 from keras_yolo_mgpu.data.synthetic import make_synthetic_video
 from keras_yolo_mgpu.inference import video as video_module
 from keras_yolo_mgpu.inference.detector import YOLO
-from keras_yolo_mgpu.inference.media import main, process_images, process_video
+from keras_yolo_mgpu.inference.media import process_images, process_video
 from keras_yolo_mgpu.inference.video import VideoError, VideoReader, VideoWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,7 +257,7 @@ def test_cli_video_with_keras2_multi_gpu_file(tmp_path, clip, body):
 
 
 def test_bench_infer_prints_json_last(capsys):
-    from keras_yolo_mgpu.bench.infer import main as bench_main
+    from keras_yolo_mgpu.cli.bench_infer import main as bench_main
 
     argv = [
         "--frames",

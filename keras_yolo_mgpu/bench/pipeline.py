@@ -20,12 +20,9 @@ its last line, one JSON object (`images_per_sec`, `batches_per_sec`,
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import logging
 import os
-import sys
 import time
 
 import numpy as np
@@ -111,70 +108,3 @@ def run_benchmark(
         "cache": cache,
         "cpu_count": os.cpu_count(),
     }
-
-
-def main(argv=None) -> int:
-    from keras_yolo_mgpu.cli.args import input_size, positive_int, setup_logging
-
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_yolo_mgpu.bench pipeline", description="Input pipeline images/sec with augmentation."
-    )
-    parser.add_argument("--annotations", required=True, help="keras-yolo3 annotation file")
-    parser.add_argument("--classes", required=True, help="class names file, one per line")
-    parser.add_argument(
-        "--anchors", default=None, help="anchors file (default: model_data/yolo_anchors.txt, or tiny with --tiny)"
-    )
-    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 anchors (2 output scales)")
-    parser.add_argument(
-        "--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input (default: 416)"
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="global batch size (default: 32)")
-    parser.add_argument("--batches", type=positive_int, default=20, help="timed batches (default: 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
-    parser.add_argument("--generator", choices=GENERATORS, default="tfdata", help="what to time (default: tfdata)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", default=None, help="tfdata only: 'ram' or a directory for decoded images")
-    parser.add_argument("--root", default=None, help="folder for relative image paths (default: the annotation file's)")
-    args = parser.parse_args(argv)
-    setup_logging()
-
-    from keras_yolo_mgpu.data.annotations import AnnotationError, read_annotations
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
-
-    try:
-        num_classes = len(get_classes(args.classes))
-        anchors = get_anchors(args.anchors or default_anchors_path(args.tiny))
-        annotations = read_annotations(args.annotations, root=args.root)
-    except (OSError, ValueError, AnnotationError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if not annotations:
-        print(f"error: {args.annotations} holds no image", file=sys.stderr)
-        return 2
-    logger.info(
-        "timing %s: %d images, input %dx%d, batch %d, %d+%d batches",
-        args.generator,
-        len(annotations),
-        *args.input_size,
-        args.batch_size,
-        args.warmup,
-        args.batches,
-    )
-    result = run_benchmark(
-        args.generator,
-        annotations,
-        args.input_size,
-        anchors,
-        num_classes,
-        args.batch_size,
-        args.batches,
-        args.warmup,
-        args.seed,
-        args.cache,
-    )
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,42 +1,16 @@
-"""`python -m keras_yolo_mgpu.bench train`: training images/sec on N devices.
+"""Training images/sec on N devices (`python -m keras_yolo_mgpu.bench train`).
 
 Feeds generated images and targets from memory (a repeated tf.data
 dataset), so the number measures the model step and the replica
 communication, not the input pipeline (`bench pipeline` measures that).
-Prints one line per timed step, then a JSON object as the last line.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import sys
 import time
 
-from keras_yolo_mgpu.cli import args as cli
-from keras_yolo_mgpu.model.architectures import MODEL_NAMES, model_name
-
 logger = logging.getLogger(__name__)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.ArgumentParser(prog="python -m keras_yolo_mgpu.bench train", description=__doc__.splitlines()[0])
-    cli.add_device_args(parser)
-    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
-    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3)")
-    parser.add_argument("--input-size", type=cli.input_size, default=(416, 416), metavar="HxW")
-    parser.add_argument("--num-classes", type=cli.positive_int, default=80)
-    parser.add_argument(
-        "--batch-size", type=cli.positive_int, default=None, help="GLOBAL batch (default: 8 per replica)"
-    )
-    parser.add_argument("--freeze-body", type=int, choices=(0, 1, 2), default=0)
-    parser.add_argument("--parallel", choices=("strategy", "multi_gpu_model"), default="strategy")
-    parser.add_argument("--no-sync-bn", action="store_true")
-    parser.add_argument("--mixed-precision", action="store_true")
-    parser.add_argument("--warmup-steps", type=cli.positive_int, default=3)
-    parser.add_argument("--steps", type=cli.positive_int, default=10, help="timed steps")
-    return parser
 
 
 def _synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
@@ -58,48 +32,62 @@ def _synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
     return x, np.zeros((global_batch, 1), np.float32)
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    cli.setup_logging()
-    from keras_yolo_mgpu.parallel import devices as parallel
+def run_train_benchmark(
+    *,
+    gpus: int | None = None,
+    simulate: bool = False,
+    tiny: bool = False,
+    model: str | None = None,
+    input_size: tuple[int, int] = (416, 416),
+    num_classes: int = 80,
+    batch_size: int | None = None,
+    freeze_body: int = 0,
+    parallel: str = "strategy",
+    sync_bn: bool = True,
+    mixed_precision: bool = False,
+    warmup_steps: int = 3,
+    steps: int = 10,
+) -> dict:
+    """Times `steps` training steps after `warmup_steps`; returns the result record.
 
-    devices = parallel.select_devices(args.gpus, simulate=args.simulate_devices)  # before any TF op
+    Args:
+        batch_size: GLOBAL batch (default: 8 per replica); must divide over the replicas.
+        model: the network (`model.architectures.MODEL_NAMES`); `tiny` is the
+            alias of yolov3-tiny; default yolov3.
+        Others: as `train.py`'s flags of the same names.
+
+    Returns:
+        `{"benchmark": "train", ..., "step_seconds": [...], "images_per_sec": ...}`
+        (images/sec from the median step).
+
+    Raises:
+        ValueError: the global batch does not divide over the replicas.
+    """
+    from keras_yolo_mgpu.parallel.engine import build_engine
+
+    engine = build_engine(gpus, simulate=simulate, parallel=parallel, sync_bn=sync_bn)  # before any TF op
     import keras
     import tensorflow as tf
 
+    from keras_yolo_mgpu.model.architectures import model_name
     from keras_yolo_mgpu.model.loss import totalloss
     from keras_yolo_mgpu.model.yolo3 import create_model
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.resources import get_anchors, resolve_resource
 
-    if args.mixed_precision:
+    if mixed_precision:
         keras.mixed_precision.set_global_policy("mixed_float16")
-    replicas = len(devices)
-    global_batch = args.batch_size or 8 * replicas
-    if global_batch % replicas:
-        print(f"error: global batch {global_batch} does not divide over {replicas} replicas", file=sys.stderr)
-        return 2
-    kind = model_name(args.model, args.tiny) or "yolov3"
-    anchors = get_anchors(default_anchors_path(model=kind))
-    if args.parallel == "strategy":
-        strategy = parallel.make_strategy(devices)
-    else:
-        strategy = tf.distribute.get_strategy()
-    with strategy.scope():
-        body, train_model = create_model(
-            args.input_size,
-            anchors,
-            args.num_classes,
-            freeze_body=args.freeze_body,
-            sync_bn=not args.no_sync_bn and replicas > 1 and args.parallel == "strategy",
-            model=kind,
+    global_batch = batch_size or 8 * engine.replicas
+    if global_batch % engine.replicas:
+        raise ValueError(f"global batch {global_batch} does not divide over {engine.replicas} replicas")
+    kind = model_name(model, tiny) or "yolov3"
+    anchors = get_anchors(resolve_resource(None, "anchors", model=kind))
+    with engine.strategy.scope():
+        _, train_model = create_model(
+            input_size, anchors, num_classes, freeze_body=freeze_body, sync_bn=engine.sync_bn, model=kind
         )
-        model = (
-            parallel.multi_gpu_model(train_model, devices=devices)
-            if args.parallel == "multi_gpu_model"
-            else train_model
-        )
+        model = engine.wrap(train_model)
         model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=totalloss)
-    x, y = _synthetic_batch(global_batch, args.input_size, anchors, args.num_classes)
+    x, y = _synthetic_batch(global_batch, input_size, anchors, num_classes)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
 
     class Timer(keras.callbacks.Callback):
@@ -114,27 +102,20 @@ def main(argv=None) -> int:
             self.times.append(time.perf_counter() - self._start)
 
     timer = Timer()
-    total_steps = args.warmup_steps + args.steps
-    model.fit(dataset, steps_per_epoch=total_steps, epochs=1, verbose=0, callbacks=[timer])
-    timed = timer.times[args.warmup_steps :]
-    for index, seconds in enumerate(timed, 1):
-        print(f"step {index:3d}: {seconds * 1000:8.1f} ms  {global_batch / seconds:8.1f} images/sec")
+    # shuffle=False: a repeated in-memory batch; Keras warns that it cannot shuffle a dataset anyway.
+    model.fit(dataset, steps_per_epoch=warmup_steps + steps, epochs=1, verbose=0, callbacks=[timer], shuffle=False)
+    timed = timer.times[warmup_steps:]
     seconds_per_step = sorted(timed)[len(timed) // 2]
-    result = {
+    return {
         "benchmark": "train",
         "model": kind,
-        "input_size": list(args.input_size),
-        "replicas": replicas,
-        "devices": devices,
-        "parallel": args.parallel,
+        "input_size": list(input_size),
+        "replicas": engine.replicas,
+        "devices": list(engine.devices),
+        "parallel": parallel,
         "global_batch": global_batch,
+        "step_seconds": [round(t, 6) for t in timed],
         "median_step_ms": round(seconds_per_step * 1000, 2),
         "images_per_sec": round(global_batch / seconds_per_step, 2),
         "mean_images_per_sec": round(global_batch * len(timed) / sum(timed), 2),
     }
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

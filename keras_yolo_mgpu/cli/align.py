@@ -19,6 +19,7 @@ import os
 import sys
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.cli.runner import run_command
 from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 logger = logging.getLogger("align")
@@ -91,8 +92,8 @@ def build_diff_parser() -> cli.ArgumentParser:
         prog="python -m keras_yolo_mgpu.align diff",
         description="Per-tensor max |A - B| and sum of squares of two weight files (any format --weights takes).",
     )
-    parser.add_argument("first", type=cli.existing_file, help="weights file A")
-    parser.add_argument("second", type=cli.existing_file, help="weights file B")
+    parser.add_argument("first", help="weights file A")
+    parser.add_argument("second", help="weights file B")
     parser.add_argument(
         "--classes", default=None, help="class names file of the network (default: model_data/coco_classes.txt)"
     )
@@ -148,15 +149,25 @@ def _format_row(name, diff, step, ratio) -> str:
     return f"{name:40s} {diff:12.4g} {step:12.4g} {ratio:12.4g}"
 
 
+def _classes_anchors_and_kind(args):
+    """Class names, anchors (N, 2) and `--model` kind (None: by anchor count) of the flags."""
+    from keras_yolo_mgpu.model.architectures import model_name
+    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
+
+    kind = model_name(args.model, args.tiny)
+    class_names = get_classes(resolve_resource(args.classes, "classes"))
+    anchors = get_anchors(resolve_resource(args.anchors, "anchors", tiny=args.tiny, model=kind))
+    return class_names, anchors, kind
+
+
 def run_alignment(args, devices):
     """Runs `parallel.align.align` as the parsed flags say, on `devices`; returns its report."""
-    from keras_yolo_mgpu.model.architectures import get_architecture, model_name
+    from keras_yolo_mgpu.model.architectures import get_architecture
     from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.parallel import align
 
-    class_names = cli.resolve_classes(args)
-    anchors = cli.resolve_anchors(args)
-    kind = get_architecture(model_name(args.model, args.tiny), len(anchors)).name
+    class_names, anchors, kind = _classes_anchors_and_kind(args)
+    kind = get_architecture(kind, len(anchors)).name
     with align.floatx_policy("float64" if args.float64 else "float32"):
         batches = _load_batches(args, anchors, len(class_names))
 
@@ -205,6 +216,10 @@ def print_report(report, top: int) -> None:
 def run(args) -> int:
     from keras_yolo_mgpu.parallel.devices import select_devices
 
+    for flag, path in (("--classes", args.classes), ("--anchors", args.anchors), ("--weights", args.weights)):
+        if path and not os.path.isfile(path):
+            raise FileNotFoundError(f"{flag}: file not found: {path}")
+
     if args.gpus is None or args.gpus < 2:
         raise ValueError("--gpus N with N >= 2 is needed: the replicas to compare with one device")
     if args.batch_size % args.gpus:
@@ -215,18 +230,18 @@ def run(args) -> int:
     return 0 if report.passed else 1
 
 
-def diff(argv) -> int:
-    args = build_diff_parser().parse_args(argv)
-    from keras_yolo_mgpu.model.architectures import model_name
+def diff(args) -> int:
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.parallel.align import tensor_differences
     from keras_yolo_mgpu.weights.loading import load_weights
 
-    anchors = cli.resolve_anchors(args)
-    num_classes = len(cli.resolve_classes(args))
+    for path in (args.first, args.second):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"weights file not found: {path}")
+    class_names, anchors, kind = _classes_anchors_and_kind(args)
     models = []
     for path in (args.first, args.second):
-        model = build_body(anchors, num_classes, model=model_name(args.model, args.tiny))
+        model = build_body(anchors, len(class_names), model=kind)
         report = load_weights(model, path)
         logger.info("%s: %s, %d layers", path, report.format, report.loaded)
         models.append(model)
@@ -250,25 +265,11 @@ def diff(argv) -> int:
 
 
 def main(argv=None) -> int:
+    """`align ...` or `align diff A B ...`; exit status 0 aligned, 1 not, 2 for a bad command."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    cli.setup_logging()
-    # MirroredStrategy logs every cross-device reduction at INFO.
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     if argv and argv[0] == "diff":
-        try:
-            return diff(argv[1:])
-        except (ValueError, FileNotFoundError) as error:
-            logger.error("%s", error)
-            return 2
-    args = build_parser().parse_args(argv)
-    for flag, path in (("--classes", args.classes), ("--anchors", args.anchors), ("--weights", args.weights)):
-        if path and not os.path.isfile(path):
-            build_parser().error(f"{flag}: file not found: {path}")
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        logger.error("%s", error)
-        return 2
+        return run_command(build_diff_parser, diff, argv[1:], error_status=2, tensorflow=True)
+    return run_command(build_parser, run, argv, error_status=2, tensorflow=True)
 
 
 if __name__ == "__main__":

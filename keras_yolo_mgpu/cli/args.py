@@ -1,17 +1,30 @@
-"""Command-line flags shared by every script, defined once.
+"""Command-line flags shared by every command, defined once.
 
-Scripts call the `add_*` functions and convert parsed arguments to library
-parameters explicitly; the library itself never reads argv.
+Commands call the `add_*` functions and convert parsed arguments to library
+parameters explicitly; the library itself never reads argv. The parser class
+and the error handling every command shares live in `runner.py`.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 
-from keras_yolo_mgpu.model.architectures import MODEL_NAMES, model_name
-from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
+from keras_yolo_mgpu.cli.runner import ArgumentParser, setup_logging
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES
+
+__all__ = [
+    "ArgumentParser",
+    "add_detection_args",
+    "add_device_args",
+    "add_gpu_num_arg",
+    "add_model_args",
+    "masks_arg",
+    "resolve_model_settings",
+    "input_size",
+    "positive_int",
+    "setup_logging",
+    "unit_float",
+]
 
 
 def input_size(text: str) -> tuple[int, int]:
@@ -50,12 +63,6 @@ def unit_float(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
     return value
-
-
-def existing_file(text: str) -> str:
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"file not found: {text}")
-    return text
 
 
 def masks_arg(text: str):
@@ -145,6 +152,18 @@ def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, i
     parser.add_argument("--iou", type=unit_float, default=iou, help=f"NMS IoU threshold (default: {iou})")
 
 
+def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """--gpu_num (keras-yolo3's name) / --gpus: GPUs an inference command spreads its batches over."""
+    parser.add_argument(
+        "--gpu_num",
+        "--gpus",
+        dest="gpu_num",
+        type=positive_int,
+        default=1,
+        help=f"GPUs to spread batches of {what} over (default: 1)",
+    )
+
+
 def add_device_args(parser: argparse.ArgumentParser) -> None:
     """--gpus, --simulate-devices."""
     parser.add_argument(
@@ -155,45 +174,3 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="split the CPU (or the single GPU) into --gpus logical devices to rehearse a multi-GPU run",
     )
-
-
-def resolve_classes(args: argparse.Namespace) -> list[str]:
-    from keras_yolo_mgpu.resources import model_data_path
-
-    return get_classes(args.classes or model_data_path("coco_classes.txt"))
-
-
-def resolve_anchors(args: argparse.Namespace):
-    tiny = getattr(args, "tiny", False)
-    return get_anchors(args.anchors or default_anchors_path(tiny, model_name(getattr(args, "model", None), tiny)))
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # TensorFlow's C++ start-up chatter hides our messages.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that refuses abbreviations and suggests the flag meant on a typo."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):
-        import difflib
-
-        if message.startswith("unrecognized arguments:"):
-            known = [opt for action in self._actions for opt in action.option_strings]
-            hints = []
-            for token in message.split(":", 1)[1].split():
-                flag = token.split("=", 1)[0]
-                if flag.startswith("-"):
-                    close = difflib.get_close_matches(flag, known, n=1)
-                    if close:
-                        hints.append(f"{flag} -> did you mean {close[0]}?")
-            if hints:
-                message += " (" + "; ".join(hints) + ")"
-        super().error(message)

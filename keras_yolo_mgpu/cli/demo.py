@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int, setup_logging
+from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
+from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 logger = logging.getLogger(__name__)
 
@@ -337,13 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args) -> int:
     if args.input_size is not None and args.input_size % 32:
-        build_parser().error(f"--input-size must be a multiple of 32, got {args.input_size}")
-    setup_logging()
-    # MirroredStrategy on logical CPUs logs every all-reduce at INFO.
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+        raise UsageError(f"--input-size must be a multiple of 32, got {args.input_size}")
     base = QUICK if args.quick else DEFAULTS
 
     def pick(name, value):
@@ -367,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(format_summary(summary))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser, run, argv, tensorflow=True)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 logger = logging.getLogger("train")
 
@@ -154,19 +156,16 @@ def config_from_args(args):
     )
 
 
-def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    cli.setup_logging()
+def run(args) -> int:
     if args.demo:
         from keras_yolo_mgpu.cli.demo import main as demo_main
 
-        return demo_main([])
+        return demo_main(["--verbose"] if args.verbose else [])
     from keras_yolo_mgpu.training.trainer import TrainConfig, train
 
     if args.resume:
         if not args.log_dir:
-            parser.error("--resume needs --log-dir of the run to continue")
+            raise UsageError("--resume needs --log-dir of the run to continue")
         with open(os.path.join(args.log_dir, "args.json"), encoding="utf-8") as handle:
             config = TrainConfig.from_json(handle.read())
         config.resume = True
@@ -175,7 +174,7 @@ def main(argv=None) -> int:
             print(START_HELP)
             return 2
         if args.simulate_devices and args.gpus is None:
-            parser.error("--simulate-devices needs --gpus N (the number of devices to simulate)")
+            raise UsageError("--simulate-devices needs --gpus N (the number of devices to simulate)")
         for flag, path in (
             ("--annotations", args.annotations),
             ("--val-annotations", args.val_annotations),
@@ -184,17 +183,17 @@ def main(argv=None) -> int:
             ("--weights", args.weights),
         ):
             if path and not os.path.isfile(path):
-                parser.error(f"{flag}: file not found: {path}")
+                raise UsageError(f"{flag}: file not found: {path}")
         if not args.classes:
-            parser.error("--classes is required: the class names file of your dataset")
+            raise UsageError("--classes is required: the class names file of your dataset")
         config = config_from_args(args)
-    try:
-        result = train(config)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
-        logger.error("%s", error)
-        return 1
+    result = train(config)
     logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser, run, argv, tensorflow=True)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,8 @@ repeats dropped) as keras-yolo3's generator clipped them.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from tqdm import tqdm
 from keras_yolo_mgpu.data.annotations import Annotation, AnnotationError, iter_annotation_lines, parse_annotation_line
 from keras_yolo_mgpu.data.images import read_image
 
-__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "main"]
+__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations"]
 
 KINDS = (
     "malformed",
@@ -250,57 +248,3 @@ def check_annotations(
         source=path,
         images_checked=check_images,
     )
-
-
-def main(argv=None) -> int:
-    from keras_yolo_mgpu.cli.args import positive_int
-    from keras_yolo_mgpu.resources import get_classes, model_data_path
-
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_yolo_mgpu.check_dataset",
-        description="Check keras-yolo3 annotation files and their images; prints FILE:LINE: problem lines "
-        "and a summary, exits 1 when there are problems. Never modifies a file.",
-    )
-    parser.add_argument("annotations", nargs="+", help="annotation file(s): 'path x1,y1,x2,y2,class ...' per line")
-    parser.add_argument(
-        "--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)"
-    )
-    parser.add_argument(
-        "--root",
-        default=None,
-        help="folder for relative image paths (default: the annotation file's folder, then the working directory)",
-    )
-    parser.add_argument("--no-images", action="store_true", help="only check that images exist; do not decode them")
-    parser.add_argument(
-        "--workers", type=positive_int, default=None, help="image decoding threads (default: CPU count)"
-    )
-    args = parser.parse_args(argv)
-
-    try:
-        num_classes = len(get_classes(args.classes or model_data_path("coco_classes.txt")))
-    except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    any_problem = False
-    for path in args.annotations:
-        try:
-            report = check_annotations(
-                path,
-                num_classes,
-                root=args.root,
-                check_images=not args.no_images,
-                workers=args.workers,
-                progress=sys.stderr.isatty(),
-            )
-        except OSError as error:
-            print(f"error: cannot read {path}: {error}", file=sys.stderr)
-            return 2
-        for problem in report.problems:
-            print(problem)
-        print(report.summary_text())
-        any_problem = any_problem or bool(report.problems)
-    return 1 if any_problem else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,12 +20,9 @@ size are skipped; images left without boxes are left out unless
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import logging
 import os
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -167,58 +164,3 @@ def coco_lines(
         skipped["zero-size"],
     )
     return lines, names
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="COCO instances JSON to keras-yolo3 annotation lines.")
-    parser.add_argument("--instances", required=True, help="instances_*.json")
-    parser.add_argument("--image-dir", required=True, help="folder of the images (e.g. train2017)")
-    parser.add_argument("--output", required=True, help="annotation file to write")
-    parser.add_argument(
-        "--classes",
-        default=None,
-        help="classes file the class order must agree with (default: model_data/coco_classes.txt, "
-        "checked only when the JSON has as many categories)",
-    )
-    parser.add_argument("--classes-output", default=None, help="also write the JSON's class names in index order")
-    parser.add_argument("--keep-empty", action="store_true", help="also write images without boxes")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from keras_yolo_mgpu.cli.args import setup_logging
-    from keras_yolo_mgpu.data.voc import write_lines
-    from keras_yolo_mgpu.resources import get_classes, model_data_path
-
-    setup_logging(args.verbose)
-    if not os.path.isfile(args.instances):
-        parser.error(f"instances file not found: {args.instances}")
-    try:
-        classes_path = args.classes or model_data_path("coco_classes.txt")
-        with open(args.instances, encoding="utf-8") as f:
-            instances = json.load(f)
-        lines, names = coco_lines(
-            instances,
-            args.image_dir,
-            class_names=get_classes(classes_path),
-            classes_source=classes_path,
-            strict=args.classes is not None,
-            keep_empty=args.keep_empty,
-        )
-        write_lines(args.output, lines)
-        if args.classes_output:
-            write_lines(args.classes_output, names)
-    except KeyError as error:
-        print(
-            f"coco_annotation.py: error: {args.instances}: malformed instances JSON, missing key {error}",
-            file=sys.stderr,
-        )
-        return 1
-    except (ValueError, OSError) as error:
-        print(f"coco_annotation.py: error: {error}", file=sys.stderr)
-        return 1
-    print(f"Wrote {args.output} ({len(lines)} images, {len(names)} classes)")
-    return 0

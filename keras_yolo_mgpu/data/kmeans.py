@@ -18,11 +18,7 @@ which reads each image's size from its header.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import sys
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -192,63 +188,3 @@ def box_sizes_from_annotations(
     if dropped:
         logger.warning("Dropped %d boxes with zero or negative width/height", dropped)
     return np.concatenate(sizes) if sizes else np.zeros((0, 2))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Anchors by IoU k-means over the boxes of an annotation file.")
-    parser.add_argument("--annotations", required=True, help="annotation file (path x1,y1,x2,y2,class ...)")
-    parser.add_argument(
-        "--clusters", type=int, default=9, help="number of anchors: 9 for YOLOv3, 6 for tiny (default: 9)"
-    )
-    parser.add_argument("--output", default=None, help="anchors file to write (model_data format); printed either way")
-    parser.add_argument(
-        "--input-size",
-        type=int,
-        default=None,
-        metavar="N",
-        help="scale boxes as when letterboxing images to NxN (reads image sizes); "
-        "default: image pixels, as keras-yolo3",
-    )
-    parser.add_argument("--root", default=None, help="folder for relative image paths (with --input-size)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    parser.add_argument("--restarts", type=int, default=5, help="k-means++ restarts, best kept (default: 5)")
-    parser.add_argument(
-        "--centre", choices=("median", "mean"), default="median", help="cluster centre (default: median)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from keras_yolo_mgpu.cli.args import setup_logging
-    from keras_yolo_mgpu.resources import format_anchors
-
-    setup_logging(args.verbose)
-    if args.clusters < 1:
-        parser.error(f"--clusters must be positive, got {args.clusters}")
-    if args.input_size is not None and args.input_size <= 0:
-        parser.error(f"--input-size must be positive, got {args.input_size}")
-    if not os.path.isfile(args.annotations):
-        parser.error(f"annotation file not found: {args.annotations}")
-    if args.clusters not in (6, 9):
-        logger.warning("%d anchors: the models here expect 9 (YOLOv3) or 6 (tiny YOLOv3)", args.clusters)
-    try:
-        boxes = box_sizes_from_annotations(args.annotations, root=args.root, input_size=args.input_size)
-        anchors, _ = kmeans_anchors(boxes, args.clusters, seed=args.seed, restarts=args.restarts, centre=args.centre)
-    except (ValueError, OSError) as error:
-        print(f"kmeans.py: error: {error}", file=sys.stderr)
-        return 1
-    anchors = round_anchors(anchors)
-    line = format_anchors(anchors)
-    print(f"{len(boxes)} boxes, {args.clusters} clusters")
-    print(f"Anchors: {line}")
-    print(f"Mean IoU: {100 * mean_iou(boxes, anchors):.2f}%")
-    if args.output:
-        folder = os.path.dirname(os.path.abspath(args.output))
-        os.makedirs(folder, exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(line + "\n")
-        print(f"Wrote {args.output}")
-    return 0

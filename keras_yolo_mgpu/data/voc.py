@@ -18,12 +18,10 @@ paths and a relative one paths relative to where training runs.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import logging
 import os
-import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
@@ -177,70 +175,3 @@ def xml_dir_lines(
         logger.warning("%d of %d images named by the XML files do not exist under %s", missing, len(lines), image_dir)
     tally.log(xml_dir)
     return lines
-
-
-def write_lines(path: str, lines: Sequence[str]) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
-
-
-def _parse_set(text: str) -> tuple[str, str]:
-    year, sep, image_set = text.partition("_")
-    if not sep or not year or not image_set:
-        raise argparse.ArgumentTypeError(f"expected YEAR_SET like 2007_train, got {text!r}")
-    return year, image_set
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Pascal VOC XML to keras-yolo3 annotation lines.")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--devkit", help="VOCdevkit folder (holds VOC2007/, VOC2012/)")
-    source.add_argument("--xml-dir", help="folder of VOC-style .xml files (needs --image-dir and --output)")
-    parser.add_argument(
-        "--sets",
-        nargs="+",
-        type=_parse_set,
-        default=[_parse_set(s) for s in DEFAULT_SETS],
-        metavar="YEAR_SET",
-        help=f"with --devkit: sets to convert (default: {' '.join(DEFAULT_SETS)})",
-    )
-    parser.add_argument("--output-dir", default=".", help="with --devkit: folder for <YEAR>_<SET>.txt (default: .)")
-    parser.add_argument("--image-dir", help="with --xml-dir: folder of the images")
-    parser.add_argument("--output", help="with --xml-dir: annotation file to write")
-    parser.add_argument("--classes", default=None, help="class names file (default: model_data/voc_classes.txt)")
-    parser.add_argument(
-        "--keep-difficult", action="store_true", help="keep objects marked difficult (skipped by default)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from keras_yolo_mgpu.cli.args import setup_logging
-    from keras_yolo_mgpu.resources import get_classes, model_data_path
-
-    setup_logging(args.verbose)
-    if args.xml_dir and not (args.image_dir and args.output):
-        parser.error("--xml-dir needs --image-dir and --output")
-    try:
-        class_names = get_classes(args.classes or model_data_path("voc_classes.txt"))
-        if args.xml_dir:
-            write_lines(
-                args.output,
-                xml_dir_lines(args.xml_dir, args.image_dir, class_names, keep_difficult=args.keep_difficult),
-            )
-            print(f"Wrote {args.output}")
-            return 0
-        for year, image_set in args.sets:
-            lines = voc_set_lines(args.devkit, year, image_set, class_names, keep_difficult=args.keep_difficult)
-            output = os.path.join(args.output_dir, f"{year}_{image_set}.txt")
-            write_lines(output, lines)
-            print(f"Wrote {output} ({len(lines)} images)")
-    except (ValueError, OSError) as error:
-        print(f"voc_annotation.py: error: {error}", file=sys.stderr)
-        return 1
-    return 0

@@ -19,25 +19,16 @@ class index, `bbox` `[x, y, width, height]` in pixels, `score`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import queue
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import (
-    add_detection_args,
-    add_model_args,
-    positive_int,
-    resolve_model_settings,
-    setup_logging,
-)
-from keras_yolo_mgpu.resources import get_classes, model_data_path
+from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +261,7 @@ def _load_annotations(annotations, root):
 
 def _class_names(class_names):
     if class_names is None:
-        return get_classes(model_data_path("coco_classes.txt"))
+        return get_classes(resolve_resource(None, "classes"))
     if isinstance(class_names, (str, os.PathLike)):
         return get_classes(class_names)
     return list(class_names)
@@ -524,90 +515,3 @@ def format_report(result: dict) -> str:
     if result.get("pr_curve"):
         lines.append(f"precision-recall curve: {result['pr_curve']}")
     return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="evaluate.py",
-        description="COCO mAP@[.5:.95] and mAP@.5 (faster-coco-eval), AP per class, precision/recall "
-        "and a PR curve, of weights or of saved detections on a keras-yolo3 annotation file.",
-    )
-    parser.add_argument(
-        "--annotations",
-        required=True,
-        metavar="FILE",
-        help="annotation file (keras-yolo3 format) with the ground truth",
-    )
-    add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
-    parser.add_argument(
-        "--detections",
-        metavar="FILE",
-        help="score saved detections instead of running a model: COCO results JSON, image_id = 0-based "
-        "index of the image's non-blank line, category_id = class index, bbox = [x, y, w, h] pixels",
-    )
-    add_detection_args(parser)
-    parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
-    parser.add_argument(
-        "--gpu_num",
-        "--gpus",
-        dest="gpu_num",
-        type=positive_int,
-        default=1,
-        help="GPUs to spread batches over (default: 1)",
-    )
-    parser.add_argument(
-        "--pr-curve",
-        default="pr_curve.png",
-        metavar="PNG",
-        help="precision-recall plot (default: pr_curve.png; '' for none)",
-    )
-    parser.add_argument(
-        "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if bool(args.weights) == bool(args.detections):
-        parser.error("give exactly one of --weights (run a model) or --detections (score saved detections)")
-    setup_logging(args.verbose)
-    try:
-        if args.detections:
-            result = evaluate_detections(
-                args.detections,
-                args.annotations,
-                args.classes or model_data_path("coco_classes.txt"),
-                score=args.score,
-                root=args.root,
-                pr_curve=args.pr_curve or None,
-            )
-        else:
-            result = evaluate_weights(
-                args.weights,
-                args.annotations,
-                settings=resolve_model_settings(args, args.weights),
-                score=args.score,
-                iou=args.iou,
-                batch_size=args.batch_size,
-                gpu_num=args.gpu_num,
-                root=args.root,
-                pr_curve=args.pr_curve or None,
-                save_detections=args.save_detections,
-                progress=not args.no_progress,
-            )
-    except (OSError, ValueError) as error:
-        logger.debug("details", exc_info=True)
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(format_report(result))
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

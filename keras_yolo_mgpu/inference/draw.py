@@ -111,10 +111,3 @@ def draw_detections(
         text_color = _text_color(rgb)
         draw.bitmap((x + 1, y + 1), mask, fill=text_color[::-1] if bgr else text_color)
     return canvas
-
-
-def draw_detections_array(
-    image: np.ndarray, boxes, scores, classes, class_names: Sequence[str], **kwargs
-) -> np.ndarray:
-    """`draw_detections` for (H, W, 3) uint8 arrays (RGB, or BGR with `bgr=True`); returns a new array."""
-    return np.asarray(draw_detections(image, boxes, scores, classes, class_names, **kwargs))

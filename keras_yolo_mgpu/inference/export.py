@@ -26,24 +26,15 @@ are about 1e-3 px and 1e-6 in score).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.cli.args import (
-    add_detection_args,
-    add_model_args,
-    positive_int,
-    resolve_model_settings,
-    setup_logging,
-)
+from keras_yolo_mgpu.fileio import atomic_write, replace_directory
 from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
 
 logger = logging.getLogger(__name__)
@@ -113,10 +104,8 @@ def _input_signature(model):
 
 def export_savedmodel(model, path: str) -> str:
     """Writes a SavedModel directory with a `serving_default` signature."""
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    model.export(path, format="tf_saved_model", verbose=False)
-    return path
+    # A failed export leaves an existing folder at `path` as it was.
+    return replace_directory(path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False))
 
 
 def export_tflite(model, path: str) -> str:
@@ -131,9 +120,12 @@ def export_tflite(model, path: str) -> str:
             flatbuffer = converter.convert()
         except Exception as error:  # the converter raises many kinds
             raise ExportError(f"TFLite conversion failed: {error}") from None
-    with open(path, "wb") as f:
-        f.write(flatbuffer)
-    return path
+
+    def write(temporary):
+        with open(temporary, "wb") as f:
+            f.write(flatbuffer)
+
+    return atomic_write(path, write)
 
 
 def _import_onnx_tools():
@@ -157,7 +149,12 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
         return model([image, image_shape], training=False)
 
     try:
-        tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, output_path=path)
+        atomic_write(
+            path,
+            lambda temporary: tf2onnx.convert.from_function(
+                serve, input_signature=signature, opset=opset, output_path=temporary
+            ),
+        )
     except Exception as error:  # tf2onnx raises many kinds
         raise ExportError(f"ONNX conversion failed: {error}") from None
     return path
@@ -348,64 +345,4 @@ def _add_onnx_metadata(path: str, settings) -> None:
     model = onnx.load(path)
     entry = model.metadata_props.add()
     entry.key, entry.value = ATTRIBUTE, settings.to_json()
-    temp = path + ".tmp"
-    onnx.save(model, temp)
-    os.replace(temp, path)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_yolo_mgpu.export",
-        description="Export weights as a SavedModel, TFLite or ONNX model with decoding and NMS inside.",
-    )
-    add_model_args(parser, weights_help="weights to export (.weights.h5, .keras or Keras 2 .h5)")
-    add_detection_args(parser)
-    parser.add_argument(
-        "--format", required=True, choices=FORMATS, help="savedmodel (folder), tflite (batch 1) or onnx"
-    )
-    parser.add_argument(
-        "--output",
-        default=None,
-        help="output path (default: next to the weights, e.g. W_savedmodel/, W.tflite, W.onnx)",
-    )
-    parser.add_argument(
-        "--max-boxes", type=positive_int, default=20, help="most boxes per class and image (default: 20)"
-    )
-    parser.add_argument(
-        "--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)"
-    )
-    parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    args = parser.parse_args(argv)
-    if not args.weights:
-        parser.error("--weights is required")
-    setup_logging(args.verbose)
-    try:
-        result = export_model(
-            args.weights,
-            args.format,
-            args.output,
-            settings=resolve_model_settings(args, args.weights),
-            score=args.score,
-            iou=args.iou,
-            max_boxes=args.max_boxes,
-            max_detections=args.max_detections,
-            check=not args.no_check,
-        )
-    except (OSError, ValueError, ExportError) as error:
-        logger.debug("details", exc_info=True)
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    if result["check"]:
-        c = result["check"]
-        print(
-            f"check: {c['detections']} detections on random images; largest differences "
-            f"{c['max_box_diff']:.2e} px (tolerance {BOX_TOLERANCE_PX}), "
-            f"score {c['max_score_diff']:.2e} (tolerance {SCORE_TOLERANCE})"
-        )
-    print(f"exported {result['format']}: {result['path']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    atomic_write(path, lambda temporary: onnx.save(model, temporary))

@@ -94,18 +94,17 @@ def replicate(
         call `fit` on; they share their weights.
     """
     from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.parallel.devices import make_strategy
-    from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
+    from keras_yolo_mgpu.parallel.engine import build_engine
 
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}. Received: engine={engine!r}")
     if not devices:
         raise ValueError("devices must name at least one device")
-    replicated = engine == "strategy" and len(devices) > 1
-    strategy = make_strategy(devices) if engine == "strategy" else tf.distribute.get_strategy()
-    with strategy.scope():
-        body, train_model = build(sync_bn and replicated)
-        fit_model = multi_gpu_model(train_model, devices=list(devices)) if engine == "multi_gpu_model" else train_model
+    # The engine training uses (parallel/engine.py): the same strategy and BN mode.
+    built = build_engine(devices=devices, parallel=engine, sync_bn=sync_bn)
+    with built.strategy.scope():
+        body, train_model = build(built.sync_bn)
+        fit_model = built.wrap(train_model)
         fit_model.compile(
             optimizer=optimizer() if optimizer else keras.optimizers.SGD(learning_rate=1e-4), loss=totalloss
         )

@@ -15,6 +15,10 @@ import shutil
 
 import keras
 
+from keras_yolo_mgpu.fileio import atomic_write
+from keras_yolo_mgpu.keras_compat import check_model_checkpoint_hooks
+from keras_yolo_mgpu.parallel.engine import is_chief
+
 logger = logging.getLogger(__name__)
 
 _WEIGHTS_SUFFIX = ".weights.h5"
@@ -26,19 +30,6 @@ _KNOWN_LAYER_COUNTS = {147: "YOLOv3 (yolo_body)", 24: "tiny YOLOv3 (tiny_yolo_bo
 # --------------------------------------------------------------------------
 # Saving
 # --------------------------------------------------------------------------
-
-
-def is_chief(strategy=None) -> bool:
-    """Whether this worker writes checkpoints to their real path.
-
-    Single-machine strategies (default, `MirroredStrategy`) always write. In
-    multi-worker training (`MultiWorkerMirroredStrategy`, `TF_CONFIG`) only
-    the chief does; `StrategyExtended.should_checkpoint` is TensorFlow's own
-    answer to that question (chief, or worker 0 when no chief is listed).
-    """
-    if strategy is None:
-        return True
-    return bool(getattr(strategy.extended, "should_checkpoint", True))
 
 
 def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None]:
@@ -54,10 +45,8 @@ def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None
     """
     if is_chief(strategy):
         return filepath, None
-    resolver = getattr(strategy, "cluster_resolver", None)
-    task_id = getattr(resolver, "task_id", None)
-    if task_id is None:
-        task_id = getattr(strategy.extended, "_task_id", 0)
+    # MultiWorkerMirroredStrategy's public cluster resolver names the task.
+    task_id = getattr(getattr(strategy, "cluster_resolver", None), "task_id", None) or 0
     temp_dir = os.path.join(os.path.dirname(filepath), f"workertemp_{task_id}")
     return os.path.join(temp_dir, os.path.basename(filepath)), temp_dir
 
@@ -68,33 +57,22 @@ def save_weights_atomic(model: keras.Model, filepath: str, metadata=None) -> Non
     `metadata` (a `weights.metadata.ModelMetadata`, optional) is written into
     the temporary file before the rename, so it appears with the weights.
 
-    The weights go to `<dir>/.<name>.tmp.weights.h5` (Keras insists on the
-    `.weights.h5` ending), are flushed to disk, and replace `filepath` with
-    one `os.replace`, which is atomic on POSIX and Windows. If anything fails
-    before that, the temporary file is removed and `filepath` is untouched.
+    Written with `fileio.atomic_write`: a temporary `.weights.h5` beside
+    `filepath`, flushed, then renamed over it; on any failure the temporary
+    file is removed and `filepath` is untouched.
     """
     filepath = os.fspath(filepath)
     if not filepath.endswith(_WEIGHTS_SUFFIX):
         raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
-    dirname, basename = os.path.split(filepath)
-    if dirname:
-        os.makedirs(dirname, exist_ok=True)
-    temp_path = os.path.join(dirname, f".{basename[: -len(_WEIGHTS_SUFFIX)]}.tmp{_WEIGHTS_SUFFIX}")
-    try:
-        model.save_weights(temp_path, overwrite=True)
+
+    def write(temporary: str) -> None:
+        model.save_weights(temporary, overwrite=True)
         if metadata is not None:
             from keras_yolo_mgpu.weights.metadata import write_metadata
 
-            write_metadata(temp_path, metadata)
-        with open(temp_path, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temp_path, filepath)
-    except BaseException:
-        # BaseException: a KeyboardInterrupt mid-save must not leave the
-        # half-written temporary file behind either.
-        if os.path.exists(temp_path):
-            os.remove(temp_path)
-        raise
+            write_metadata(temporary, metadata)
+
+    atomic_write(filepath, write)
 
 
 class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -158,6 +136,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
                     "`period` counts epochs and cannot be combined with a batch-based `save_freq`. "
                     f"Received: period={period}, save_freq={kwargs['save_freq']!r}"
                 )
+        check_model_checkpoint_hooks()  # _save_model below overrides a private method
         super().__init__(filepath, monitor=monitor, save_best_only=save_best_only, save_weights_only=True, **kwargs)
         self.template_model = template_model
         self.metadata = metadata

@@ -148,14 +148,14 @@ def _model_settings(config: TrainConfig):
     """
     from keras_yolo_mgpu.model.architectures import get_architecture, model_name
     from keras_yolo_mgpu.model.boxes import resolve_masks
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes
+    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
     from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
 
     class_names = get_classes(config.classes)
     start = read_metadata(config.weights) if config.weights and os.path.isfile(config.weights) else None
     requested = model_name(config.model, config.tiny)
     if start is None:
-        anchors = get_anchors(config.anchors or default_anchors_path(config.tiny, requested))
+        anchors = get_anchors(resolve_resource(config.anchors, "anchors", tiny=config.tiny, model=requested))
         kind = get_architecture(requested, len(anchors)).name
         return class_names, anchors, resolve_masks(config.masks, len(anchors)), kind
     if config.model is not None and config.model != start.kind:
@@ -177,18 +177,6 @@ def _model_settings(config: TrainConfig):
     if masks != start.masks_list:
         logger.warning("training with masks %s; the start weights used %s", masks, start.masks_list)
     return class_names, anchors, masks, start.kind
-
-
-def _is_chief() -> bool:
-    """True unless TF_CONFIG names this process a non-chief worker."""
-    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-    task = config.get("task", {})
-    cluster = config.get("cluster", {})
-    if not task:
-        return True
-    if task.get("type") == "chief":
-        return True
-    return task.get("type") == "worker" and task.get("index", 0) == 0 and "chief" not in cluster
 
 
 def _prepare_log_dir(config: TrainConfig) -> None:
@@ -262,24 +250,6 @@ def _make_optimizer(name: str, learning_rate: float):
     return keras.optimizers.Adam(learning_rate=learning_rate)
 
 
-def _setup_devices(config: TrainConfig):
-    """Selects devices and builds the strategy. Runs before any TF op."""
-    from keras_yolo_mgpu.parallel import devices as parallel
-
-    if config.strategy == "multiworker":
-        if config.simulate_devices:
-            parallel.simulate_devices(config.gpus)
-        strategy = parallel.make_strategy([], "multiworker")
-        return strategy, [], strategy.num_replicas_in_sync
-    devices = parallel.select_devices(config.gpus, simulate=config.simulate_devices)
-    if config.parallel == "multi_gpu_model":
-        import tensorflow as tf
-
-        return tf.distribute.get_strategy(), devices, len(devices)
-    strategy = parallel.make_strategy(devices, "mirrored")
-    return strategy, devices, strategy.num_replicas_in_sync
-
-
 def _configure_precision(config: TrainConfig) -> None:
     import keras
     import tensorflow as tf
@@ -295,16 +265,24 @@ def _configure_precision(config: TrainConfig) -> None:
 def train(config: TrainConfig) -> TrainResult:
     """Runs both stages; see the module docstring for what is written."""
     config.validate()
-    strategy, devices, replicas = _setup_devices(config)  # before any TF op
+    from keras_yolo_mgpu.parallel.engine import build_engine, is_chief
+
+    engine = build_engine(
+        config.gpus,
+        simulate=config.simulate_devices,
+        strategy=config.strategy,
+        parallel=config.parallel,
+        sync_bn=config.sync_bn,
+    )  # before any TF op
+    strategy, devices, replicas = engine.strategy, engine.devices, engine.replicas
     import keras
 
     from keras_yolo_mgpu.data.pipeline import make_dataset, steps_per_epoch
-    from keras_yolo_mgpu.model.yolo3 import create_model, freeze_layers
-    from keras_yolo_mgpu.parallel.keras_patches import (
+    from keras_yolo_mgpu.keras_compat import (
         patch_multiworker_first_batch_build,
         patch_multiworker_log_reduction,
     )
-    from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
+    from keras_yolo_mgpu.model.yolo3 import create_model, freeze_layers
     from keras_yolo_mgpu.training.callbacks import LossPlot, Throughput
     from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
 
@@ -317,7 +295,7 @@ def train(config: TrainConfig) -> TrainResult:
                 f"{batch + replicas - batch % replicas}."
             )
 
-    chief = _is_chief()
+    chief = is_chief(strategy)
     # Non-chief multi-worker processes write their logs to a scratch folder.
     run_dir = config.log_dir if chief else tempfile.mkdtemp(prefix="yolo_worker_")
     if chief:
@@ -373,7 +351,6 @@ def train(config: TrainConfig) -> TrainResult:
 
     stage1_path = os.path.join(config.log_dir, STAGE1_WEIGHTS)
     stage1_done = config.resume and os.path.isfile(stage1_path)
-    use_sync_bn = config.sync_bn and replicas > 1 and config.parallel == "strategy"
     with strategy.scope():
         body, train_model = create_model(
             config.input_shape,
@@ -381,7 +358,7 @@ def train(config: TrainConfig) -> TrainResult:
             len(class_names),
             freeze_body=config.freeze_body if config.freeze_epochs > 0 and not stage1_done else 0,
             weights_path=None if stage1_done else config.weights,
-            sync_bn=use_sync_bn,
+            sync_bn=engine.sync_bn,
             # XLA needs static shapes: gather at most MAX_BOXES true boxes per
             # scale, exact because the pipeline keeps at most that many.
             max_true_boxes=MAX_BOXES if config.jit else None,
@@ -391,11 +368,9 @@ def train(config: TrainConfig) -> TrainResult:
         if stage1_done:
             body.load_weights(stage1_path)
             logger.info("resume: stage 1 already finished, loaded %s", stage1_path)
-        fit_model = (
-            multi_gpu_model(train_model, devices=devices) if config.parallel == "multi_gpu_model" else train_model
-        )
+        fit_model = engine.wrap(train_model)
     if config.strategy == "multiworker":
-        # Two Keras 3.15 bugs with the collective strategy, see parallel.py.
+        # Two Keras 3.15 bugs with the collective strategy, see keras_compat.py.
         patch_multiworker_first_batch_build(fit_model)
         patch_multiworker_log_reduction()
 

@@ -26,18 +26,15 @@ the end, so a failed conversion never leaves a partial file behind.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
-import sys
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 
+from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
 from keras_yolo_mgpu.weights import darknet
-from keras_yolo_mgpu.weights.darknet import DarknetError
 from keras_yolo_mgpu.weights.metadata import ModelMetadata, write_metadata
 
 logger = logging.getLogger(__name__)
@@ -327,7 +324,7 @@ def convert(
         )
         with open(cfg_path, encoding="utf-8") as f:
             cfg_text = f.read()
-        _atomic_write(cfg_copy_path, lambda tmp: _write_text(tmp, cfg_text))
+        write_text_atomic(cfg_copy_path, cfg_text)
     save = model.save if output_path.endswith(".keras") else model.save_weights
 
     def write(temp_path):
@@ -335,7 +332,7 @@ def convert(
         if metadata is not None:
             write_metadata(temp_path, metadata)
 
-    _atomic_write(output_path, write)
+    atomic_write(output_path, write)
     logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
     if anchors is not None:
         from keras_yolo_mgpu.resources import format_anchors
@@ -374,11 +371,11 @@ MODEL_KINDS_BY_BODY = {
 
 def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path, kind):
     """The :class:`ModelMetadata` of a converted ``yolo_body`` / ``tiny_yolo_body``."""
-    from keras_yolo_mgpu.resources import get_classes, model_data_path
+    from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
     if class_names is None:
         if num_classes == 80:
-            class_names = get_classes(model_data_path("coco_classes.txt"))
+            class_names = get_classes(resolve_resource(None, "classes"))
         else:
             logger.warning(
                 "%s has %d classes and no --classes was given: storing the names class_0..class_%d",
@@ -432,33 +429,6 @@ def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
     return resolve_masks(masks, num_anchors)
 
 
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def _atomic_write(path: str, write) -> None:
-    """Calls ``write(tmp)`` on a temporary file beside ``path``, then renames it to ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.basename(path)
-    # Keep the suffix: Keras checks it (.weights.h5 / .keras).
-    suffix = next((s for s in (*_OUTPUT_SUFFIXES, ".cfg") if base.endswith(s)), "")
-    fd, tmp = tempfile.mkstemp(prefix=f".{base[: len(base) - len(suffix)]}.", suffix=f".tmp{suffix}", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        # mkstemp creates the file 0600; give it the permissions a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def load_converted(path: str | os.PathLike):
     """Loads a file written by :func:`convert` without knowing which kind it is.
 
@@ -497,107 +467,3 @@ def parse_masks(text: str):
         raise ValueError(
             f"--masks must be cfg, keras-yolo3 or anchor indices per scale like '6,7,8 3,4,5 0,1,2'. Received: {text!r}"
         ) from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Convert Darknet .cfg + .weights to a Keras 3 model file.",
-        epilog="A yolov3/yolov3-tiny cfg is saved as yolo_body/tiny_yolo_body weights; other cfgs as the "
-        "generic cfg-built model (prefer .keras for those).",
-    )
-    parser.add_argument("config_path", help="Darknet .cfg file")
-    parser.add_argument("weights_path", help="Darknet .weights file")
-    parser.add_argument("output_path", help="output: .weights.h5 (weights) or .keras (whole model)")
-    parser.add_argument(
-        "--generic",
-        action="store_true",
-        help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
-    )
-    parser.add_argument(
-        "--darknet-bn",
-        choices=("pjreddie", "alexeyab"),
-        default=None,
-        help="which Darknet's batch-norm formula to reproduce (a .weights file does not say): pjreddie "
-        "(sqrt(var) + 1e-6, the original Darknet that trained the official YOLOv3 weights) or "
-        "alexeyab (sqrt(var + 1e-5), AlexeyAB/darknet). Default: alexeyab for cfgs only AlexeyAB/darknet runs "
-        "(mish, grouped routes, scale_x_y: yolov4, yolov4-tiny), else pjreddie",
-    )
-    parser.add_argument(
-        "--keras-yolo3-compat",
-        action="store_true",
-        help="store the raw Darknet arrays with Keras's epsilon 1e-3, exactly as keras-yolo3's convert.py "
-        "(about 0.5-0.9%% off Darknet's outputs); for comparing with old keras-yolo3 files",
-    )
-    parser.add_argument(
-        "--classes",
-        default=None,
-        help="class names file stored in the output's metadata (default: COCO's names for an 80-class cfg)",
-    )
-    parser.add_argument(
-        "--masks",
-        default="auto",
-        metavar="cfg|keras-yolo3|'3,4,5 1,2,3'",
-        help="anchor masks of the converted model, coarsest scale first (default: the cfg's, except keras-yolo3's "
-        "3,4,5 1,2,3 for a tiny cfg, which the official yolov3-tiny weights were trained with)",
-    )
-    parser.add_argument(
-        "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from keras_yolo_mgpu.cli.args import setup_logging
-
-    setup_logging(args.verbose)
-    try:
-        check_output_path(args.output_path)
-    except ValueError as error:
-        parser.error(str(error))
-    if args.keras_yolo3_compat and args.darknet_bn:
-        parser.error(
-            f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
-        )
-    darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else args.darknet_bn  # None: by cfg
-    try:
-        masks = parse_masks(args.masks)
-    except ValueError as error:
-        parser.error(str(error))
-    class_names = None
-    if args.classes:
-        if not os.path.isfile(args.classes):
-            parser.error(f"classes file not found: {args.classes}")
-        from keras_yolo_mgpu.resources import get_classes
-
-        class_names = get_classes(args.classes)
-    for label, path in (("config", args.config_path), ("weights", args.weights_path)):
-        if not os.path.isfile(path):
-            parser.error(f"{label} file not found: {path}")
-    try:
-        result = convert(
-            args.config_path,
-            args.weights_path,
-            args.output_path,
-            generic=args.generic,
-            darknet_bn=darknet_bn,
-            masks=masks,
-            class_names=class_names,
-        )
-    except (DarknetError, OSError, ValueError) as error:
-        print(f"convert.py: error: {error}", file=sys.stderr)
-        return 1
-    if args.anchors_output:
-        if result.anchors is None:
-            print("convert.py: error: the cfg has no [yolo] anchors to write", file=sys.stderr)
-            return 1
-        from keras_yolo_mgpu.resources import format_anchors
-
-        _atomic_write(args.anchors_output, lambda tmp: _write_text(tmp, format_anchors(result.anchors) + "\n"))
-    print(
-        f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
-        f"as {result.architecture}" + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
-    )
-    return 0

@@ -34,6 +34,8 @@ import h5py
 import keras
 import numpy as np
 
+from keras_yolo_mgpu.keras_compat import child_layers
+
 logger = logging.getLogger(__name__)
 
 _WEIGHTS_SUFFIX = ".weights.h5"
@@ -178,10 +180,7 @@ def weight_layers(model) -> list:
         if id(layer) in seen:
             return
         seen.add(id(layer))
-        if isinstance(layer, keras.Model):
-            children = layer.layers
-        else:
-            children = list(layer._flatten_layers(include_self=False, recursive=False))
+        children = child_layers(layer)
         if children:
             for child in children:
                 visit(child)

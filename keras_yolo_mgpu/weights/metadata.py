@@ -333,7 +333,7 @@ def settings_for(
     Raises:
         MetadataError: an explicit value contradicts the file.
     """
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors, get_classes, model_data_path
+    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
     if class_names is None and classes_path:
         class_names = get_classes(classes_path)
@@ -366,9 +366,9 @@ def settings_for(
     except ValueError as error:
         raise MetadataError(str(error)) from None
     if class_names is None:
-        class_names = get_classes(model_data_path("coco_classes.txt"))
+        class_names = get_classes(resolve_resource(None, "classes"))
     if anchors is None:
-        anchors = get_anchors(default_anchors_path(tiny, kind))
+        anchors = get_anchors(resolve_resource(None, "anchors", tiny=tiny, model=kind))
     try:
         kind = get_architecture(kind, len(anchors)).name
     except ValueError as error:

@@ -1,0 +1,117 @@
+"""`python convert.py`: a Darknet `.cfg` + `.weights` pair to a Keras 3 file.
+
+python convert.py yolov3.cfg yolov3.weights model_data/yolo.weights.h5
+python convert.py yolov3-tiny.cfg yolov3-tiny.weights model_data/tiny_yolo.weights.h5 --anchors-output A
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from keras_yolo_mgpu.cli.args import ArgumentParser
+from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="convert.py",
+        description="Convert Darknet .cfg + .weights to a Keras 3 model file.",
+        epilog="A yolov3/yolov3-tiny cfg is saved as yolo_body/tiny_yolo_body weights; other cfgs as the "
+        "generic cfg-built model (prefer .keras for those).",
+    )
+    parser.add_argument("config_path", help="Darknet .cfg file")
+    parser.add_argument("weights_path", help="Darknet .weights file")
+    parser.add_argument("output_path", help="output: .weights.h5 (weights) or .keras (whole model)")
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="save the generic cfg-built model even when the cfg is a yolo_body/tiny_yolo_body",
+    )
+    parser.add_argument(
+        "--darknet-bn",
+        choices=("pjreddie", "alexeyab"),
+        default=None,
+        help="which Darknet's batch-norm formula to reproduce (a .weights file does not say): pjreddie "
+        "(default; sqrt(var) + 1e-6, the original Darknet that trained the official YOLOv3 weights) or "
+        "alexeyab (sqrt(var + 1e-5), AlexeyAB/darknet)",
+    )
+    parser.add_argument(
+        "--keras-yolo3-compat",
+        action="store_true",
+        help="store the raw Darknet arrays with Keras's epsilon 1e-3, exactly as keras-yolo3's convert.py "
+        "(about 0.5-0.9%% off Darknet's outputs); for comparing with old keras-yolo3 files",
+    )
+    parser.add_argument(
+        "--classes",
+        default=None,
+        help="class names file stored in the output's metadata (default: COCO's names for an 80-class cfg)",
+    )
+    parser.add_argument(
+        "--masks",
+        default="auto",
+        metavar="cfg|keras-yolo3|'3,4,5 1,2,3'",
+        help="anchor masks of the converted model, coarsest scale first (default: the cfg's, except keras-yolo3's "
+        "3,4,5 1,2,3 for a tiny cfg, which the official yolov3-tiny weights were trained with)",
+    )
+    parser.add_argument(
+        "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
+    )
+    return parser
+
+
+def run(args) -> int:
+    from keras_yolo_mgpu.cli import quiet
+    from keras_yolo_mgpu.fileio import write_text_atomic
+    from keras_yolo_mgpu.resources import format_anchors
+    from keras_yolo_mgpu.weights import darknet
+    from keras_yolo_mgpu.weights.convert import check_output_path, convert, parse_masks
+
+    try:
+        check_output_path(args.output_path)
+        masks = parse_masks(args.masks)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.keras_yolo3_compat and args.darknet_bn:
+        raise UsageError(
+            f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
+        )
+    darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else (args.darknet_bn or darknet.DEFAULT_DARKNET_BN)
+    class_names = None
+    if args.classes:
+        if not os.path.isfile(args.classes):
+            raise UsageError(f"classes file not found: {args.classes}")
+        from keras_yolo_mgpu.resources import get_classes
+
+        class_names = get_classes(args.classes)
+    for label, path in (("config", args.config_path), ("weights", args.weights_path)):
+        if not os.path.isfile(path):
+            raise UsageError(f"{label} file not found: {path}")
+    quiet.import_tensorflow(args.verbose)
+    result = convert(
+        args.config_path,
+        args.weights_path,
+        args.output_path,
+        generic=args.generic,
+        darknet_bn=darknet_bn,
+        masks=masks,
+        class_names=class_names,
+    )
+    if args.anchors_output:
+        if result.anchors is None:
+            raise CommandError("the cfg has no [yolo] anchors to write")
+        write_text_atomic(args.anchors_output, format_anchors(result.anchors) + "\n")
+    print(
+        f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
+        f"as {result.architecture}" + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`python evaluate.py`: mAP of weights, or of saved detections, on an annotation file.
+
+python evaluate.py --annotations val.txt --weights W --classes C --anchors A
+python evaluate.py --annotations val.txt --detections detections.json --classes C
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from keras_yolo_mgpu.cli import quiet
+from keras_yolo_mgpu.cli.args import (
+    ArgumentParser,
+    add_detection_args,
+    add_gpu_num_arg,
+    add_model_args,
+    positive_int,
+    resolve_model_settings,
+)
+from keras_yolo_mgpu.cli.runner import UsageError, run_command
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="evaluate.py",
+        description="COCO mAP@[.5:.95] and mAP@.5 (faster-coco-eval), AP per class, precision/recall "
+        "and a PR curve, of weights or of saved detections on a keras-yolo3 annotation file.",
+    )
+    parser.add_argument(
+        "--annotations",
+        required=True,
+        metavar="FILE",
+        help="annotation file (keras-yolo3 format) with the ground truth",
+    )
+    add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
+    parser.add_argument(
+        "--detections",
+        metavar="FILE",
+        help="score saved detections instead of running a model: COCO results JSON, image_id = 0-based "
+        "index of the image's non-blank line, category_id = class index, bbox = [x, y, w, h] pixels",
+    )
+    add_detection_args(parser)
+    parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
+    add_gpu_num_arg(parser, what="images")
+    parser.add_argument(
+        "--pr-curve",
+        default="pr_curve.png",
+        metavar="PNG",
+        help="precision-recall plot (default: pr_curve.png; '' for none)",
+    )
+    parser.add_argument(
+        "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def run(args) -> int:
+    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights, format_report
+    from keras_yolo_mgpu.resources import resolve_resource
+
+    if bool(args.weights) == bool(args.detections):
+        raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
+    if args.detections:
+        result = evaluate_detections(
+            args.detections,
+            args.annotations,
+            resolve_resource(args.classes, "classes"),
+            score=args.score,
+            root=args.root,
+            pr_curve=args.pr_curve or None,
+        )
+    else:
+        quiet.import_tensorflow(args.verbose)  # only a model needs TensorFlow
+        result = evaluate_weights(
+            args.weights,
+            args.annotations,
+            settings=resolve_model_settings(args, args.weights),
+            score=args.score,
+            iou=args.iou,
+            batch_size=args.batch_size,
+            gpu_num=args.gpu_num,
+            root=args.root,
+            pr_curve=args.pr_curve or None,
+            save_detections=args.save_detections,
+            progress=not args.no_progress,
+        )
+    print(format_report(result))
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""`python kmeans.py`: anchors by IoU k-means over the boxes of an annotation file.
+
+    python kmeans.py --annotations train.txt --clusters 9 --output model_data/my_anchors.txt
+
+Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from keras_yolo_mgpu.cli.args import ArgumentParser
+from keras_yolo_mgpu.cli.runner import UsageError, run_command
+
+logger = logging.getLogger("kmeans")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="kmeans.py", description="Anchors by IoU k-means over the boxes of an annotation file."
+    )
+    parser.add_argument("--annotations", required=True, help="annotation file (path x1,y1,x2,y2,class ...)")
+    parser.add_argument(
+        "--clusters", type=int, default=9, help="number of anchors: 9 for YOLOv3, 6 for tiny (default: 9)"
+    )
+    parser.add_argument("--output", default=None, help="anchors file to write (model_data format); printed either way")
+    parser.add_argument(
+        "--input-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="scale boxes as when letterboxing images to NxN (reads image sizes); "
+        "default: image pixels, as keras-yolo3",
+    )
+    parser.add_argument("--root", default=None, help="folder for relative image paths (with --input-size)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--restarts", type=int, default=5, help="k-means++ restarts, best kept (default: 5)")
+    parser.add_argument(
+        "--centre", choices=("median", "mean"), default="median", help="cluster centre (default: median)"
+    )
+    return parser
+
+
+def run(args) -> int:
+    from keras_yolo_mgpu.data.kmeans import box_sizes_from_annotations, kmeans_anchors, mean_iou, round_anchors
+    from keras_yolo_mgpu.fileio import write_text_atomic
+    from keras_yolo_mgpu.resources import format_anchors
+
+    if args.clusters < 1:
+        raise UsageError(f"--clusters must be positive, got {args.clusters}")
+    if args.input_size is not None and args.input_size <= 0:
+        raise UsageError(f"--input-size must be positive, got {args.input_size}")
+    if not os.path.isfile(args.annotations):
+        raise UsageError(f"annotation file not found: {args.annotations}")
+    if args.clusters not in (6, 9):
+        logger.warning("%d anchors: the models here expect 9 (YOLOv3) or 6 (tiny YOLOv3)", args.clusters)
+    boxes = box_sizes_from_annotations(args.annotations, root=args.root, input_size=args.input_size)
+    anchors, _ = kmeans_anchors(boxes, args.clusters, seed=args.seed, restarts=args.restarts, centre=args.centre)
+    anchors = round_anchors(anchors)
+    line = format_anchors(anchors)
+    print(f"{len(boxes)} boxes, {args.clusters} clusters")
+    print(f"Anchors: {line}")
+    print(f"Mean IoU: {100 * mean_iou(boxes, anchors):.2f}%")
+    if args.output:
+        write_text_atomic(args.output, line + "\n")
+        print(f"Wrote {args.output}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

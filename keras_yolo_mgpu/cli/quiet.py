@@ -1,0 +1,117 @@
+"""Quiet start-up: TensorFlow's C++ log lines and known harmless warnings, hidden unless `-v`.
+
+A normal run of TensorFlow 2.21 on a machine without CUDA prints lines such
+as `cudart_stub.cc:31] Could not find cuda drivers`, `failed call to cuInit`,
+`oneDNN custom operations are on` and, during training, `meta_optimizer.cc]
+layout failed`: information for TensorFlow's developers that reads as a
+failure to a user. Three mechanisms hide them:
+
+* `TF_CPP_MIN_LOG_LEVEL=3` (set before TensorFlow is imported, and only when
+  the user has not set it) silences the C++ logger once it is initialised;
+* lines TensorFlow's shared libraries log while they load, before that
+  setting is read (absl's "All log messages before absl::InitializeLog()"
+  notice and the INFO/WARNING lines after it), are captured during
+  `import tensorflow` and dropped; anything else printed then is passed on;
+* Python warnings that are known to be harmless for this project are
+  filtered by message (`KNOWN_WARNINGS`), and TensorFlow's Python logger is
+  kept at WARNING.
+
+With `-v` none of this happens: TensorFlow logs everything it wants to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import tempfile
+import warnings
+
+# (message regex, category, why it is harmless here)
+KNOWN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
+    (
+        r"`shuffle=True` was passed, but will be ignored",
+        UserWarning,
+        "Keras's default shuffle=True with a tf.data input; our datasets shuffle themselves",
+    ),
+)
+
+# Loader-time lines: absl's notice, and INFO/WARNING lines in absl's format
+# (`I0000 00:00:1795418012.604492   10224 port.cc:153] ...`).
+_LOAD_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] .*)$"
+)
+# The start of any absl log entry (any level).
+_LOG_HEADER = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ")
+
+
+def _without_load_noise(text: str) -> list[str]:
+    """The lines of `text` that are not loader noise; a noise entry's continuation lines go with it.
+
+    (`cpu_feature_guard.cc` logs one entry over two lines: "This TensorFlow
+    binary is optimized ..." then "To enable the following instructions ...".)
+    """
+    kept, in_noise = [], False
+    for line in text.splitlines():
+        if _LOAD_NOISE.match(line):
+            in_noise = True
+        elif _LOG_HEADER.match(line):
+            in_noise = False
+            kept.append(line)
+        elif line.strip() and not in_noise:
+            kept.append(line)
+    return kept
+
+
+def configure_environment(verbose: bool = False) -> None:
+    """Sets TensorFlow's C++ log level; must run before TensorFlow is imported.
+
+    A value the user set in the environment wins.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
+
+
+def configure(verbose: bool = False) -> None:
+    """Python-side quiet: known warnings filtered, TensorFlow's logger at WARNING."""
+    if verbose:
+        return
+    for message, category, _ in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    # The root logger is at INFO for the project's lines; TensorFlow's logger
+    # would inherit it and log every MirroredStrategy all-reduce.
+    for name in ("tensorflow", "absl"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def import_tensorflow(verbose: bool = False) -> None:
+    """Imports TensorFlow, dropping the log lines its libraries print while loading.
+
+    Output written to stderr during the import (file descriptor 2, where C++
+    logs go) is captured; lines that match `_LOAD_NOISE` are dropped, all
+    others are written back to stderr. No-op when TensorFlow is already
+    imported, or with `verbose`.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    if verbose:
+        import tensorflow  # noqa: F401
+
+        return
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            capture.seek(0)
+            text = capture.read().decode("utf-8", errors="replace")
+            kept = _without_load_noise(text)
+            if kept:
+                sys.stderr.write("\n".join(kept) + "\n")
+                sys.stderr.flush()

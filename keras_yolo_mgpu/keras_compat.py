@@ -1,0 +1,164 @@
+"""Every use of Keras internals, in one place, guarded by the Keras version it was written for.
+
+Public Keras cannot do three things this project needs; each is done here and
+nowhere else, and `tests/test_keras_compat.py` fails loudly when a Keras
+upgrade changes the internals underneath:
+
+1. Two bugs of Keras 3.15's TF trainer under `MultiWorkerMirroredStrategy`
+   (`patch_multiworker_first_batch_build`, `patch_multiworker_log_reduction`).
+   They are *patches*: applied only to the Keras versions they were verified
+   on (`PATCHED_KERAS`), only when multi-worker training asks for them, and
+   never process-wide by default. On another Keras version they are not
+   applied and a warning says so.
+2. `TemplateModelCheckpoint` reuses `ModelCheckpoint`'s decision logic
+   through its private methods (`MODEL_CHECKPOINT_HOOKS`);
+   `check_model_checkpoint_hooks` raises a clear error if they are gone.
+3. Weight loading walks a layer's direct children (`child_layers`), which
+   Keras only exposes as `Layer._flatten_layers`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+import keras
+
+logger = logging.getLogger(__name__)
+
+# Keras versions (major, minor) on which the multi-worker bugs were measured
+# and the patches verified (NOTES.md; tests/test_train.py runs two workers).
+PATCHED_KERAS = ((3, 15),)
+
+# ModelCheckpoint's private methods TemplateModelCheckpoint relies on, with
+# the parameters it calls them with.
+MODEL_CHECKPOINT_HOOKS = {
+    "_save_model": ("epoch", "batch", "logs"),
+    "_get_file_path": ("epoch", "batch", "logs"),
+    "_should_save_model": ("epoch", "batch", "logs", "filepath"),
+}
+
+
+def keras_version() -> tuple[int, int]:
+    """(major, minor) of the running Keras."""
+    major, minor = keras.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _patch_applies(name: str) -> bool:
+    if keras_version() in PATCHED_KERAS:
+        return True
+    logger.warning(
+        "%s: not applied; it works around a bug of Keras %s and this is Keras %s. If multi-worker training "
+        "fails, install keras==3.15.* or check whether the bug is fixed (keras_yolo_mgpu/keras_compat.py).",
+        name,
+        " / ".join(f"{a}.{b}" for a, b in PATCHED_KERAS),
+        keras.__version__,
+    )
+    return False
+
+
+def patch_multiworker_first_batch_build(model: keras.Model) -> bool:
+    """Works around Keras 3.15 failing on dict inputs under MultiWorkerMirroredStrategy.
+
+    Before its first step, Keras's TF trainer reduces one distributed batch
+    to learn the input shapes, calling `strategy.reduce` on the whole nested
+    structure. MirroredStrategy accepts a dict there; the collective
+    strategy raises "Attempt to convert a value ({'image': PerReplica...})".
+    Reducing leaf by leaf gives Keras the same shapes. Every worker makes the
+    same calls, so the collective ops stay matched.
+
+    Replaces `model._maybe_symbolic_build` (this model only) with a version
+    that calls `model._symbolic_build(data_batch=...)`.
+
+    Returns:
+        Whether the patch was applied (only on `PATCHED_KERAS`).
+    """
+    if not _patch_applies("patch_multiworker_first_batch_build"):
+        return False
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+
+    def first_batch_build(iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = tf.nest.map_structure(
+                    lambda value: (
+                        strategy.reduce("MEAN", value, axis=None)
+                        if isinstance(value, tf.distribute.DistributedValues)
+                        else value
+                    ),
+                    next(batches),
+                )
+                break
+        with strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    model._maybe_symbolic_build = first_batch_build
+    return True
+
+
+_LOGS_PATCHED = False
+
+
+def patch_multiworker_log_reduction() -> bool:
+    """Works around Keras 3 reducing scalar logs with axis=0 under MultiWorkerMirroredStrategy.
+
+    Keras's TF trainer reduces each step's logs with
+    `strategy.reduce("MEAN", value, axis=0)` under the collective strategy,
+    which fails on scalars ("Invalid reduction dimension 0 for input with 0
+    dimensions", tensorflow/tensorflow#72388). Metric results are already
+    identical on every replica (their variables are all-reduced on update),
+    so the first replica's value is exact: Keras does the same on TPUs.
+
+    Wraps `keras.src.backend.tensorflow.trainer.reduce_per_replica`; the
+    wrapper changes nothing for other strategies. Idempotent.
+
+    Returns:
+        Whether the patch is in place (only on `PATCHED_KERAS`).
+    """
+    global _LOGS_PATCHED
+    if _LOGS_PATCHED:
+        return True
+    if not _patch_applies("patch_multiworker_log_reduction"):
+        return False
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+
+    @functools.wraps(original)  # keeps `__wrapped__`: the tests read the original
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction == "auto" and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            reduction = "first"
+        return original(values, strategy, reduction)
+
+    tf_trainer.reduce_per_replica = reduce_per_replica
+    _LOGS_PATCHED = True
+    return True
+
+
+def check_model_checkpoint_hooks() -> None:
+    """Raises RuntimeError when `ModelCheckpoint` lacks the private methods `TemplateModelCheckpoint` overrides."""
+    for name, parameters in MODEL_CHECKPOINT_HOOKS.items():
+        method = getattr(keras.callbacks.ModelCheckpoint, name, None)
+        found = tuple(inspect.signature(method).parameters)[1:] if callable(method) else None
+        if found != parameters:
+            raise RuntimeError(
+                f"keras.callbacks.ModelCheckpoint.{name}{parameters} is gone or changed in Keras {keras.__version__} "
+                f"(found: {found}); TemplateModelCheckpoint was written for Keras 3.15. "
+                "Install keras==3.15.* or update keras_yolo_mgpu/keras_compat.py."
+            )
+
+
+def child_layers(layer) -> list:
+    """The layers directly inside `layer` (sub-layers of a custom layer, a wrapper's inner model).
+
+    `keras.Model.layers` is public, but a plain `Layer` that holds other
+    layers only exposes them through the private `_flatten_layers`.
+    """
+    if isinstance(layer, keras.Model):
+        return list(layer.layers)
+    return list(layer._flatten_layers(include_self=False, recursive=False))

@@ -1,0 +1,92 @@
+"""The Keras internals keras_compat.py relies on: these fail loudly when a Keras upgrade changes them."""
+
+import inspect
+import logging
+
+import keras
+import pytest
+
+from keras_yolo_mgpu import keras_compat
+
+
+def test_the_running_keras_is_one_the_patches_were_verified_on():
+    # A new Keras: re-check the two multi-worker bugs (tests/test_train.py runs two workers), then
+    # add the version to PATCHED_KERAS, or drop the patch if the bug is fixed.
+    assert keras_compat.keras_version() in keras_compat.PATCHED_KERAS, keras.__version__
+
+
+def test_log_reduction_bug_is_still_there():
+    """Keras reduces logs with "mean" (axis 0) under any non-TPU strategy: what the patch replaces by "first"."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = inspect.unwrap(tf_trainer.reduce_per_replica)  # the patch may already be in place
+    assert tuple(inspect.signature(original).parameters) == ("values", "strategy", "reduction")
+    source = inspect.getsource(tf_trainer)
+    assert 'reduction = "first"\n        else:\n            reduction = "mean"' in source
+    assert "_collective_all_reduce_multi_worker(strategy)" in source
+
+
+def test_first_batch_build_hooks_exist():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert tuple(inspect.signature(model._maybe_symbolic_build).parameters) == ("iterator", "data_batch")
+    assert "data_batch" in inspect.signature(model._symbolic_build).parameters
+    # The bug: the whole (dict) batch goes to strategy.reduce in one call, then to _symbolic_build.
+    source = inspect.getsource(type(model)._maybe_symbolic_build)
+    assert "self.distribute_strategy.reduce(" in source and "maybe_distributed_data_batch," in source
+    assert "self._symbolic_build(data_batch=data_batch)" in source
+
+
+def test_first_batch_build_patch_replaces_only_this_models_hook():
+    first = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    second = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert keras_compat.patch_multiworker_first_batch_build(first)
+    assert "_maybe_symbolic_build" in vars(first) and "_maybe_symbolic_build" not in vars(second)
+
+
+def test_patches_are_skipped_with_a_warning_on_other_keras(monkeypatch, caplog):
+    monkeypatch.setattr(keras_compat, "keras_version", lambda: (9, 0))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with caplog.at_level(logging.WARNING):
+        assert keras_compat.patch_multiworker_first_batch_build(model) is False
+    assert "_maybe_symbolic_build" not in vars(model)
+    assert "not applied" in caplog.text and "Keras 3.15" in caplog.text
+
+
+def test_model_checkpoint_private_hooks_exist_and_are_the_save_path(tmp_path):
+    keras_compat.check_model_checkpoint_hooks()
+    calls = []
+
+    class Recording(keras.callbacks.ModelCheckpoint):
+        def _save_model(self, epoch, batch, logs):
+            calls.append((epoch, batch, self._get_file_path(epoch, batch, logs)))
+
+    callback = Recording(str(tmp_path / "ep{epoch:02d}.weights.h5"), save_weights_only=True)
+    callback.set_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    callback.on_epoch_end(0, {"val_loss": 1.0})
+    assert calls == [(0, None, str(tmp_path / "ep01.weights.h5"))]
+
+
+def test_missing_checkpoint_hook_is_a_clear_error(monkeypatch):
+    monkeypatch.delattr(keras.callbacks.ModelCheckpoint, "_should_save_model")
+    with pytest.raises(RuntimeError, match="_should_save_model.*written for Keras 3.15"):
+        keras_compat.check_model_checkpoint_hooks()
+
+
+def test_child_layers_of_a_plain_layer():
+    class Holder(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.inner = keras.layers.Dense(3)
+            self.other = keras.layers.Dense(4)
+
+        def call(self, x):
+            return self.other(self.inner(x))
+
+    holder = Holder()
+    assert keras_compat.child_layers(holder) == [holder.inner, holder.other]
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert keras_compat.child_layers(model) == model.layers
+
+
+def test_the_patches_are_for_the_tensorflow_backend():
+    assert keras.backend.backend() == "tensorflow"
