@@ -163,18 +163,19 @@ def test_class_mismatch_names_the_output_layer_and_both_shapes(keras2_tiny):
     message = str(error.value)
     assert "'yolo_output_0'" in message and "'yolo_output_1'" in message
     assert "(1, 1, 512, 21)" in message and "(1, 1, 512, 24)" in message
-    assert keras2_tiny.files["three_classes"] in message and "skip_mismatch=True" in message
+    assert keras2_tiny.files["three_classes"] in message and "allow_new_classes=True" in message
     # Nothing was assigned: a failed load leaves the model as it was.
     for a, b in zip(body.get_weights(), before):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("option", ["skip_mismatch", "allow_new_classes"])
 @pytest.mark.parametrize("kind", ["three_classes", "three_classes_multi_gpu_frozen"])
-def test_skip_mismatch_loads_all_but_the_output_convs(keras2_tiny, kind):
+def test_another_class_count_loads_all_but_the_output_convs(keras2_tiny, kind, option):
     body = build_body(TINY_ANCHORS, 2)
     outputs = ("yolo_output_0", "yolo_output_1")
     outputs_before = {n: [w.copy() for w in body.get_layer(n).get_weights()] for n in outputs}
-    report = load_weights(body, keras2_tiny.files[kind], skip_mismatch=True)
+    report = load_weights(body, keras2_tiny.files[kind], **{option: True})
     assert report.loaded == 22
     assert [s.layer for s in report.skipped] == ["yolo_output_0", "yolo_output_1"]
     assert "(1, 1, 512, 24)" in report.skipped[0].reason
@@ -305,8 +306,45 @@ def test_keras3_class_mismatch(keras3_tiny, tmp_path):
     body = build_body(TINY_ANCHORS, 3)
     with pytest.raises(ValueError, match=r"'yolo_output_1'.*\(1, 1, 256, 24\).*\(1, 1, 256, 21\)"):
         load_weights(body, path)
-    report = load_weights(body, path, skip_mismatch=True)
+    report = load_weights(body, path, allow_new_classes=True)
     assert report.loaded == 22 and [s.layer for s in report.skipped] == ["yolo_output_0", "yolo_output_1"]
+
+
+def test_full_yolov3_file_into_tiny_is_refused_naming_the_layers(full_body, tmp_path):
+    """Layer names match (both networks name layers by role), shapes do not: only a partial load could take it."""
+    path = str(tmp_path / "yolov3.weights.h5")
+    full_body.save_weights(path)
+    body = build_body(TINY_ANCHORS, 2)
+    before = [w.copy() for w in body.get_weights()]
+    with pytest.raises(ValueError) as error:
+        load_weights(body, path, allow_new_classes=True)
+    message = str(error.value)
+    assert path in message and "21 layer(s) do not match" in message  # 3 of tiny's 24 happen to fit
+    # The first one, with both shapes: tiny's first conv has 16 filters, YOLOv3's 32.
+    assert "model layer 'darknet_conv2d_1' has weight shapes [(3, 3, 3, 16)]" in message
+    assert "file's layer 'darknet_conv2d_1' has [(3, 3, 3, 32)]" in message
+    assert "another network" in message
+    for a, b in zip(body.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    # Asked for explicitly, a partial load keeps what matches and reports the rest.
+    report = load_weights(body, path, skip_mismatch=True)
+    assert (report.loaded, len(report.skipped)) == (3, 21)
+
+
+def test_new_classes_excuse_only_the_output_channel_count():
+    from keras_yolo_mgpu.weights.loading import _differs_in_output_channels_only, _SourceLayer
+
+    def source(*shapes):
+        return _SourceLayer("file_layer", [np.zeros(s) for s in shapes])
+
+    output = types.SimpleNamespace(name="yolo_output_0")
+    model_shapes = [(1, 1, 512, 21), (21,)]
+    assert _differs_in_output_channels_only(output, source((1, 1, 512, 24), (24,)), model_shapes)
+    # Another input width is another network, not another class count.
+    assert not _differs_in_output_channels_only(output, source((1, 1, 1024, 24), (24,)), model_shapes)
+    assert not _differs_in_output_channels_only(output, source((3, 3, 512, 24), (24,)), model_shapes)
+    other = types.SimpleNamespace(name="yolo_conv2d_3")
+    assert not _differs_in_output_channels_only(other, source((1, 1, 512, 24), (24,)), model_shapes)
 
 
 # ---- TemplateModelCheckpoint ----------------------------------------------------

@@ -426,6 +426,47 @@ def test_cache_gives_the_same_validation_images(small_dataset, tmp_path, cache):
     assert x["image"].shape == (4, 64, 96, 3)
 
 
+@pytest.mark.parametrize("augment", [True, False], ids=["augmented", "letterboxed"])
+def test_stream_started_at_a_position_continues_the_stream(small_dataset, augment):
+    """A stream started at element p equals the full stream from p: a later stage or a resumed run continues it."""
+
+    def images(batch_size, start, batches):
+        dataset = make_dataset(
+            small_dataset,
+            (64, 96),
+            TINY_ANCHORS,
+            2,
+            batch_size,
+            training=True,
+            augment=augment,
+            seed=5,
+            start_position=start,
+        )
+        return np.concatenate([b[0]["image"] for b in dataset.take(batches).as_numpy_iterator()])
+
+    whole = images(3, 0, 6)  # 18 images: crosses the end of the first pass of 10
+    # 7 is mid-pass, and the batch size changes as it does between stages.
+    np.testing.assert_array_equal(images(2, 7, 4), whole[7:15])
+    np.testing.assert_array_equal(images(4, 12, 1), whole[12:16])  # second pass
+    with pytest.raises(ValueError, match="start_position"):
+        make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False, start_position=4)
+
+
+def test_ram_cache_notices_a_changed_file(tmp_path):
+    path = str(tmp_path / "image.png")
+    Image.new("RGB", (64, 64), (255, 0, 0)).save(path)
+    annotations = [Annotation(path, np.array([[8, 8, 40, 40, 0]], np.float32), "t.txt", 1)]
+
+    def first_pixel():
+        dataset = make_dataset(annotations, (64, 64), TINY_ANCHORS, 2, 1, training=False, cache="ram")
+        return next(iter(dataset))[0]["image"][0, 32, 32].numpy()
+
+    np.testing.assert_allclose(first_pixel(), [1, 0, 0])
+    Image.new("RGB", (64, 64), (0, 0, 255)).save(path)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))  # a coarse clock may not tick
+    np.testing.assert_allclose(first_pixel(), [0, 0, 1])
+
+
 def test_training_without_augmentation_is_letterboxed(small_dataset):
     dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 10, training=True, augment=False, seed=0)
     images = next(iter(dataset))[0]["image"].numpy()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,16 @@ def test_cli_detections_last_line_is_json(dataset, tmp_path, capsys):
         == 1
     )
     assert "error: detections file not found" in capsys.readouterr().err
+
+
+def test_cli_writes_no_plot_unless_asked(dataset, tmp_path, monkeypatch, capsys):
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    argv = ["--annotations", dataset["annotations"], "--classes", dataset["classes"]]
+    assert main([*argv, "--detections", dataset["detections"]]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pr_curve"] is None
+    assert os.listdir(workdir) == []  # nothing dropped in the current folder
 
 
 def test_cli_weights_end_to_end_matches_saved_detections(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -101,3 +102,55 @@ def test_onnx_missing_tools_is_a_clear_error(files, monkeypatch):
         _export(files, "onnx")
     with pytest.raises(ValueError, match="format must be one of"):
         _export(files, "coreml")
+
+
+def test_export_never_touches_a_folder_it_did_not_write(files, tmp_path, capsys):
+    """A user's folder given as --output (e.g. `--output .`) keeps every file; nothing is exported."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "data.csv").write_text("1,2")
+    argv = ["--weights", files["weights"], "--classes", files["classes"], "--anchors", TINY_ANCHORS_PATH]
+    assert main([*argv, "--format", "savedmodel", "--output", str(folder)]) == 1
+    assert "not a SavedModel exported by this tool" in capsys.readouterr().err
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == ["notes.txt", "sub", "sub/data.csv"]
+    assert (folder / "notes.txt").read_text() == "mine"
+    # A file in the way is not replaced either, unless asked.
+    existing = tmp_path / "model.tflite"
+    existing.write_bytes(b"someone's model")
+    assert main([*argv, "--format", "tflite", "--output", str(existing)]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert existing.read_bytes() == b"someone's model"
+    assert main([*argv, "--format", "tflite", "--output", str(folder)]) == 1  # a folder for a file export
+    assert sorted(os.listdir(tmp_path)) == ["model.tflite", "project"]  # no temporary left behind
+
+
+class _FakeExportable:
+    """Stands in for the Keras model: `export` writes a SavedModel-like folder (the real one takes seconds)."""
+
+    def __init__(self, content, fail=False):
+        self.content, self.fail = content, fail
+
+    def export(self, path, format, verbose):
+        os.makedirs(path)
+        with open(os.path.join(path, "saved_model.pb"), "w") as f:
+            f.write(self.content)
+        if self.fail:
+            raise RuntimeError("interrupted")
+
+
+def test_a_previous_export_is_replaced_and_a_failed_one_leaves_it(tmp_path):
+    output = str(tmp_path / "exported")
+    export._export_marked_savedmodel(_FakeExportable("first"), output)
+    assert sorted(os.listdir(output)) == [export.EXPORT_MARKER, "saved_model.pb"]
+    export._check_output(output, "savedmodel", overwrite=False)  # ours: may be replaced
+    with pytest.raises(RuntimeError):
+        export._export_marked_savedmodel(_FakeExportable("second", fail=True), output)
+    assert open(os.path.join(output, "saved_model.pb")).read() == "first"
+    export._export_marked_savedmodel(_FakeExportable("third"), output)
+    assert open(os.path.join(output, "saved_model.pb")).read() == "third"
+    assert os.listdir(tmp_path) == ["exported"]  # no temporary or old copy left behind
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export._check_output(str(empty), "savedmodel", overwrite=False)  # an empty folder loses nothing

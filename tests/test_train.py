@@ -126,6 +126,37 @@ def test_no_annotations_explains_how_to_start():
     assert "python train.py --annotations" in result.stdout
 
 
+def test_tiny_run_refuses_full_yolov3_weights_naming_the_layers(dataset, tmp_path):
+    """Nothing trains on a half-loaded, frozen body: the run stops before its first step."""
+    from keras_yolo_mgpu.model.yolo3 import build_body
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+
+    weights = str(tmp_path / "yolov3.weights.h5")
+    build_body(get_anchors(default_anchors_path(False)), 4).save_weights(weights)
+    log_dir = tmp_path / "run"
+    result = _run(_small_run_args(dataset, log_dir, "--weights", weights, "--epochs", "1"), timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"Cannot load {weights}: 21 layer(s) do not match" in result.stderr
+    assert "'darknet_conv2d_1' has weight shapes [(3, 3, 3, 16)]" in result.stderr
+    assert "--weights-partial" in result.stderr and "Nothing was trained" in result.stderr
+    assert not (log_dir / "history.csv").exists()
+
+
+def test_resume_refuses_flags_that_contradict_the_run(tmp_path):
+    from keras_yolo_mgpu.training.trainer import TrainConfig
+
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    saved = TrainConfig(annotations="train.txt", classes="classes.txt", epochs=10, seed=3, log_dir=str(log_dir))
+    (log_dir / "args.json").write_text(saved.to_json())
+    result = _run(["--resume", "--log-dir", str(log_dir), "--epochs", "20", "--lr2", "1e-4", "--seed", "4"], timeout=60)
+    assert result.returncode == 2
+    assert "--epochs 20 (the run has epochs=10)" in result.stderr
+    assert "--seed 4 (the run has seed=3)" in result.stderr
+    assert "--lr2 agrees with the saved run" in result.stderr and "--lr2 1e-4 (" not in result.stderr
+    assert json.loads((log_dir / "args.json").read_text())["epochs"] == 10
+
+
 def test_existing_run_is_not_overwritten(dataset, tmp_path):
     log_dir = tmp_path / "run"
     log_dir.mkdir()
@@ -223,3 +254,38 @@ def test_multiworker_two_processes_on_localhost(dataset, tmp_path):
     assert "2 replica(s)" in outputs[0]
     # Only the chief (worker 0) writes the run folder.
     assert (tmp_path / "run" / "trained_weights_final.weights.h5").exists()
+
+
+def test_mixed_precision_policy_does_not_outlive_the_run(tmp_path, monkeypatch):
+    """A run that set mixed_float16 (here: one that then fails) leaves the process's dtype policy as it found it."""
+    import tensorflow as tf
+    from keras.src.backend.common import global_state
+
+    from keras_yolo_mgpu.training.trainer import TrainConfig, train
+
+    before = global_state.get_global_attribute("dtype_policy", None)
+    real_list = tf.config.list_physical_devices
+    # Pretend a GPU is visible, so --mixed-precision really sets the policy.
+    monkeypatch.setattr(
+        tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"] if kind == "GPU" else real_list(kind)
+    )
+    seen = {}
+    real_get_classes = __import__("keras_yolo_mgpu.resources", fromlist=["get_classes"]).get_classes
+
+    def get_classes_then_fail(path):
+        seen["policy"] = global_state.get_global_attribute("dtype_policy", None)
+        return real_get_classes(path)
+
+    monkeypatch.setattr("keras_yolo_mgpu.resources.get_classes", get_classes_then_fail)
+    config = TrainConfig(
+        annotations=str(tmp_path / "missing.txt"),
+        classes=str(tmp_path / "missing_classes.txt"),
+        mixed_precision=True,
+        gpus=1,
+        log_dir=str(tmp_path / "run"),
+    )
+    monkeypatch.setattr("keras_yolo_mgpu.parallel.devices.select_devices", lambda gpus, simulate=False: ["/CPU:0"])
+    with pytest.raises((FileNotFoundError, OSError, ValueError)):
+        train(config)
+    assert seen["policy"].name == "mixed_float16"  # the run did set it
+    assert global_state.get_global_attribute("dtype_policy", None) is before

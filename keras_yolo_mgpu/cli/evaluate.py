@@ -45,11 +45,14 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
     add_gpu_num_arg(parser, what="images")
+    # No default file: evaluate writes nothing unless told where (its report
+    # goes to stdout), so it never drops or overwrites a plot in the current
+    # folder, or in the weights' folder, behind the user's back.
     parser.add_argument(
         "--pr-curve",
-        default="pr_curve.png",
+        default=None,
         metavar="PNG",
-        help="precision-recall plot (default: pr_curve.png; '' for none)",
+        help="write the precision-recall plot to this file (default: no plot)",
     )
     parser.add_argument(
         "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"

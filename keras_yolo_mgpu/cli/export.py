@@ -41,6 +41,12 @@ def build_parser() -> ArgumentParser:
         "--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)"
     )
     parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing .tflite/.onnx file at --output (a SavedModel replaces only an empty folder or "
+        "a previous export of this tool, never anything else)",
+    )
     return parser
 
 
@@ -59,6 +65,7 @@ def run(args) -> int:
         max_boxes=args.max_boxes,
         max_detections=args.max_detections,
         check=not args.no_check,
+        overwrite=args.overwrite,
     )
     if result["check"]:
         c = result["check"]

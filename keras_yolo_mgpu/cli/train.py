@@ -56,6 +56,12 @@ def build_parser() -> cli.ArgumentParser:
     model = parser.add_argument_group("model")
     cli.add_model_args(model, weights_help="start weights: .weights.h5, .keras, or a Keras 2 .h5 from keras-yolo3")
     model.add_argument(
+        "--weights-partial",
+        action="store_true",
+        help="start from --weights even where its layers do not fit the model: those layers keep their random "
+        "initial values (default: refuse; only the output convs of another class count are replaced silently)",
+    )
+    model.add_argument(
         "--freeze-body",
         type=int,
         choices=(0, 1, 2),
@@ -85,7 +91,13 @@ def build_parser() -> cli.ArgumentParser:
     recipe.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     recipe.add_argument("--lr", "--lr1", dest="lr1", type=float, default=1e-3, help="stage 1 learning rate")
     recipe.add_argument("--lr2", type=float, default=1e-4, help="stage 2 learning rate")
-    recipe.add_argument("--seed", type=int, default=0)
+    recipe.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds everything random in the run (initial weights, data order, augmentation): the same command "
+        "and seed give the same weights (default: a fresh seed, recorded in the run's args.json)",
+    )
     recipe.add_argument(
         "--steps-per-epoch",
         type=cli.positive_int,
@@ -130,6 +142,7 @@ def config_from_args(args):
         input_shape=tuple(args.input_size or (416, 416)),
         masks=args.masks,
         weights=args.weights,
+        weights_partial=args.weights_partial,
         val_split=args.val_split,
         batch_size=args.batch_size,
         batch_size2=args.batch_size2,
@@ -156,7 +169,70 @@ def config_from_args(args):
     )
 
 
-def run(args) -> int:
+# Flags that say how a resumed run executes, not what it computes: they
+# apply to the resumed process. Every other flag given with --resume must
+# agree with the run's args.json.
+RESUME_OVERRIDES = {"quiet": "verbose", "gpus": "gpus", "simulate_devices": "simulate_devices", "cache": "cache"}
+# Command-line names whose TrainConfig field differs, and how to read them.
+_FLAG_FIELDS = {
+    "input_size": ("input_shape", tuple),
+    "no_augment": ("augment", lambda value: not value),
+    "no_sync_bn": ("sync_bn", lambda value: not value),
+}
+_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights"}
+
+
+def given_flags(argv=None) -> dict:
+    """The flags present on the command line (dest -> value), defaults left out."""
+    import argparse
+
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_args(argv))
+
+
+def apply_resume_flags(config, args, given: dict) -> list[str]:
+    """Checks flags given with --resume against the saved run; returns the contradictions.
+
+    Flags in `RESUME_OVERRIDES` are applied to `config` (logged); every other
+    flag that agrees with the saved setting is accepted (logged), one that
+    differs is returned as a contradiction, naming both values.
+    """
+    problems = []
+    for dest, value in sorted(given.items()):
+        if dest in ("resume", "log_dir", "verbose"):  # verbose: logging only
+            continue
+        if dest in RESUME_OVERRIDES:
+            field = RESUME_OVERRIDES[dest]
+            new = (0 if value else 1) if dest == "quiet" else value
+            if getattr(config, field) != new:
+                logger.warning(
+                    "--resume: --%s applies to this resumed process (the run had %s=%r)",
+                    dest.replace("_", "-"),
+                    field,
+                    getattr(config, field),
+                )
+                setattr(config, field, new)
+            continue
+        field, convert = _FLAG_FIELDS.get(dest, (dest, lambda v: v))
+        if not hasattr(config, field):
+            problems.append(f"--{dest.replace('_', '-')} has no meaning for a resumed run")
+            continue
+        wanted, saved = convert(value), getattr(config, field)
+        if field in _PATH_FIELDS and wanted and saved:
+            same = os.path.abspath(wanted) == os.path.abspath(saved)
+        else:
+            same = wanted == saved
+        if same:
+            logger.info("--resume: --%s agrees with the saved run", dest.replace("_", "-"))
+        else:
+            problems.append(f"--{dest.replace('_', '-')} {value} (the run has {field}={saved!r})")
+    return problems
+
+
+def run(args, given: dict | None = None) -> int:
+    """The command; `given`: the flags present on the command line (for --resume)."""
     if args.demo:
         from keras_yolo_mgpu.cli.demo import main as demo_main
 
@@ -166,9 +242,19 @@ def run(args) -> int:
     if args.resume:
         if not args.log_dir:
             raise UsageError("--resume needs --log-dir of the run to continue")
-        with open(os.path.join(args.log_dir, "args.json"), encoding="utf-8") as handle:
+        args_json = os.path.join(args.log_dir, "args.json")
+        if not os.path.isfile(args_json):
+            raise UsageError(f"--resume: {args_json} not found; nothing to resume in {args.log_dir}")
+        with open(args_json, encoding="utf-8") as handle:
             config = TrainConfig.from_json(handle.read())
         config.resume = True
+        problems = apply_resume_flags(config, args, given or {})
+        if problems:
+            raise UsageError(
+                "--resume continues the run as it was started (its settings are in "
+                f"{args_json}); these flags contradict it: " + "; ".join(problems) + ". Drop them, or start a "
+                "new run (--weights of this run's checkpoint to start from it)."
+            )
     else:
         if not args.annotations:
             print(START_HELP)
@@ -193,7 +279,10 @@ def run(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(build_parser, run, argv, tensorflow=True)
+    def body(args):
+        return run(args, given_flags(argv) if args.resume else None)
+
+    return run_command(build_parser, body, argv, tensorflow=True)
 
 
 if __name__ == "__main__":

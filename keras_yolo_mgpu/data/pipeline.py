@@ -76,8 +76,10 @@ __all__ = ["DatasetBuilder", "build_targets", "make_dataset", "steps_per_epoch"]
 
 _RAM_CACHE_NAMES = ("ram", "memory")
 # The RAM cache is shared by every dataset of the process (training stages,
-# training and validation): (image path, canvas (w, h)) -> (pixels, stored size).
-_ram_cache: dict[tuple[str, tuple[int, int]], tuple[np.ndarray, tuple[int, int]]] = {}
+# training and validation): (image path, mtime, size, canvas (w, h)) ->
+# (pixels, stored size). The file's mtime and size are part of the key, so an
+# image changed on disk is decoded again.
+_ram_cache: dict[tuple[str, int, int, tuple[int, int]], tuple[np.ndarray, tuple[int, int]]] = {}
 # Files already reported as unreadable: warn once per file, not once per use.
 _warned_paths: set[str] = set()
 _warned_lock = threading.Lock()
@@ -190,8 +192,8 @@ class _ImageSource:
     their letterbox size (`letterbox.resize_for_letterbox`): validation pastes
     them unchanged, augmentation resamples them (a
     zoom beyond 1x is then a little softer than from the file). The RAM cache
-    lives as long as the process and is shared by all its datasets; a disk
-    cache entry is keyed by the image's path, mtime and size and the input
+    lives as long as the process and is shared by all its datasets; both
+    caches key an entry by the image's path, mtime and size and the input
     size, so a changed image is decoded again.
     """
 
@@ -219,9 +221,12 @@ class _ImageSource:
         if not self.cached:
             pixels = read_image(path)
             return pixels, (pixels.shape[1], pixels.shape[0])
-        ram_key = (path, self.canvas_size)
-        if self.ram and ram_key in _ram_cache:
-            return _ram_cache[ram_key]
+        ram_key = None
+        if self.ram:
+            stat = os.stat(path)
+            ram_key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size, self.canvas_size)
+            if ram_key in _ram_cache:
+                return _ram_cache[ram_key]
         cache_file = self._cache_file(path) if self.cache_dir is not None else None
         if cache_file is not None and os.path.exists(cache_file):
             header = np.fromfile(cache_file, dtype=np.int32, count=4)
@@ -324,14 +329,17 @@ def element_seed(seed: int, position):
     return tf.random.experimental.stateless_fold_in(augment_seed, tf.cast(position, tf.int64))
 
 
-def shuffled_indices(num_samples: int, seed) -> tf.data.Dataset:
-    """Endless stream of indices, a fresh permutation (a function of `seed`) per pass."""
+def shuffled_indices(num_samples: int, seed, start_position: int = 0) -> tf.data.Dataset:
+    """Endless stream of indices, a fresh permutation (a function of `seed`) per pass, from `start_position`."""
 
     def permutation(epoch):
         epoch_seed = tf.random.experimental.stateless_fold_in(seed, epoch)
         return tf.data.Dataset.from_tensor_slices(tf.argsort(tf.random.stateless_uniform([num_samples], epoch_seed)))
 
-    return tf.data.Dataset.counter().flat_map(permutation)
+    # Element p of the stream is element p % n of pass p // n: start at that
+    # pass and skip into it instead of replaying the passes before.
+    first_pass, offset = divmod(start_position, num_samples)
+    return tf.data.Dataset.counter(start=first_pass).flat_map(permutation).skip(offset)
 
 
 @dataclasses.dataclass(eq=False, repr=False)  # the repr would list every annotation
@@ -351,9 +359,10 @@ class DatasetBuilder:
     3. `batch`: exactly `batch_size` elements per batch.
     4. `to_model_inputs`: targets per output scale, the model's dict input.
 
-    Where later features go: a start position (resume) or a per-worker shard
-    changes only the index stream; mosaic is an element step reading several
-    indices; multi-scale changes `input_shape` per batch between steps 3 and 4.
+    The start position (a later stage, a resumed run) changes only the index
+    stream, as a per-worker shard would; mosaic is an element step reading
+    several indices; multi-scale changes `input_shape` per batch between
+    steps 3 and 4.
 
     Attributes: `make_dataset`'s arguments; `seed` is drawn at random when None.
     """
@@ -370,6 +379,9 @@ class DatasetBuilder:
     max_boxes: int = 20
     cache: str | None = None
     masks: list[list[int]] | None = None
+    start_position: int = 0
+    num_shards: int = 1
+    shard_index: int = 0
 
     def __post_init__(self):
         self._check_arguments()
@@ -403,6 +415,18 @@ class DatasetBuilder:
             )
         if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
             raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={self.cache!r}")
+        if self.start_position < 0 or (self.start_position and not self.training):
+            raise ValueError(
+                f"`start_position` must be >= 0, and is for training streams only. "
+                f"Received: start_position={self.start_position}, training={self.training}"
+            )
+        if not 0 <= self.shard_index < self.num_shards or batch_size % self.num_shards:
+            raise ValueError(
+                f"`num_shards` must divide `batch_size` and 0 <= `shard_index` < `num_shards`. Received: "
+                f"batch_size={batch_size}, num_shards={self.num_shards}, shard_index={self.shard_index}"
+            )
+        if self.num_shards > 1 and not self.training:
+            raise ValueError("`num_shards` > 1 is for training streams only (validation is sharded by Keras)")
         for annotation in self.annotations:
             classes = annotation.boxes[:, 4]
             bad = classes[(classes < 0) | (classes >= num_classes)]
@@ -415,9 +439,19 @@ class DatasetBuilder:
     # --- 1. index stream ---------------------------------------------------------
 
     def training_indices(self) -> tf.data.Dataset:
-        """Endless `(position, index)` int64 pairs, reshuffled every pass."""
+        """Endless `(position, index)` int64 pairs, reshuffled every pass, from `start_position`."""
         shuffle_seed = tf.random.experimental.stateless_fold_in(tf.constant([self.seed, 0], tf.int64), 1)
-        return shuffled_indices(self.num_samples, shuffle_seed).enumerate()
+        indices = shuffled_indices(self.num_samples, shuffle_seed, self.start_position).enumerate(
+            start=self.start_position
+        )
+        if self.num_shards > 1:
+            # Keep this shard's slice of every global batch before any image
+            # is read: the other slices are other workers' to decode.
+            slice_size = self.batch_size // self.num_shards
+            indices = indices.filter(
+                lambda position, index: (position % self.batch_size) // slice_size == self.shard_index
+            )
+        return indices
 
     def num_validation_batches(self) -> int:
         return steps_per_epoch(self.num_samples, self.batch_size)
@@ -558,9 +592,14 @@ class DatasetBuilder:
 
     # --- 3. batches, 4. targets ----------------------------------------------------
 
+    @property
+    def shard_batch_size(self) -> int:
+        """Elements per batch this pipeline yields: the global batch over `num_shards`."""
+        return self.batch_size // self.num_shards
+
     def batch(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        """Batches of exactly `batch_size` (the global batch)."""
-        return dataset.batch(self.batch_size, drop_remainder=True)
+        """Batches of exactly `shard_batch_size` (the global batch with one shard)."""
+        return dataset.batch(self.shard_batch_size, drop_remainder=True)
 
     def to_model_inputs(self, images, boxes, *weights):
         """A batch of (images, boxes[, weights]) -> ({"image", "y_true_0", ...}, zeros[, weights])."""
@@ -569,7 +608,7 @@ class DatasetBuilder:
             build_targets(boxes, self.input_shape, self.anchors, self.num_classes, self.masks)
         ):
             x[f"y_true_{layer}"] = y_true
-        y = tf.zeros([self.batch_size, 1], tf.float32)
+        y = tf.zeros([self.shard_batch_size, 1], tf.float32)
         return (x, y, *weights)
 
     def build(self) -> tf.data.Dataset:
@@ -596,6 +635,9 @@ def make_dataset(
     max_boxes: int = 20,
     cache: str | None = None,
     masks=None,
+    start_position: int = 0,
+    num_shards: int = 1,
+    shard_index: int = 0,
 ) -> tf.data.Dataset:
     """Builds the training or validation dataset (see the module docstring).
 
@@ -619,6 +661,15 @@ def make_dataset(
             validation set). A directory may be reused between runs.
         masks: anchor indices per scale for the targets (default
             keras-yolo3's); must be the loss's masks.
+        start_position: training only: the stream element to start at, so
+            a later stage or a resumed run continues the stream where it
+            stopped (the images drawn so far; element `p` is always the same
+            image with the same augmentation for a given seed).
+        num_shards, shard_index: training only: build only the
+            `shard_index`-th of `num_shards` equal, contiguous slices of every
+            global batch (one per input pipeline of a multi-worker cluster, see
+            `distribute_training_dataset`); batches then hold
+            `batch_size // num_shards` elements and only those images are read.
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
@@ -635,4 +686,49 @@ def make_dataset(
         max_boxes=max_boxes,
         cache=cache,
         masks=masks,
+        start_position=start_position,
+        num_shards=num_shards,
+        shard_index=shard_index,
     ).build()
+
+
+def distribute_training_dataset(strategy, annotations, input_shape, anchors, num_classes, batch_size, **kwargs):
+    """The training stream for `strategy`, each input pipeline reading only its own images.
+
+    Under `MultiWorkerMirroredStrategy` (several input pipelines), handing
+    Keras the global stream makes every worker read, decode and augment every
+    image and keep 1/W of them (tf.data's data sharding). Here each pipeline
+    builds only its slice of every global batch (`make_dataset`'s
+    `num_shards`): the global batch holds the same images, with the same
+    augmentation, as with one worker, so N workers still train like one
+    device. With one input pipeline this is `make_dataset` itself.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` training runs under.
+        batch_size: the GLOBAL batch size.
+        **kwargs: `make_dataset`'s keyword arguments (`training=True` is implied).
+
+    Returns:
+        A `tf.data.Dataset`, or a distributed dataset Keras's `fit` accepts.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return make_dataset(annotations, input_shape, anchors, num_classes, batch_size, training=True, **kwargs)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = make_dataset(
+            annotations,
+            input_shape,
+            anchors,
+            num_classes,
+            batch_size,
+            training=True,
+            num_shards=context.num_input_pipelines,
+            shard_index=context.input_pipeline_id,
+            **kwargs,
+        )
+        per_replica = context.get_per_replica_batch_size(batch_size)
+        if per_replica != batch_size // context.num_input_pipelines:  # several replicas per worker
+            dataset = dataset.rebatch(per_replica)
+        return dataset
+
+    return strategy.distribute_datasets_from_function(dataset_fn)

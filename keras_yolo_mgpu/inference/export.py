@@ -45,6 +45,9 @@ BOX_TOLERANCE_PX = 0.05
 SCORE_TOLERANCE = 1e-4
 ONNX_OPSET = 17
 ONNX_MISSING = "ONNX export is not available: pip install tf2onnx onnxruntime"
+# Written into every SavedModel folder this tool exports: only such a folder
+# (or an empty one) is ever replaced by a new export.
+EXPORT_MARKER = "keras_yolo_mgpu_export.json"
 
 
 class ExportError(RuntimeError):
@@ -106,6 +109,40 @@ def export_savedmodel(model, path: str) -> str:
     """Writes a SavedModel directory with a `serving_default` signature."""
     # A failed export leaves an existing folder at `path` as it was.
     return replace_directory(path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False))
+
+
+def _export_marked_savedmodel(model, path: str) -> str:
+    """`export_savedmodel` plus `EXPORT_MARKER` inside, written before the folder moves into place."""
+
+    def write(folder):
+        model.export(folder, format="tf_saved_model", verbose=False)
+        with open(os.path.join(folder, EXPORT_MARKER), "w", encoding="utf-8") as f:
+            f.write('{"written_by": "keras_yolo_mgpu.export", "format": "savedmodel"}\n')
+
+    return replace_directory(path, write)
+
+
+def _check_output(output: str, fmt: str, overwrite: bool) -> None:
+    """Raises FileExistsError when writing `output` would replace something this tool did not write."""
+    if not os.path.lexists(output):
+        return
+    if fmt == "savedmodel":
+        if os.path.isdir(output) and not os.path.islink(output):
+            entries = os.listdir(output)
+            if not entries or EXPORT_MARKER in entries:
+                return
+        raise FileExistsError(
+            f"--output {output} already exists and is not a SavedModel exported by this tool (it has no "
+            f"{EXPORT_MARKER}); nothing was written or removed. Choose a new path (the export is a folder), or "
+            "move that one away yourself."
+        )
+    if os.path.isdir(output):
+        raise FileExistsError(f"--output {output} is a folder; a {fmt} export is a file: give a file path")
+    if not overwrite:
+        raise FileExistsError(
+            f"--output {output} already exists; nothing was written. Pass --overwrite to replace it, or choose "
+            "another path."
+        )
 
 
 def export_tflite(model, path: str) -> str:
@@ -285,6 +322,7 @@ def export_model(
     check: bool = True,
     masks=None,
     settings=None,
+    overwrite: bool = False,
 ) -> dict:
     """Exports `weights` in format `fmt`; returns `{"format", "path", "check", "metadata"}`.
 
@@ -295,12 +333,20 @@ def export_model(
     (and into the ONNX file's `metadata_props`), so the exported model
     still says which classes its class ids are.
 
+    Nothing the user made is removed or overwritten: a SavedModel replaces
+    only an empty folder or a previous export of this tool (it holds
+    `EXPORT_MARKER`); a `.tflite`/`.onnx` file replaces an existing file only
+    with `overwrite`. Every export is written beside `output` and moved into
+    place when complete, so an interrupted export leaves the previous one.
+
     Raises:
+        FileExistsError: `output` exists and may not be replaced (see above).
         ExportError: the format cannot be made here (ONNX tools missing) or
             the export does not match the Keras model.
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}. Received: format={fmt!r}")
+    _check_output(output or default_output(weights, fmt), fmt, overwrite)  # before the slow part
     if fmt == "onnx":
         _import_onnx_tools()  # fail before building anything
     if settings is None:
@@ -323,9 +369,8 @@ def export_model(
         batch_size=1 if fmt == "tflite" else None,
     )
     output = output or default_output(weights, fmt)
-    parent = os.path.dirname(os.path.abspath(output))
-    os.makedirs(parent, exist_ok=True)
-    {"savedmodel": export_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
+    _check_output(output, fmt, overwrite)  # again: building took a while
+    {"savedmodel": _export_marked_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
     if fmt == "onnx":
         _add_onnx_metadata(output, settings)
     metadata_path = write_sidecar(output, settings)

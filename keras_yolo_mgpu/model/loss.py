@@ -232,6 +232,10 @@ class YoloLoss(keras.layers.Layer):
         self.num_classes = int(num_classes)
         self.ignore_thresh = float(ignore_thresh)
         self.max_true_boxes = None if max_true_boxes is None else int(max_true_boxes)
+        # The exact ignore mask gathers a data-dependent number of boxes, which
+        # XLA cannot compile: without a bound, tell Keras so that its default
+        # `jit_compile="auto"` (XLA on a single GPU) leaves the step to TF.
+        self.supports_jit = self.max_true_boxes is not None
         num_output_layers(len(self.anchors))  # validates the anchor count
         self.masks = resolve_masks(masks, len(self.anchors))
         self.scale_x_y = None if scale_x_y is None else [float(s) for s in scale_x_y]

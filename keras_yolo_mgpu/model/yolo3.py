@@ -20,6 +20,7 @@ from collections import defaultdict
 import keras
 from keras import layers
 
+from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides
 from keras_yolo_mgpu.model.loss import YoloLoss
 
@@ -58,9 +59,9 @@ def _darknet_conv(x, filters, kernel_size, names, strides=1, use_bias=True, name
 
 
 def _conv_bn_leaky(x, filters, kernel_size, names, strides=1, sync_bn=False):
-    """Conv2D (no bias) + BatchNormalization + LeakyReLU(0.1)."""
+    """Conv2D (no bias) + BatchNormalization (fused kernel, see batch_norm.py) + LeakyReLU(0.1)."""
     x = _darknet_conv(x, filters, kernel_size, names, strides=strides, use_bias=False)
-    x = layers.BatchNormalization(synchronized=sync_bn, name=names("batch_normalization"))(x)
+    x = BatchNormalization(synchronized=sync_bn, name=names("batch_normalization"))(x)
     return layers.LeakyReLU(negative_slope=LEAKY_SLOPE, name=names("leaky_re_lu"))(x)
 
 
@@ -234,7 +235,7 @@ def create_model(
     *,
     sync_bn: bool = False,
     ignore_thresh: float | None = None,
-    skip_mismatch: bool = True,
+    weights_partial: bool = False,
     max_true_boxes: int | None = None,
     masks=None,
     model: str | None = None,
@@ -248,8 +249,12 @@ def create_model(
         num_classes: number of classes.
         freeze_body: 0, 1 or 2, see `freeze_layers`.
         weights_path: optional weights to start from (any file
-            `checkpoints.load_weights` takes); with `skip_mismatch` the
-            output convs of another class count are left at their init.
+            `weights.loading.load_weights` takes). Output convs of another
+            class count are left at their init (transfer to a new
+            dataset); any other mismatch raises ValueError naming the
+            layers, unless `weights_partial`.
+        weights_partial: load whatever layers match and leave every other
+            one at its init (each is logged as a warning).
         sync_bn: synchronized BatchNormalization across replicas.
         ignore_thresh: IoU above which a prediction is not penalised as
             background (default: the model's, 0.5 for YOLOv3, 0.7 for YOLOv4).
@@ -275,7 +280,7 @@ def create_model(
     if weights_path:
         from keras_yolo_mgpu.weights.loading import load_weights
 
-        load_weights(body, weights_path, skip_mismatch=skip_mismatch)
+        load_weights(body, weights_path, skip_mismatch=weights_partial, allow_new_classes=True)
     freeze_layers(body, freeze_body)
 
     num_layers = num_output_layers(len(anchors))

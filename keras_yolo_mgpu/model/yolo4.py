@@ -25,6 +25,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.yolo3 import BODY_PREFIX, HEAD_PREFIX, LEAKY_SLOPE, OUTPUT_PREFIX, _darknet_conv, _Namer
 
 _SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
@@ -99,7 +100,7 @@ class _Blocks:
         conv_name = self.names("conv2d")
         x = _darknet_conv(x, filters, kernel_size, self.names, strides=strides, use_bias=False, name=conv_name)
         bn_name = self.names("batch_normalization")
-        x = layers.BatchNormalization(synchronized=self.sync_bn, name=bn_name)(x)
+        x = BatchNormalization(synchronized=self.sync_bn, name=bn_name)(x)
         self.order.append((conv_name, bn_name))
         if activation == "mish":
             return Mish(name=self.names("mish"))(x)

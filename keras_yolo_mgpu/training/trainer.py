@@ -6,6 +6,17 @@ Each run writes into one log directory: `args.json`, best checkpoints of the
 template (single-device) weights, `history.csv`, `loss.png`, TensorBoard
 logs and `trained_weights_final.weights.h5`.
 
+Reproducibility: `seed` seeds every random draw of the run (the initial
+weights, the validation split, the data order and augmentation). The
+initial weights are built once, outside any strategy, and copied into the
+model the strategy builds, so they do not depend on the device count.
+
+Stream and resume: the training data is one stream over both stages; each
+epoch reads the next `steps * global_batch` images of it. At every epoch
+end `run_state.RunStateCheckpoint` saves the model, the optimizer, the
+callbacks' counters and the stream position; `resume=True` continues from
+there and ends with the weights of the uninterrupted run.
+
 Devices: `parallel="strategy"` (default) uses MirroredStrategy over the
 selected GPUs (or MultiWorkerMirroredStrategy), `parallel="multi_gpu_model"`
 the in-graph replica model. Either way the global batch must divide by the
@@ -50,6 +61,7 @@ class TrainConfig:
     masks: list | None = None
     input_shape: tuple[int, int] = (416, 416)
     weights: str | None = None
+    weights_partial: bool = False
     val_annotations: str | None = None
     val_split: float = 0.1
     batch_size: int = 32
@@ -60,7 +72,8 @@ class TrainConfig:
     optimizer: str = "adam"
     lr1: float = 1e-3
     lr2: float = 1e-4
-    seed: int = 0
+    # None: `train` draws one and records it in args.json.
+    seed: int | None = None
     augment: bool = True
     log_dir: str = "logs/000"
     gpus: int | None = None
@@ -257,15 +270,26 @@ def _configure_precision(config: TrainConfig) -> None:
     if not config.mixed_precision:
         return
     if not tf.config.list_physical_devices("GPU"):
-        logger.warning("--mixed-precision: no GPU visible, float16 on the CPU is slow; training in float32")
-        return
+        # It runs (the tests exercise it on the CPU), it just buys nothing there.
+        logger.warning("--mixed-precision: no GPU visible; float16 on the CPU is slower than float32")
     keras.mixed_precision.set_global_policy("mixed_float16")
+    logger.info("mixed precision: float16 compute, float32 variables and loss, loss-scaled optimizer")
+
+
+def draw_seed() -> int:
+    """A fresh seed for a run started without one (recorded in args.json)."""
+    return int.from_bytes(os.urandom(4), "little") % (2**31)
 
 
 def train(config: TrainConfig) -> TrainResult:
     """Runs both stages; see the module docstring for what is written."""
     config.validate()
-    from keras_yolo_mgpu.parallel.engine import build_engine, is_chief
+    if config.seed is None:
+        config.seed = draw_seed()
+        logger.info(
+            "seed %d (drawn; recorded in args.json: pass --seed %d to repeat the run)", config.seed, config.seed
+        )
+    from keras_yolo_mgpu.parallel.engine import build_engine
 
     engine = build_engine(
         config.gpus,
@@ -274,15 +298,100 @@ def train(config: TrainConfig) -> TrainResult:
         parallel=config.parallel,
         sync_bn=config.sync_bn,
     )  # before any TF op
+    from keras.src.backend.common import global_state
+
+    # The dtype policy is process-global: a mixed-precision run must not
+    # leave it set for whatever the process builds next (nor pin it to this
+    # run's floatx, which Keras does when a layer first asks for it).
+    previous_policy = global_state.get_global_attribute("dtype_policy", None)
+    try:
+        return _train(config, engine)
+    finally:
+        global_state.set_global_attribute("dtype_policy", previous_policy)
+
+
+def _initial_weights(config: TrainConfig, anchors, num_classes: int) -> list:
+    """The run's start weights: seeded init, then `config.weights`, built outside any strategy.
+
+    Built once, identically whatever the device count or strategy (the
+    strategy's model then receives these values), so `seed` alone decides
+    them. Raises ValueError when `config.weights` does not fit the model,
+    naming the layers, unless `config.weights_partial`.
+    """
+    import keras
+
+    from keras_yolo_mgpu.model.yolo3 import build_body
+    from keras_yolo_mgpu.weights.loading import load_weights
+
+    keras.utils.set_random_seed(config.seed)
+    template = build_body(anchors, num_classes)
+    if config.weights:
+        try:
+            report = load_weights(
+                template, config.weights, skip_mismatch=config.weights_partial, allow_new_classes=True
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"{error} Nothing was trained. To start anyway from the layers that do match, leaving the others "
+                "at their random initial values, pass --weights-partial (TrainConfig.weights_partial)."
+            ) from None
+        kept = [s.layer for s in report.skipped if not s.layer.startswith("yolo_output_")]
+        if kept:
+            logger.warning(
+                "--weights-partial: %d layer(s) start from random values, not from %s: %s%s",
+                len(kept),
+                config.weights,
+                ", ".join(kept[:5]),
+                "" if len(kept) <= 5 else f" and {len(kept) - 5} more",
+            )
+    weights = template.get_weights()
+    del template
+    return weights
+
+
+def _trim_history(history_csv: str, epochs_done: int) -> None:
+    """Drops rows of epochs a resumed run repeats (finished after the last saved state)."""
+    import csv
+
+    if not os.path.isfile(history_csv):
+        return
+    with open(history_csv, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or "epoch" not in rows[0]:
+        return
+    column = rows[0].index("epoch")
+    kept = [rows[0]]
+    for row in rows[1:]:
+        try:
+            complete = len(row) == len(rows[0]) and int(row[column]) < epochs_done
+        except ValueError:  # a row cut short by the kill
+            complete = False
+        if complete:
+            kept.append(row)
+    if len(kept) == len(rows):
+        return
+    from keras_yolo_mgpu.fileio import atomic_write
+
+    def write(temporary):
+        with open(temporary, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(kept)
+
+    atomic_write(history_csv, write)
+
+
+def _train(config: TrainConfig, engine) -> TrainResult:
+    from keras_yolo_mgpu.parallel.engine import is_chief
+
     strategy, devices, replicas = engine.strategy, engine.devices, engine.replicas
     import keras
 
-    from keras_yolo_mgpu.data.pipeline import make_dataset, steps_per_epoch
+    from keras_yolo_mgpu.data.pipeline import distribute_training_dataset, make_dataset, steps_per_epoch
     from keras_yolo_mgpu.keras_compat import (
         patch_multiworker_first_batch_build,
         patch_multiworker_log_reduction,
     )
     from keras_yolo_mgpu.model.yolo3 import create_model, freeze_layers
+    from keras_yolo_mgpu.training import run_state
     from keras_yolo_mgpu.training.callbacks import LossPlot, Throughput
     from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
 
@@ -300,6 +409,25 @@ def train(config: TrainConfig) -> TrainResult:
     run_dir = config.log_dir if chief else tempfile.mkdtemp(prefix="yolo_worker_")
     if chief:
         _prepare_log_dir(config)
+    history_csv = os.path.join(run_dir, "history.csv")
+    # Where the run stands: None for a new run, or a resumed one killed
+    # before its first epoch ended (it starts over, as it began).
+    state = run_state.read_run_state(config.log_dir) if config.resume else None
+    if state is not None and state.finished:
+        raise ValueError(
+            f"the run in {config.log_dir} already finished ({FINAL_WEIGHTS} is written); nothing to resume. "
+            f"To train further, start a new run with --weights {os.path.join(config.log_dir, FINAL_WEIGHTS)}."
+        )
+    if config.resume and chief:
+        run_state.remove_stale_files(config.log_dir, keep=state.weights if state else None)
+        _trim_history(history_csv, state.epoch if state else 0)
+        if state is not None:
+            logger.info(
+                "resume: %d epoch(s) done (stage %d), stream at image %d",
+                state.epoch,
+                state.stage,
+                state.stream_position,
+            )
     _configure_precision(config)
 
     class_names, anchors, masks, kind = _model_settings(config)
@@ -318,18 +446,20 @@ def train(config: TrainConfig) -> TrainResult:
         ", ".join(devices) or "the cluster",
     )
 
-    def datasets(batch):
-        train_ds = make_dataset(
+    def datasets(batch, start_position):
+        # Under MultiWorkerMirroredStrategy each worker reads only its share.
+        train_ds = distribute_training_dataset(
+            strategy,
             train_annotations,
             config.input_shape,
             anchors,
             len(class_names),
             batch,
-            training=True,
             augment=config.augment,
             seed=config.seed,
             cache=config.cache,
             max_boxes=MAX_BOXES,
+            start_position=start_position,
             masks=masks,
         )
         val_ds = None
@@ -349,15 +479,16 @@ def train(config: TrainConfig) -> TrainResult:
         steps = config.steps_per_epoch or steps_per_epoch(len(train_annotations), batch)
         return train_ds, val_ds, steps
 
-    stage1_path = os.path.join(config.log_dir, STAGE1_WEIGHTS)
-    stage1_done = config.resume and os.path.isfile(stage1_path)
+    stage1_left = config.freeze_epochs > 0 and (state is None or state.stage == 1)
+    # A resumed run takes every weight from its backup; a new one from the
+    # seeded template (and --weights).
+    initial_weights = _initial_weights(config, anchors, len(class_names)) if state is None else None
     with strategy.scope():
         body, train_model = create_model(
             config.input_shape,
             anchors,
             len(class_names),
-            freeze_body=config.freeze_body if config.freeze_epochs > 0 and not stage1_done else 0,
-            weights_path=None if stage1_done else config.weights,
+            freeze_body=config.freeze_body if stage1_left else 0,
             sync_bn=engine.sync_bn,
             # XLA needs static shapes: gather at most MAX_BOXES true boxes per
             # scale, exact because the pipeline keeps at most that many.
@@ -365,16 +496,14 @@ def train(config: TrainConfig) -> TrainResult:
             masks=masks,
             model=kind,
         )
-        if stage1_done:
-            body.load_weights(stage1_path)
-            logger.info("resume: stage 1 already finished, loaded %s", stage1_path)
+        if initial_weights is not None:
+            body.set_weights(initial_weights)
         fit_model = engine.wrap(train_model)
     if config.strategy == "multiworker":
         # Two Keras 3.15 bugs with the collective strategy, see keras_compat.py.
         patch_multiworker_first_batch_build(fit_model)
         patch_multiworker_log_reduction()
 
-    history_csv = os.path.join(run_dir, "history.csv")
     common_callbacks = [
         Throughput(batch_sizes[0]),
         # Append: both stages (and a resumed run) add rows to one file; a new
@@ -391,8 +520,13 @@ def train(config: TrainConfig) -> TrainResult:
         ),
     ]
 
-    def fit(stage, learning_rate, batch, initial_epoch, end_epoch, extra_callbacks):
-        train_ds, val_ds, steps = datasets(batch)
+    def fit(stage, learning_rate, batch, initial_epoch, end_epoch, extra_callbacks, position, restore):
+        """One stage's `fit` from `initial_epoch`, reading the stream from `position`.
+
+        `restore`: the RunState to continue (its backup weights and optimizer,
+        its callbacks' counters), or None. Returns (history, last RunState).
+        """
+        train_ds, val_ds, steps = datasets(batch, position)
         common_callbacks[0].global_batch_size = batch
         with strategy.scope():
             fit_model.compile(
@@ -400,9 +534,20 @@ def train(config: TrainConfig) -> TrainResult:
                 loss=_totalloss(),
                 jit_compile=bool(config.jit),
             )
-        backup = keras.callbacks.BackupAndRestore(
-            os.path.join(run_dir, "backup", f"stage{stage}"), delete_checkpoint=True
+            if restore is not None and restore.weights_kind == "fit":
+                run_state.restore_fit_weights(fit_model, os.path.join(config.log_dir, restore.weights))
+        tracked = [*common_callbacks, *extra_callbacks]
+        saver = run_state.RunStateCheckpoint(
+            run_dir,
+            stage=stage,
+            initial_epoch=initial_epoch,
+            start_position=position,
+            images_per_epoch=steps * batch,
+            tracked=tracked,
+            restore=restore.callbacks if restore is not None else None,
         )
+        if initial_epoch >= end_epoch:  # a resumed stage whose last epoch was done
+            return {}, restore
         logger.info(
             "stage %d: epochs %d-%d, lr %g, global batch %d (%d per replica), %d steps/epoch, %d trainable weights",
             stage,
@@ -420,20 +565,44 @@ def train(config: TrainConfig) -> TrainResult:
             validation_data=val_ds,
             epochs=end_epoch,
             initial_epoch=initial_epoch,
-            callbacks=[backup, *common_callbacks, *extra_callbacks],
+            callbacks=[*tracked, saver],
             verbose=config.verbose,
         )
-        return result.history
+        return result.history, saver.last_state
 
     history: dict[str, list[float]] = {}
-    if config.freeze_epochs > 0 and not stage1_done:
-        for key, values in fit(1, config.lr1, batch_sizes[0], 0, config.freeze_epochs, []).items():
+    epoch = state.epoch if state else 0
+    position = state.stream_position if state else 0
+    stage1_path = os.path.join(config.log_dir, STAGE1_WEIGHTS)
+    last = state
+    if stage1_left:
+        stage_history, last = fit(1, config.lr1, batch_sizes[0], epoch, config.freeze_epochs, [], position, state)
+        for key, values in stage_history.items():
             history.setdefault(key, []).extend(values)
+        position = last.stream_position
+        epoch = config.freeze_epochs
+        # Stage 2 starts from stage 1's weights with a fresh optimizer, so
+        # its starting point is the body's weights alone.
+        last = run_state.RunState(
+            stage=2,
+            epoch=epoch,
+            stream_position=position,
+            weights=STAGE1_WEIGHTS,
+            weights_kind="body",
+            callbacks=run_state.callback_states(common_callbacks),
+        )
         if chief:
             save_weights_atomic(body, stage1_path, metadata)
+            run_state.write_run_state(config.log_dir, last)
+            run_state.remove_stale_files(config.log_dir, keep=None)
 
-    if config.epochs > config.freeze_epochs:
+    # Stage 2 continues a saved state only on resume; after stage 1 in this
+    # process its callbacks and weights are already where they should be.
+    resume_stage2 = state if state is not None and state.stage == 2 else None
+    if config.epochs > config.freeze_epochs and not (resume_stage2 is not None and resume_stage2.stopped):
         freeze_layers(body, 0)
+        if resume_stage2 is not None and resume_stage2.weights_kind == "body":
+            body.load_weights(os.path.join(config.log_dir, resume_stage2.weights))
         monitor = "val_loss" if val_annotations else "loss"
         stage2_callbacks = [
             keras.callbacks.ReduceLROnPlateau(
@@ -443,17 +612,22 @@ def train(config: TrainConfig) -> TrainResult:
                 monitor=monitor, min_delta=0, patience=config.early_stopping_patience, verbose=1
             ),
         ]
-        for key, values in fit(
-            2, config.lr2, batch_sizes[1], config.freeze_epochs, config.epochs, stage2_callbacks
-        ).items():
+        stage_history, last = fit(
+            2, config.lr2, batch_sizes[1], epoch, config.epochs, stage2_callbacks, position, resume_stage2
+        )
+        for key, values in stage_history.items():
             history.setdefault(key, []).extend(values)
 
     final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)
     if chief:
         save_weights_atomic(body, final_path, metadata)
         logger.info("final weights (single-device template): %s", final_path)
-        try:  # BackupAndRestore removed its stage folders; drop their parent
-            os.rmdir(os.path.join(run_dir, "backup"))
+        if last is not None:
+            # The backups served their purpose; the state stays, marked finished.
+            run_state.write_run_state(config.log_dir, dataclasses.replace(last, weights=None, finished=True))
+        run_state.remove_stale_files(config.log_dir, keep=None)
+        try:
+            os.rmdir(os.path.join(run_dir, run_state.BACKUP_DIR))
         except OSError:
             pass
     else:

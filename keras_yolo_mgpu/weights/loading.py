@@ -64,7 +64,7 @@ class LoadReport:
             `"keras2-model"` (full `model.save` HDF5); `"+nested"` is appended
             when the template was a nested layer of the saved model.
         loaded: number of model layers whose weights were set.
-        skipped: layers left as they were (`skip_mismatch=True`).
+        skipped: layers left as they were (`skip_mismatch`, `allow_new_classes`).
         metadata: the file's `weights.metadata.ModelMetadata` (model kind,
             anchors, masks, classes, input size), None for a legacy file.
     """
@@ -88,7 +88,9 @@ class _SourceLayer:
         return [tuple(a.shape) for a in self.arrays]
 
 
-def load_weights(model: keras.Model, path: str, skip_mismatch: bool = False) -> LoadReport:
+def load_weights(
+    model: keras.Model, path: str, skip_mismatch: bool = False, *, allow_new_classes: bool = False
+) -> LoadReport:
     """Loads weights from any file this project or keras-yolo3 writes into `model`.
 
     Args:
@@ -99,10 +101,14 @@ def load_weights(model: keras.Model, path: str, skip_mismatch: bool = False) -> 
             HDF5 file (`save_weights` or `model.save`, keras-yolo3's body,
             training model or `multi_gpu_model`). The format is detected
             from the content, not the extension. The file is only read.
-        skip_mismatch: leave layers whose weight shapes differ from the
-            file's at their current values instead of raising: transfer to
-            another class count, where only the output convolutions
-            (`yolo_output_*`) differ. Each skip is logged.
+        skip_mismatch: leave EVERY layer whose weight shapes differ from
+            the file's at its current values instead of raising (a partial
+            load the caller asked for). Each skip is logged as a warning.
+        allow_new_classes: leave the output convolutions (`yolo_output_*`)
+            at their current values when they differ from the file's in the
+            output channel count only (`num_anchors * (5 + num_classes)`):
+            transfer to another class count. Any other mismatch still
+            raises.
 
     Returns:
         A `LoadReport`.
@@ -111,15 +117,16 @@ def load_weights(model: keras.Model, path: str, skip_mismatch: bool = False) -> 
         FileNotFoundError: `path` does not exist.
         ValueError: unknown format; the file holds another network (layer
             counts differ); a layer's shapes differ (without
-            `skip_mismatch`), naming the model layer, the file layer and both
-            shapes, and what the file's metadata says it holds.
+            `skip_mismatch`, and beyond the output channels with
+            `allow_new_classes`), naming the file, the model layer, the file
+            layer and both shapes, and what the file's metadata says it holds.
     """
     from keras_yolo_mgpu.weights.metadata import read_metadata
 
     path = os.fspath(path)
     metadata = read_metadata(path) if os.path.isfile(path) else None
     try:
-        report = _load_any_format(model, path, skip_mismatch)
+        report = _load_any_format(model, path, skip_mismatch, allow_new_classes)
     except ValueError as error:
         if metadata is None:
             raise
@@ -139,16 +146,17 @@ def load_weights(model: keras.Model, path: str, skip_mismatch: bool = False) -> 
     return report
 
 
-def _load_any_format(model: keras.Model, path: str, skip_mismatch: bool) -> LoadReport:
+def _load_any_format(model: keras.Model, path: str, skip_mismatch: bool, allow_new_classes: bool) -> LoadReport:
     """`load_weights` without the metadata: detects the format and assigns the arrays."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights file not found: {path}")
+    policy = _MismatchPolicy(skip_all=bool(skip_mismatch), new_classes=bool(allow_new_classes))
     targets = weight_layers(model)
     if not targets:
         raise ValueError(f"model {model.name!r} has no weights to load (is it built?)")
 
     if zipfile.is_zipfile(path):
-        return _load_keras_archive(targets, path, skip_mismatch)
+        return _load_keras_archive(targets, path, policy)
     if not h5py.is_hdf5(path):
         hint = ""
         if path.endswith(".weights") and not path.endswith(_WEIGHTS_SUFFIX):
@@ -156,11 +164,11 @@ def _load_any_format(model: keras.Model, path: str, skip_mismatch: bool) -> Load
         raise ValueError(f"{path} is neither an HDF5 weights file nor a .keras archive.{hint}")
     with h5py.File(path, "r") as handle:
         if _attr_list(handle, "layer_names"):
-            return _load_keras2(targets, handle, path, "keras2-weights", skip_mismatch)
+            return _load_keras2(targets, handle, path, "keras2-weights", policy)
         if "model_weights" in handle and _attr_list(handle["model_weights"], "layer_names"):
-            return _load_keras2(targets, handle["model_weights"], path, "keras2-model", skip_mismatch)
+            return _load_keras2(targets, handle["model_weights"], path, "keras2-model", policy)
         if "layers" in handle or "vars" in handle:
-            return _load_keras3(targets, handle, path, "keras3-weights", skip_mismatch)
+            return _load_keras3(targets, handle, path, "keras3-weights", policy)
         raise ValueError(
             f"{path} is an HDF5 file but not a Keras weights file "
             f"(top-level entries: {sorted(handle.keys())[:10]}, attributes: {sorted(handle.attrs.keys())[:10]})"
@@ -246,7 +254,7 @@ def _keras2_entries(group) -> tuple[list[_SourceLayer], bool, list[list[_SourceL
     return layers, bool(nested_groups), nested_groups
 
 
-def _load_keras2(targets, group, path, format_name, skip_mismatch) -> LoadReport:
+def _load_keras2(targets, group, path, format_name, policy) -> LoadReport:
     sources, nested, nested_groups = _keras2_entries(group)
     if nested:
         format_name += "+nested"
@@ -254,7 +262,7 @@ def _load_keras2(targets, group, path, format_name, skip_mismatch) -> LoadReport
         raise ValueError(_count_mismatch_message(path, targets, sources, nested))
     if nested and len(nested_groups) == 1 and len(nested_groups[0]) == len(sources):
         sources = _order_nested(targets, sources)
-    return _assign_in_order(targets, sources, path, format_name, skip_mismatch)
+    return _assign_in_order(targets, sources, path, format_name, policy)
 
 
 _AUTO_NAME = re.compile(r"^(?P<kind>.*?)(?:_(?P<n>\d+))?$")
@@ -357,7 +365,7 @@ def _positional_keys(targets) -> list[str]:
     return keys
 
 
-def _load_keras3(targets, handle, path, format_name, skip_mismatch) -> LoadReport:
+def _load_keras3(targets, handle, path, format_name, policy) -> LoadReport:
     roots = _keras3_layer_groups(handle)
     if not roots:
         raise ValueError(f"{path}: a Keras 3 weights file without layer weights")
@@ -400,16 +408,16 @@ def _load_keras3(targets, handle, path, format_name, skip_mismatch) -> LoadRepor
         )
         for group in groups
     ]
-    return _assign_in_order(targets, sources, path, format_name, skip_mismatch)
+    return _assign_in_order(targets, sources, path, format_name, policy)
 
 
-def _load_keras_archive(targets, path, skip_mismatch) -> LoadReport:
+def _load_keras_archive(targets, path, policy) -> LoadReport:
     with zipfile.ZipFile(path) as archive:
         if "model.weights.h5" not in archive.namelist():
             raise ValueError(f"{path} is a zip file but not a .keras archive with HDF5 weights")
         with archive.open("model.weights.h5") as weights, h5py.File(weights, "r") as handle:
             try:
-                return _load_keras3(targets, handle, path, "keras3-archive", skip_mismatch)
+                return _load_keras3(targets, handle, path, "keras3-archive", policy)
             except ValueError as error:
                 if "saved from another network" not in str(error):
                     raise
@@ -419,13 +427,31 @@ def _load_keras_archive(targets, path, skip_mismatch) -> LoadReport:
     sources = [_SourceLayer(layer.name, [np.asarray(w) for w in layer.get_weights()]) for layer in weight_layers(saved)]
     if len(sources) != len(targets):
         raise ValueError(_count_mismatch_message(path, targets, sources, nested=False))
-    return _assign_in_order(targets, sources, path, "keras3-archive", skip_mismatch)
+    return _assign_in_order(targets, sources, path, "keras3-archive", policy)
 
 
 # ---- Shared ---------------------------------------------------------------
 
 
-def _assign_in_order(targets, sources, path, format_name, skip_mismatch) -> LoadReport:
+@dataclasses.dataclass(frozen=True)
+class _MismatchPolicy:
+    """Which shape mismatches `load_weights` may skip instead of raising."""
+
+    skip_all: bool = False
+    new_classes: bool = False
+
+    def allows(self, layer, source, expected) -> bool:
+        return self.skip_all or (self.new_classes and _differs_in_output_channels_only(layer, source, expected))
+
+
+def _differs_in_output_channels_only(layer, source, expected) -> bool:
+    """An output conv of another class count: same arrays but for the last (channel) axis."""
+    if not layer.name.startswith(_OUTPUT_PREFIX) or len(source.shapes) != len(expected):
+        return False
+    return all(len(a) == len(b) and a[:-1] == b[:-1] for a, b in zip(source.shapes, expected))
+
+
+def _assign_in_order(targets, sources, path, format_name, policy) -> LoadReport:
     """Sets `targets[i]` from `sources[i]`, after checking every pair's shapes."""
     report = LoadReport(path=path, format=format_name)
     plan, mismatches = [], []
@@ -435,14 +461,16 @@ def _assign_in_order(targets, sources, path, format_name, skip_mismatch) -> Load
             plan.append((layer, source))
         else:
             mismatches.append((layer, source, expected))
-    if mismatches and not skip_mismatch:
-        raise ValueError(_shape_mismatch_message(path, mismatches))
+    refused = [m for m in mismatches if not policy.allows(*m)]
+    if refused:
+        raise ValueError(_shape_mismatch_message(path, refused, policy))
     for layer, source, expected in mismatches:
         reason = f"file shapes {source.shapes} != model shapes {expected}"
         report.skipped.append(SkippedLayer(layer.name, source.name, reason))
         # Expected for the output convs when the class count changes; any
         # other skipped layer deserves a warning.
-        log = logger.info if layer.name.startswith(_OUTPUT_PREFIX) else logger.warning
+        new_classes = _differs_in_output_channels_only(layer, source, expected)
+        log = logger.info if new_classes else logger.warning
         log("load_weights(%s): skipping layer %r (file layer %r): %s", path, layer.name, source.name, reason)
     if not plan:
         raise ValueError(f"Cannot load {path}: no layer of the model matches the file's shapes")
@@ -461,7 +489,7 @@ def _assign_in_order(targets, sources, path, format_name, skip_mismatch) -> Load
     return report
 
 
-def _shape_mismatch_message(path, mismatches) -> str:
+def _shape_mismatch_message(path, mismatches, policy) -> str:
     lines = [
         f"model layer {layer.name!r} has weight shapes {expected}, "
         f"but the file's layer {source.name!r} has {source.shapes}"
@@ -469,13 +497,19 @@ def _shape_mismatch_message(path, mismatches) -> str:
     ]
     if len(mismatches) > 5:
         lines.append(f"... and {len(mismatches) - 5} more")
-    message = f"Cannot load {path}: " + "; ".join(lines) + "."
-    if all(layer.name.startswith(_OUTPUT_PREFIX) for layer, _, _ in mismatches):
+    message = f"Cannot load {path}: {len(mismatches)} layer(s) do not match: " + "; ".join(lines) + "."
+    if all(_differs_in_output_channels_only(*m) for m in mismatches):
         layer, source, expected = mismatches[0]
         message += (
             " The output convolutions have num_anchors * (5 + num_classes) channels: the file was trained "
             f"for another class or anchor count ({source.shapes[0][-1]} channels, the model has "
-            f"{expected[0][-1]}). Pass skip_mismatch=True to load everything else and keep the model's "
+            f"{expected[0][-1]}). Pass allow_new_classes=True to load everything else and keep the model's "
             "own output convolutions (transfer to a new class count)."
+        )
+    elif policy.new_classes:
+        message += (
+            " Only the output convolutions may differ (in their channel count, for another class count); "
+            "these layers differ elsewhere, so the file holds another network (e.g. YOLOv3 weights for a "
+            "tiny YOLOv3 model) or another input layout."
         )
     return message

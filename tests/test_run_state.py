@@ -1,0 +1,65 @@
+"""The pieces of an exact resume: callback counters, the commit file, stale files, the history."""
+
+import math
+
+import keras
+import pytest
+
+from keras_yolo_mgpu.training import run_state
+from keras_yolo_mgpu.training.trainer import _trim_history
+
+
+def _stage2_callbacks():
+    return [
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=3),
+        keras.callbacks.EarlyStopping(monitor="loss", patience=10),
+    ]
+
+
+def test_callback_counters_survive_on_train_begin():
+    """Keras resets these counters in on_train_begin; the restore must win over that reset."""
+    before = _stage2_callbacks()
+    plateau, stopping = before
+    plateau.wait, plateau.best, plateau.cooldown_counter = 2, 41.5, 1
+    stopping.wait, stopping.best, stopping.best_epoch = 7, 40.25, 3
+    saved = run_state.callback_states(before)
+    assert saved["0:ReduceLROnPlateau"] == {"wait": 2, "best": 41.5, "cooldown_counter": 1}
+
+    after = _stage2_callbacks()
+    saver = run_state.RunStateCheckpoint(
+        "unused", stage=2, initial_epoch=4, start_position=0, images_per_epoch=8, tracked=after, restore=saved
+    )
+    for callback in [*after, saver]:  # the order fit() calls them in: the saver last
+        callback.on_train_begin()
+    assert (after[0].wait, after[0].best, after[0].cooldown_counter) == (2, 41.5, 1)
+    assert (after[1].wait, after[1].best, after[1].best_epoch) == (7, 40.25, 3)
+
+
+def test_state_round_trip_keeps_infinities(tmp_path):
+    state = run_state.RunState(stage=2, epoch=5, stream_position=40, weights="backup/x.weights.h5")
+    state.callbacks = {"4:TemplateModelCheckpoint": {"best": math.inf}}
+    run_state.write_run_state(str(tmp_path), state)
+    assert run_state.read_run_state(str(tmp_path)) == state
+    assert run_state.read_run_state(str(tmp_path / "none")) is None
+    (tmp_path / run_state.RUN_STATE_FILE).write_text('{"stage": 2, "epoch": 1, "stream_position": 0, "x": 1}')
+    with pytest.raises(ValueError, match="unknown entries"):
+        run_state.read_run_state(str(tmp_path))
+
+
+def test_only_our_stale_files_are_removed(tmp_path):
+    backup = tmp_path / run_state.BACKUP_DIR
+    backup.mkdir()
+    for name in ("stage2-epoch003.weights.h5", "stage2-epoch004.weights.h5", "mine.txt"):
+        (backup / name).write_text("x")
+    (tmp_path / ".trained_weights_final.abc123.tmp.weights.h5").write_text("half")  # a killed save
+    (tmp_path / "notes.txt").write_text("user")
+    run_state.remove_stale_files(str(tmp_path), keep="backup/stage2-epoch004.weights.h5")
+    assert sorted(p.name for p in backup.iterdir()) == ["mine.txt", "stage2-epoch004.weights.h5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", "notes.txt"]
+
+
+def test_history_keeps_only_the_epochs_the_state_covers(tmp_path):
+    history = tmp_path / "history.csv"
+    history.write_text("epoch,loss\n0,5.0\n1,4.0\n2,3.5\n3,3")  # epoch 3 cut short by the kill
+    _trim_history(str(history), 2)
+    assert history.read_text().splitlines() == ["epoch,loss", "0,5.0", "1,4.0"]
