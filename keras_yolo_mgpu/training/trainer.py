@@ -310,7 +310,7 @@ def train(config: TrainConfig) -> TrainResult:
         global_state.set_global_attribute("dtype_policy", previous_policy)
 
 
-def _initial_weights(config: TrainConfig, anchors, num_classes: int) -> list:
+def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str | None = None) -> list:
     """The run's start weights: seeded init, then `config.weights`, built outside any strategy.
 
     Built once, identically whatever the device count or strategy (the
@@ -324,7 +324,7 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int) -> list:
     from keras_yolo_mgpu.weights.loading import load_weights
 
     keras.utils.set_random_seed(config.seed)
-    template = build_body(anchors, num_classes)
+    template = build_body(anchors, num_classes, model=kind)
     if config.weights:
         try:
             report = load_weights(
@@ -482,7 +482,7 @@ def _train(config: TrainConfig, engine) -> TrainResult:
     stage1_left = config.freeze_epochs > 0 and (state is None or state.stage == 1)
     # A resumed run takes every weight from its backup; a new one from the
     # seeded template (and --weights).
-    initial_weights = _initial_weights(config, anchors, len(class_names)) if state is None else None
+    initial_weights = _initial_weights(config, anchors, len(class_names), kind) if state is None else None
     with strategy.scope():
         body, train_model = create_model(
             config.input_shape,
