@@ -18,6 +18,7 @@ __all__ = [
     "add_device_args",
     "add_gpu_num_arg",
     "add_model_args",
+    "detector_params",
     "masks_arg",
     "resolve_model_settings",
     "input_size",
@@ -150,6 +151,18 @@ def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, i
     """--score, --iou."""
     parser.add_argument("--score", type=unit_float, default=score, help=f"minimum detection score (default: {score})")
     parser.add_argument("--iou", type=unit_float, default=iou, help=f"NMS IoU threshold (default: {iou})")
+
+
+def detector_params(args: argparse.Namespace, weights: str | None) -> dict:
+    """`settings`, `score` and `iou` keywords from the `add_model_args` and `add_detection_args` flags.
+
+    Every library entry point that builds a detector from weights (`YOLO`,
+    `evaluate_weights`, `export_model`) takes these three keywords.
+
+    Raises:
+        weights.metadata.MetadataError (a ValueError): a flag contradicts the file.
+    """
+    return {"settings": resolve_model_settings(args, weights), "score": args.score, "iou": args.iou}
 
 
 def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:

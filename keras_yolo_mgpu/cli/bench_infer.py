@@ -6,11 +6,11 @@ Prints progress, then one JSON object as the last line (see `bench/infer.py`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, input_size, positive_int
+from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
 from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
@@ -85,8 +85,7 @@ def run(args) -> int:
         repeats=args.repeats,
         output_dir=args.output_dir,
     )
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,11 +10,11 @@ line (`ratio_vs_keras-yolo3`: ours / keras-yolo3).
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
 from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
@@ -108,8 +108,7 @@ def run(args) -> int:
     )
     if "breakdown" in result:
         _print_breakdown(result["breakdown"])
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,8 +16,8 @@ from keras_yolo_mgpu.cli.args import (
     add_detection_args,
     add_gpu_num_arg,
     add_model_args,
+    detector_params,
     positive_int,
-    resolve_model_settings,
 )
 from keras_yolo_mgpu.cli.runner import run_command
 
@@ -80,11 +80,9 @@ def run(args) -> int:
 
     yolo = YOLO(
         weights,
-        score=args.score,
-        iou=args.iou,
+        **detector_params(args, weights),
         gpu_num=args.gpu_num,
         batch_size=args.batch_size,
-        settings=resolve_model_settings(args, weights),
     )
     if args.image:
         stats = process_images(
