@@ -103,10 +103,12 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
     import tensorflow as tf
 
     from keras_yolo_mgpu.bench.step_parts import StepParts
+    from keras_yolo_mgpu.model.architectures import get_architecture
     from keras_yolo_mgpu.model.batch_norm import BatchNormalization
     from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
     from keras_yolo_mgpu.model.yolo3 import create_model
 
+    architecture = get_architecture(options["model"])
     jit = options["jit"] or name == "xla"
     max_true_boxes = MAX_BOXES if jit or name == "static-mask" else None
     with engine.strategy.scope():
@@ -117,6 +119,7 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
             freeze_body=options["freeze_body"],
             sync_bn=engine.sync_bn,
             max_true_boxes=max_true_boxes,
+            model=options["model"],
         )
         if name == "keras-bn":
             for layer in body.layers:
@@ -133,7 +136,14 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
         parts = StepParts(
             body,
             train_model,
-            lambda loss_args: yolo_loss(loss_args, anchors, num_classes, max_true_boxes=max_true_boxes),
+            lambda loss_args: yolo_loss(
+                loss_args,
+                anchors,
+                num_classes,
+                max_true_boxes=max_true_boxes,
+                scale_x_y=architecture.decode_scale_x_y,
+                box_loss=architecture.box_loss,
+            ),
             optimizer.apply,
             [tf.constant(x[key]) for key in ("image", *sorted(k for k in x if k.startswith("y_true_")))],
             jit=jit,
@@ -197,6 +207,7 @@ def run_train_benchmark(
     simulate: bool = False,
     simulated_gpu_memory_mb: int | None = None,
     tiny: bool = False,
+    model: str | None = None,
     input_size: tuple[int, int] = (416, 416),
     num_classes: int = 80,
     batch_size: int | None = None,
@@ -217,6 +228,8 @@ def run_train_benchmark(
 
     Args:
         batch_size: GLOBAL batch (default: 8 per replica); must divide over the replicas.
+        model: the network (`model.architectures.MODEL_NAMES`); `tiny` is the
+            alias of yolov3-tiny; default yolov3.
         simulated_gpu_memory_mb: with `simulate` on a GPU, the memory of each logical GPU.
         jit: XLA (`jit_compile=True`) with the static ignore mask.
         reference: "keras-yolo3" also times keras-yolo3's step (one device, float32).
@@ -259,12 +272,23 @@ def run_train_benchmark(
         raise ValueError("reference keras-yolo3 is timed on one device in float32 (keras-yolo3 has neither)")
     if breakdown and (engine.replicas > 1 or parallel == "multi_gpu_model"):
         raise ValueError("breakdown times one device")
+    from keras_yolo_mgpu.model.architectures import model_name
+
+    kind = model_name(model, tiny) or "yolov3"
+    if reference and kind not in ("yolov3", "yolov3-tiny"):
+        raise ValueError(f"reference keras-yolo3 has no {kind}")
     if mixed_precision:
         keras.mixed_precision.set_global_policy("mixed_float16")
-    anchors = get_anchors(resolve_resource(None, "anchors", tiny=tiny))
+    anchors = get_anchors(resolve_resource(None, "anchors", model=kind))
     x, y = synthetic_batch(global_batch, input_size, anchors, num_classes)
     options = dict(
-        tiny=tiny, input_size=input_size, num_classes=num_classes, freeze_body=freeze_body, jit=jit, breakdown=breakdown
+        model=kind,
+        tiny=kind == "yolov3-tiny",
+        input_size=input_size,
+        num_classes=num_classes,
+        freeze_body=freeze_body,
+        jit=jit,
+        breakdown=breakdown,
     )
     sides = [_build_ours("ours", options, engine, anchors, x, y, global_batch)]
     if reference:
@@ -282,7 +306,7 @@ def run_train_benchmark(
 
     result = {
         "benchmark": "train",
-        "model": "tiny_yolo" if tiny else "yolo",
+        "model": kind,
         "input_size": list(input_size),
         "num_classes": num_classes,
         "replicas": engine.replicas,

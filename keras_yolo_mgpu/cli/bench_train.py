@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 
 def _variant_list(text: str) -> list[str]:
@@ -44,7 +45,8 @@ def build_parser() -> cli.ArgumentParser:
         metavar="MiB",
         help="with --simulate-devices on a GPU: memory of each logical GPU (default: the library's)",
     )
-    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (default: full YOLOv3)")
+    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
+    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3)")
     parser.add_argument("--input-size", type=cli.input_size, default=(416, 416), metavar="HxW")
     parser.add_argument("--num-classes", type=cli.positive_int, default=80)
     parser.add_argument(
@@ -87,6 +89,7 @@ def run(args) -> int:
         simulate=args.simulate_devices,
         simulated_gpu_memory_mb=args.simulated_gpu_memory,
         tiny=args.tiny,
+        model=args.model,
         input_size=args.input_size,
         num_classes=args.num_classes,
         batch_size=args.batch_size,

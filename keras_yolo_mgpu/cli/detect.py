@@ -29,7 +29,11 @@ def build_parser() -> ArgumentParser:
         prog="yolo_video.py",
         description="Detect objects in images or a video with trained YOLOv3 weights (keras-yolo3's flags).",
     )
-    add_model_args(parser, weights_help="weights to load: .weights.h5, .keras or a Keras 2 .h5 (same as --model)")
+    add_model_args(
+        parser,
+        weights_help="weights to load: .weights.h5, .keras or a Keras 2 .h5 (same as --model)",
+        model_flag="--architecture",
+    )
     parser.add_argument(
         "--model",
         dest="weights",

@@ -27,6 +27,7 @@ from keras_yolo_mgpu.data.images import to_rgb_array
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_inference_model
+from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 
 logger = logging.getLogger(__name__)
@@ -85,12 +86,14 @@ def _inference_devices(gpu_num: int) -> list[str | None]:
     )
 
 
-def load_body(model_path: str, anchors, num_classes: int) -> keras.Model:
+def load_body(model_path: str, anchors, num_classes: int, kind: str | None = None) -> keras.Model:
     """A fresh inference body (`model.build_body`) with weights from `model_path`.
 
     Args:
         model_path: any file `checkpoints.load_weights` reads.
         anchors: (9, 2) for YOLOv3 or (6, 2) for tiny YOLOv3.
+        kind: the network (`model.architectures.MODEL_NAMES`); None picks
+            YOLOv3 or tiny YOLOv3 by anchor count.
 
     Raises:
         FileNotFoundError: no such file.
@@ -101,14 +104,14 @@ def load_body(model_path: str, anchors, num_classes: int) -> keras.Model:
     model_path = os.fspath(model_path)
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"model weights not found: {model_path}")
-    body = build_body(anchors, num_classes)
+    body = build_body(anchors, num_classes, model=kind)
     try:
         load_weights(body, model_path)
     except (ValueError, KeyError) as error:
-        kind = "tiny YOLOv3" if len(anchors) == 6 else "YOLOv3"
+        network = kind or ("yolov3-tiny" if len(anchors) == 6 else "yolov3")
         raise ValueError(
-            f"cannot load {model_path} into a {kind} with {num_classes} classes: {error} "
-            "Check that --anchors and --classes match the ones the weights were trained with."
+            f"cannot load {model_path} into a {network} with {num_classes} classes: {error} "
+            "Check that --model, --anchors and --classes match the ones the weights were trained with."
         ) from None
     return body
 
@@ -169,7 +172,7 @@ class YOLO:
                 masks=masks,
                 input_shape=model_image_size,
             )
-        body = load_body(model_path, settings.anchors_array, settings.num_classes)
+        body = load_body(model_path, settings.anchors_array, settings.num_classes, settings.kind)
         self.model_path = model_path
         self._setup(body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size)
 
@@ -188,11 +191,14 @@ class YOLO:
         max_detections: int = 100,
         batch_size: int = 8,
         masks=None,
+        kind: str | None = None,
     ) -> YOLO:
         """A detector around an existing body (its weights are shared, not copied); arguments as for `YOLO`."""
         from keras_yolo_mgpu.weights.metadata import make_metadata
 
-        settings = make_metadata(anchors, list(class_names), check_input_shape(model_image_size), masks)
+        anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
+        kind = get_architecture(kind, len(anchors)).name
+        settings = make_metadata(anchors, list(class_names), check_input_shape(model_image_size), masks, kind=kind)
         self = cls.__new__(cls)
         self.model_path = None
         self._setup(body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size)
@@ -205,6 +211,7 @@ class YOLO:
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1. Received: batch_size={batch_size}")
         self.metadata = settings
+        self.kind = settings.kind
         self.anchors = settings.anchors_array
         self.masks = settings.masks_list
         self.class_names = list(settings.class_names)
@@ -224,7 +231,7 @@ class YOLO:
         self._replicas = [self.inference_model]
         for device in self.devices[1:]:
             with tf.device(device):
-                replica_body = build_body(self.anchors, len(self.class_names))
+                replica_body = build_body(self.anchors, len(self.class_names), model=self.kind)
                 replica_body.set_weights(body.get_weights())
                 self._replicas.append(self._wrap(replica_body))
         self._functions: dict[int, object] = {}
@@ -240,6 +247,7 @@ class YOLO:
             max_boxes_per_class=self.max_boxes,
             max_detections=self.max_detections,
             masks=self.masks,
+            scale_x_y=get_architecture(self.kind).decode_scale_x_y,
         )
 
     # ------------------------------------------------------------------
