@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean bench-gpu
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q tests
+
+# One-GPU benchmark (training speed per mode, input pipeline, replication cost):
+# writes bench_gpu/results.jsonl and the Markdown tables bench_gpu/report.md (BENCHMARKS.md, "GPU").
+bench-gpu: $(STAMP)
+	$(PY) scripts/bench_gpu.py --results bench_gpu
 
 clean:
 	rm -rf $(VENV) demo_output .pytest_cache

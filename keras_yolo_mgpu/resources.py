@@ -40,7 +40,7 @@ DEFAULT_FILES = {
 }
 
 
-def resolve_resource(path: str | os.PathLike | None, kind: str, *, tiny: bool = False) -> str:
+def resolve_resource(path: str | os.PathLike | None, kind: str, *, tiny: bool = False, model: str | None = None) -> str:
     """`path` when given, else the shipped default of `kind` in `model_data/`.
 
     The one place every command and library entry point picks its default
@@ -50,12 +50,18 @@ def resolve_resource(path: str | os.PathLike | None, kind: str, *, tiny: bool = 
         path: the user's file, or None (or "") for the default.
         kind: "classes" (COCO's 80), "voc_classes" (VOC's 20) or "anchors".
         tiny: with kind "anchors": tiny YOLOv3's 6 anchors instead of 9.
+        model: with kind "anchors": the default anchors of this network
+            (`model.architectures.MODEL_NAMES`), e.g. yolo4_anchors.txt.
 
     Raises:
         ValueError: unknown `kind`.
     """
     if path:
         return os.fspath(path)
+    if kind == "anchors" and model is not None:
+        from keras_yolo_mgpu.model.architectures import get_architecture
+
+        return model_data_path(get_architecture(model).anchors_file)
     if kind == "anchors" and tiny:
         kind = "tiny_anchors"
     if kind not in DEFAULT_FILES:
@@ -63,9 +69,9 @@ def resolve_resource(path: str | os.PathLike | None, kind: str, *, tiny: bool = 
     return model_data_path(DEFAULT_FILES[kind])
 
 
-def default_anchors_path(tiny: bool) -> str:
-    """The standard anchors for tiny YOLOv3 (6 anchors) or YOLOv3 (9)."""
-    return resolve_resource(None, "anchors", tiny=tiny)
+def default_anchors_path(tiny: bool = False, model: str | None = None) -> str:
+    """The standard anchors of `model` (`model.architectures.MODEL_NAMES`), else of tiny YOLOv3 or YOLOv3."""
+    return resolve_resource(None, "anchors", tiny=tiny, model=model)
 
 
 def get_classes(classes_path: str | os.PathLike) -> list[str]:

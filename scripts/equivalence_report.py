@@ -25,6 +25,8 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import test_parallel as procedure  # noqa: E402
 
+from keras_yolo_mgpu.parallel.align import max_difference  # noqa: E402
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="per-step difference of N replicas from one device")
@@ -36,13 +38,13 @@ def main(argv=None) -> int:
         0
     ].get_weights()
     for freeze_body in (2, 0):
-        reference, _ = procedure._trajectory(initial, freeze_body, "mirrored", devices[:1])
+        reference, _ = procedure._trajectory(initial, freeze_body, "strategy", devices[:1])
         trainable = procedure._trainable_mask(freeze_body)
-        steps = [procedure._max_difference(reference[k + 1], reference[k], trainable) for k in range(procedure.STEPS)]
-        for engine in ("mirrored", "multi_gpu_model"):
+        steps = [max_difference(reference[k + 1], reference[k], trainable) for k in range(procedure.STEPS)]
+        for engine in ("strategy", "multi_gpu_model"):
             for count in (2, 4):
                 results = procedure._forced_steps(reference, freeze_body, engine, devices[:count])
-                differences = [procedure._max_difference(reference[k + 1], w) for k, w in enumerate(results)]
+                differences = [max_difference(reference[k + 1], w) for k, w in enumerate(results)]
                 print(
                     json.dumps(
                         {

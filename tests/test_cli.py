@@ -29,6 +29,8 @@ COMMANDS = [
     (["-m", "keras_yolo_mgpu.bench", "train"], "--step", "--steps"),
     (["-m", "keras_yolo_mgpu.bench", "pipeline"], "--batchs", "--batches"),
     (["-m", "keras_yolo_mgpu.bench", "infer"], "--frame", "--frames"),
+    (["-m", "keras_yolo_mgpu.align"], "--step", "--steps"),
+    (["-m", "keras_yolo_mgpu.align", "diff"], "--threshhold", "--threshold"),
 ]
 
 
@@ -53,7 +55,7 @@ def test_every_command_suggests_the_flag_meant(command, typo, meant):
 
 
 CLI_MODULES = ["train", "detect", "convert", "evaluate", "kmeans", "voc", "coco", "demo", "check_dataset", "export"]
-CLI_MODULES += ["bench_train", "bench_pipeline", "bench_infer"]
+CLI_MODULES += ["bench_train", "bench_pipeline", "bench_infer", "align"]
 
 
 @pytest.mark.parametrize("module", CLI_MODULES)

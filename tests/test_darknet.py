@@ -59,8 +59,15 @@ def _leaky(x):
     return np.where(x > 0, x, 0.1 * x)
 
 
+def _mish(x):
+    """AlexeyAB's activate_array_mish: x * tanh(softplus(x)), softplus with threshold 20."""
+    softplus = np.where(x > 20, x, np.where(x < -20, np.exp(x), np.log1p(np.exp(np.minimum(x, 20)))))
+    return x * np.tanh(softplus)
+
+
 def _activate(x, name):
     return {
+        "mish": _mish,
         "leaky": _leaky,
         "linear": lambda v: v,
         "relu": lambda v: np.maximum(v, 0),
@@ -140,7 +147,14 @@ def darknet_forward(cfg_path, weights_path, image, bn="pjreddie"):
             x = _maxpool(x, size, stride, int(opt.get("padding", size - 1)))
         elif kind == "route":
             refs = [int(v) for v in opt["layers"].split(",")]
-            x = np.concatenate([layer_outputs[r if r >= 0 else section.index + r] for r in refs], axis=-1)
+            # AlexeyAB's route copies part `group_id` of `groups` of each input's (C, H, W) data.
+            groups, group_id = int(opt.get("groups", 1)), int(opt.get("group_id", 0))
+            parts = []
+            for r in refs:
+                source = layer_outputs[r if r >= 0 else section.index + r]
+                size = source.shape[-1] // groups
+                parts.append(source[..., group_id * size : (group_id + 1) * size])
+            x = np.concatenate(parts, axis=-1)
         elif kind == "shortcut":
             x = x + layer_outputs[section.index + int(opt["from"])]
         elif kind == "upsample":
@@ -677,6 +691,69 @@ def test_yolov3_converts_into_yolo_body_and_matches_numpy(tmp_path):
     errors = relative_errors(outputs, reference)
     print(f"yolov3.cfg conversion: relative error per output scale {errors}, convert {convert_s:.1f} s")
     assert max(errors) <= 1e-4
+
+
+def _convert_v4(tmp_path, name, expected_bytes, seed):
+    """Generated weights of the official file size, converted; (result, cfg, weights path)."""
+    cfg = shared_cfg(name)
+    weights = str(tmp_path / f"{name}.weights")
+    random_weights_file(cfg, weights, seed=seed)
+    assert os.path.getsize(weights) == expected_bytes  # the official release's size (NOTES.md)
+    return convert(cfg, weights, tmp_path / "out.weights.h5"), cfg, weights
+
+
+def test_yolov4_tiny_converts_into_yolo4_tiny_body_and_matches_numpy(tmp_path):
+    import keras
+
+    from keras_yolo_mgpu.model.yolo4 import yolo4_tiny_body
+    from keras_yolo_mgpu.weights.metadata import read_metadata
+
+    result, cfg, weights = _convert_v4(tmp_path, "yolov4-tiny.cfg", 24_251_276, seed=17)
+    assert result.architecture == "yolo4_tiny_body"
+    assert read_metadata(result.output_path).kind == "yolov4-tiny"
+    assert result.num_classes == 80 and result.masks == [[3, 4, 5], [1, 2, 3]]
+    body = yolo4_tiny_body(keras.Input((None, None, 3)), 3, 80)
+    body.load_weights(result.output_path)
+    image = random_image(64, seed=8)
+    # AlexeyAB/darknet is the only Darknet that runs this cfg: its batch norm is the default here.
+    reference, _, floats_read = darknet_forward(cfg, weights, image, bn="alexeyab")
+    assert floats_read == result.num_floats
+    outputs = keras_outputs(body, image)
+    assert [o.shape for o in outputs] == [(2, 2, 255), (4, 4, 255)]
+    errors = relative_errors(outputs, reference)
+    print(f"yolov4-tiny.cfg conversion: relative error per output scale {errors}")
+    assert max(errors) <= 1e-4
+
+
+@pytest.mark.slow
+def test_yolov4_converts_into_yolo4_body_and_matches_numpy(tmp_path):
+    import keras
+
+    from keras_yolo_mgpu.model.yolo4 import yolo4_body
+
+    result, cfg, weights = _convert_v4(tmp_path, "yolov4.cfg", 257_717_640, seed=19)
+    assert result.architecture == "yolo4_body"
+    # The cfg lists the fine scale first; the body and its masks are coarse first.
+    assert result.masks == [[6, 7, 8], [3, 4, 5], [0, 1, 2]]
+    body = yolo4_body(keras.Input((None, None, 3)), 3, 80)
+    body.load_weights(result.output_path)
+    image = random_image(64, seed=9)
+    reference, _, _ = darknet_forward(cfg, weights, image, bn="alexeyab")
+    outputs = keras_outputs(body, image)
+    assert [o.shape for o in outputs] == [(2, 2, 255), (4, 4, 255), (8, 8, 255)]
+    errors = relative_errors(outputs, reference[::-1])
+    print(f"yolov4.cfg conversion: relative error per output scale {errors}")
+    assert max(errors) <= 1e-4
+
+
+SHARED_NAMES = ("yolov3.cfg", "yolov3-tiny.cfg", "yolov4.cfg", "yolov4-tiny.cfg")
+
+
+def test_v4_cfgs_use_alexeyab_features_and_v3_cfgs_do_not():
+    features = {name: darknet.alexeyab_only_features(darknet.parse_cfg(shared_cfg(name))) for name in SHARED_NAMES}
+    assert features["yolov4.cfg"] == ["mish", "scale_x_y"]
+    assert features["yolov4-tiny.cfg"] == ["grouped route", "scale_x_y"]
+    assert features["yolov3.cfg"] == features["yolov3-tiny.cfg"] == []
 
 
 def test_tiny_masks_default_to_keras_yolo3s_with_a_warning(tmp_path, caplog):

@@ -98,8 +98,10 @@ def test_onnx_missing_tools_is_a_clear_error(files, monkeypatch):
         raise ExportError(export.ONNX_MISSING)
 
     monkeypatch.setattr(export, "_import_onnx_tools", missing)
+    # overwrite: an earlier test of this module may have written model.onnx;
+    # the error under test is the missing tools, not the existing file.
     with pytest.raises(ExportError, match="pip install tf2onnx onnxruntime"):
-        _export(files, "onnx")
+        _export(files, "onnx", overwrite=True)
     with pytest.raises(ValueError, match="format must be one of"):
         _export(files, "coreml")
 

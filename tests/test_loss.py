@@ -187,3 +187,21 @@ def test_static_ignore_mask_equals_ragged_and_compiles_with_xla(anchors, input_h
     # Too small a K misses boxes and changes the loss: the bound matters.
     fewer = yolo_loss([*outputs, *y_true], anchors, 2, max_true_boxes=1).numpy()
     assert not np.allclose(fewer, ragged, rtol=1e-6)
+
+
+def test_keras_yolo3_reference_loss_is_the_original_scalar():
+    """The benchmark's keras-yolo3 baseline computes keras-yolo3's loss: the batch mean of the formula."""
+    pytest.importorskip("tf_keras")
+    from keras_yolo_mgpu.bench.reference_model import scalar_yolo_loss
+
+    for anchors, input_hw, seed in [(TINY_ANCHORS, (64, 96), 8), (FULL_ANCHORS, (64, 64), 9)]:
+        outputs, y_true = _random_case(anchors, input_hw, 3, batch=3, seed=seed)
+        got = float(scalar_yolo_loss([*outputs, *y_true], anchors, 3))
+        assert got == pytest.approx(numpy_loss(outputs, y_true, anchors, 3).mean(), rel=1e-5)
+
+
+def test_unbounded_ignore_mask_opts_out_of_automatic_xla():
+    # Keras's jit_compile="auto" turns XLA on for a single GPU; the exact
+    # (ragged) ignore mask cannot compile, so the layer must say so.
+    assert YoloLoss(TINY_ANCHORS, 2).supports_jit is False
+    assert YoloLoss(TINY_ANCHORS, 2, max_true_boxes=20).supports_jit is True

@@ -108,8 +108,8 @@ def test_checkpoints_and_training_settings_carry_metadata(tmp_path):
     # train.py --weights W: anchors and masks come from W; classes are the dataset's.
     classes = tmp_path / "voc.txt"
     classes.write_text("a\nb\nc\n")
-    names, anchors, masks = _model_settings(TrainConfig(annotations="x", classes=str(classes), weights=path))
-    assert names == ["a", "b", "c"] and masks == [[3, 4, 5], [0, 1, 2]]
+    names, anchors, masks, kind = _model_settings(TrainConfig(annotations="x", classes=str(classes), weights=path))
+    assert names == ["a", "b", "c"] and masks == [[3, 4, 5], [0, 1, 2]] and kind == "yolov3-tiny"
     np.testing.assert_array_equal(anchors, np.array(TINY_ANCHORS, np.float32))
     full = tmp_path / "full.txt"
     full.write_text("10,13, 16,30, 33,23, 30,61, 62,45, 59,119, 116,90, 156,198, 373,326\n")

@@ -8,10 +8,9 @@ template weights must agree to 1e-5.
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes, totalloss
-from keras_yolo_mgpu.parallel.engine import build_engine
+from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes
+from keras_yolo_mgpu.parallel.align import floatx_policy, max_difference, replicate, train_steps
 from keras_yolo_mgpu.parallel.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
 
 ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
@@ -35,14 +34,8 @@ def float64_models():
     step (`scripts/equivalence_report.py --floatx float32` shows both). In
     float64 the same steps agree to ~1e-16.
     """
-    # Both settings: once any code has set a global dtype policy, Keras no
-    # longer derives the layers' dtype from floatx.
-    previous_floatx, previous_policy = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.config.set_dtype_policy(previous_policy)
-    keras.config.set_floatx(previous_floatx)
+    with floatx_policy("float64"):
+        yield
 
 
 def _batches(num_images, seed=0):
@@ -60,95 +53,114 @@ def _batches(num_images, seed=0):
     return x, np.zeros((num_images, 1), dtype)
 
 
+# Both tiny networks share the anchors, masks and targets; yolov4-tiny adds
+# grouped routes, scale_x_y decoding and the CIoU box loss.
+MODELS = ["yolov3-tiny", "yolov4-tiny"]
+
+
 @pytest.fixture(scope="module")
 def initial_weights():
-    body, _ = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=0)
-    return body.get_weights()
+    """Start weights per model (built once)."""
+    cache = {}
+
+    def get(model):
+        if model not in cache:
+            cache[model] = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=0, model=model)[0].get_weights()
+        return cache[model]
+
+    return get
 
 
-def _build(freeze_body, engine, devices):
-    """(template body, model to fit) on `devices`, compiled with plain SGD."""
-    # The engine training uses: MirroredStrategy with sync BN, or the in-graph replica model.
-    built = build_engine(devices=devices, parallel="strategy" if engine == "mirrored" else "multi_gpu_model")
-    assert built.sync_bn == (engine == "mirrored" and len(devices) > 1)
-    with built.strategy.scope():
-        body, train_model = create_model(
-            INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=built.sync_bn
+def _build(freeze_body, model="yolov3-tiny"):
+    """`BuildFn` for `parallel.align`: the tiny training model, frozen as asked."""
+    return lambda sync_bn: create_model(
+        INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, sync_bn=sync_bn, model=model
+    )
+
+
+def _global_batches(global_batch=GLOBAL_BATCH):
+    x, y = _batches(global_batch * STEPS)
+    return [
+        (
+            {k: v[s * global_batch : (s + 1) * global_batch] for k, v in x.items()},
+            y[s * global_batch : (s + 1) * global_batch],
         )
-        model = built.wrap(train_model)
-        # Plain SGD is stateless, so a step depends only on weights and batch.
-        model.compile(optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE), loss=totalloss)
-    return body, model
+        for s in range(STEPS)
+    ]
 
 
-def _one_batch(x, y, step, global_batch):
-    batch = slice(step * global_batch, (step + 1) * global_batch)
-    return tf.data.Dataset.from_tensors(({k: v[batch] for k, v in x.items()}, y[batch]))
+def _trajectory(initial_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH, model="yolov3-tiny"):
+    """Free-running: STEPS steps from `initial_weights`; weights after each step and losses.
+
+    Plain SGD (`replicate`'s default) is stateless, so a step depends only on
+    weights and batch.
+    """
+    body, fit_model = replicate(_build(freeze_body, model), devices, engine)
+    return train_steps(body, fit_model, _global_batches(global_batch), initial_weights)
 
 
-def _trajectory(initial_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH):
-    """Free-running: STEPS steps from `initial_weights`; weights after each step and losses."""
-    x, y = _batches(global_batch * STEPS)
-    body, model = _build(freeze_body, engine, devices)
-    body.set_weights(initial_weights)
-    weights, losses = [initial_weights], []
-    for step in range(STEPS):
-        losses.append(model.fit(_one_batch(x, y, step, global_batch), epochs=1, verbose=0).history["loss"][0])
-        weights.append(body.get_weights())
-    return weights, losses
-
-
-def _forced_steps(reference_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH):
+def _forced_steps(reference_weights, freeze_body, engine, devices, global_batch=GLOBAL_BATCH, model="yolov3-tiny"):
     """Each step starts from the reference's weights before it; weights after each step."""
-    x, y = _batches(global_batch * STEPS)
-    body, model = _build(freeze_body, engine, devices)
-    results = []
-    for step in range(STEPS):
-        body.set_weights(reference_weights[step])
-        model.fit(_one_batch(x, y, step, global_batch), epochs=1, verbose=0)
-        results.append(body.get_weights())
-    return results
+    body, fit_model = replicate(_build(freeze_body, model), devices, engine)
+    weights, _ = train_steps(
+        body, fit_model, _global_batches(global_batch), reference_weights[0], restart_from=reference_weights
+    )
+    return weights[1:]
 
 
-def _max_difference(first, second, mask=None):
-    pairs = zip(first, second) if mask is None else [(a, b) for a, b, keep in zip(first, second, mask) if keep]
-    return max(float(np.max(np.abs(a - b))) for a, b in pairs)
-
-
-def _trainable_mask(freeze_body):
+def _trainable_mask(freeze_body, model="yolov3-tiny"):
     """Which of `body.get_weights()` the optimizer updates (not BN moving statistics)."""
-    body, _ = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body)
+    body, _ = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=freeze_body, model=model)
     return [v.trainable for v in body.weights]
 
 
 @pytest.fixture(scope="module")
 def single_device_runs(initial_weights):
-    return {freeze: _trajectory(initial_weights, freeze, "mirrored", ["/device:CPU:0"]) for freeze in (2, 0)}
+    """`get(freeze_body, model)`: the one-device trajectory (computed once)."""
+    cache = {}
+
+    def get(freeze_body, model="yolov3-tiny"):
+        if (freeze_body, model) not in cache:
+            cache[freeze_body, model] = _trajectory(
+                initial_weights(model), freeze_body, "strategy", ["/device:CPU:0"], model=model
+            )
+        return cache[freeze_body, model]
+
+    return get
+
+
+# yolov4-tiny runs on the default engine only: multi_gpu_model's slicing does
+# not depend on the network, and the suite must stay within CI time.
+REPLICA_CASES = [
+    pytest.param(engine, num_devices, freeze_body, model, id=f"{engine}-{num_devices}-{stage}-{model}")
+    for model in MODELS
+    for engine in (["strategy", "multi_gpu_model"] if model == "yolov3-tiny" else ["strategy"])
+    for num_devices in (2, 4)
+    for freeze_body, stage in ((2, "frozen"), (0, "unfrozen"))
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("freeze_body", [2, 0], ids=["frozen", "unfrozen"])
-@pytest.mark.parametrize("num_devices", [2, 4])
-@pytest.mark.parametrize("engine", ["mirrored", "multi_gpu_model"])
-def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num_devices, freeze_body):
+@pytest.mark.parametrize("engine, num_devices, freeze_body, model", REPLICA_CASES)
+def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num_devices, freeze_body, model):
     """Every step on N replicas equals the step one device takes from the same weights.
 
     Steps are compared along the single-device trajectory: each replica step
     starts from the reference weights before it, so every step is checked on
     its own (measured in float64: <= 2.2e-16 against steps of ~1e-3).
     """
-    reference, _ = single_device_runs[freeze_body]
-    trainable = _trainable_mask(freeze_body)
-    results = _forced_steps(reference, freeze_body, engine, logical_cpus[:num_devices])
+    reference, _ = single_device_runs(freeze_body, model)
+    trainable = _trainable_mask(freeze_body, model)
+    results = _forced_steps(reference, freeze_body, engine, logical_cpus[:num_devices], model=model)
     for step, weights in enumerate(results):
         # Each gradient step must move the trainable weights far more than the
         # tolerance: a gradient-scale error (2x or 4x the step) would then
         # differ by at least one whole step and could not hide in it. (BN
         # moving statistics move by momentum, whatever the gradients, so
         # they do not count here; they do count in the comparison below.)
-        step_size = _max_difference(reference[step + 1], reference[step], trainable)
+        step_size = max_difference(reference[step + 1], reference[step], trainable)
         assert step_size > 30 * TOLERANCE, (step, step_size)
-        difference = _max_difference(reference[step + 1], weights)
+        difference = max_difference(reference[step + 1], weights)
         if engine == "multi_gpu_model" and freeze_body == 0:
             # Per-replica BatchNormalization statistics (2 images per replica
             # here) are a different computation (README, "multi_gpu_model and
@@ -156,29 +168,33 @@ def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num
             # must not silently become exact.
             # Measured 0.022 (2 replicas) and 0.066 (4) after one step, mostly
             # BN statistics; the all-weights step here is ~0.025.
-            assert difference < 10 * _max_difference(reference[step + 1], reference[step]), (step, difference)
+            assert difference < 10 * max_difference(reference[step + 1], reference[step]), (step, difference)
             assert difference > 10 * TOLERANCE, (step, difference)
         else:
             assert difference <= TOLERANCE, (step, difference)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("freeze_body", [2, 0], ids=["frozen", "unfrozen"])
-def test_free_running_replicas_track_one_device(single_device_runs, initial_weights, logical_cpus, freeze_body):
+@pytest.mark.parametrize(
+    "freeze_body, model",
+    [(2, "yolov3-tiny"), (0, "yolov3-tiny"), (0, "yolov4-tiny")],
+    ids=["frozen-yolov3-tiny", "unfrozen-yolov3-tiny", "unfrozen-yolov4-tiny"],
+)
+def test_free_running_replicas_track_one_device(single_device_runs, initial_weights, logical_cpus, freeze_body, model):
     """Several steps without resetting: the same losses and the same final weights."""
-    reference, reference_losses = single_device_runs[freeze_body]
-    weights, losses = _trajectory(initial_weights, freeze_body, "mirrored", logical_cpus[:4])
+    reference, reference_losses = single_device_runs(freeze_body, model)
+    weights, losses = _trajectory(initial_weights(model), freeze_body, "strategy", logical_cpus[:4], model=model)
     np.testing.assert_allclose(losses, reference_losses, rtol=1e-7)
-    assert _max_difference(reference[-1], weights[-1]) <= TOLERANCE
+    assert max_difference(reference[-1], weights[-1]) <= TOLERANCE
 
 
 @pytest.mark.slow
 def test_multi_gpu_model_uneven_slices_match_one_device(single_device_runs, logical_cpus):
     # 8 images over 3 devices: slices of 3, 3 and 2.
-    reference, _ = single_device_runs[2]
+    reference, _ = single_device_runs(2)
     results = _forced_steps(reference, 2, "multi_gpu_model", logical_cpus[:3])
     for step, weights in enumerate(results):
-        assert _max_difference(reference[step + 1], weights) <= TOLERANCE
+        assert max_difference(reference[step + 1], weights) <= TOLERANCE
 
 
 def test_split_sizes_differ_by_at_most_one():

@@ -27,7 +27,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 
-def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 1.0):
+def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 1.0, model: str | None = None):
     """A random network; `output_gain` scales the output convolutions' kernels.
 
     Untrained outputs sit near 0 (every score about 0.25), so nothing would
@@ -39,7 +39,7 @@ def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 
     from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX, build_body
 
     keras.utils.set_random_seed(seed)
-    body = build_body(anchors, num_classes)
+    body = build_body(anchors, num_classes, model=model)
     for layer in body.layers:
         if layer.name.startswith(OUTPUT_PREFIX):
             kernel, bias = layer.get_weights()
@@ -75,6 +75,7 @@ def run_infer_benchmark(
     input_size: tuple[int, int] = (416, 416),
     batch_size: int = 4,
     full: bool = False,
+    model: str | None = None,
     num_classes: int = 80,
     output_gain: float = 4.5,
     weights: str | None = None,
@@ -91,6 +92,7 @@ def run_infer_benchmark(
         input_size: network input (height, width).
         batch_size: frames per forward pass, both measurements.
         full: YOLOv3 (Darknet-53) instead of tiny YOLOv3.
+        model: the network (`model.architectures.MODEL_NAMES`), instead of `full`.
         num_classes, output_gain: the random model (see `_random_body`).
         weights, anchors, classes: trained weights instead of a random model.
         score: detection score threshold.
@@ -100,15 +102,22 @@ def run_infer_benchmark(
     from keras_yolo_mgpu.inference.detector import YOLO, load_body
     from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
-    anchors_array = get_anchors(resolve_resource(anchors, "anchors", tiny=not full))
+    kind = model or ("yolov3" if full else "yolov3-tiny")
+    anchors_array = get_anchors(resolve_resource(anchors, "anchors", model=kind))
     if weights:
         class_names = get_classes(classes) if classes else [f"class_{i}" for i in range(num_classes)]
-        body = load_body(weights, anchors_array, len(class_names))
+        body = load_body(weights, anchors_array, len(class_names), kind)
     else:
         class_names = [f"class_{i}" for i in range(num_classes)]
-        body = _random_body(anchors_array, len(class_names), output_gain=output_gain)
+        body = _random_body(anchors_array, len(class_names), output_gain=output_gain, model=kind)
     yolo = YOLO.from_body(
-        body, anchors_array, class_names, score=score, model_image_size=input_size, batch_size=batch_size
+        body,
+        anchors_array,
+        class_names,
+        score=score,
+        model_image_size=input_size,
+        batch_size=batch_size,
+        kind=kind,
     )
     settings = dict(
         num_frames=frames,

@@ -1,19 +1,44 @@
-"""Training images/sec on N devices (`python -m keras_yolo_mgpu.bench train`).
+"""Training images/sec (`python -m keras_yolo_mgpu.bench train`), against keras-yolo3 too.
 
-Feeds generated images and targets from memory (a repeated tf.data
-dataset), so the number measures the model step and the replica
-communication, not the input pipeline (`bench pipeline` measures that).
+Feeds one generated batch from memory (a repeated tf.data dataset), so the
+number measures the model step and the replica communication, not the input
+pipeline (`bench pipeline` measures that). Each step is timed from Keras's
+batch-begin callback to its batch-end callback, which waits for the loss.
+
+With `reference="keras-yolo3"`, keras-yolo3's model and scalar loss under
+Keras 2 (`tf_keras`, see `reference_model.py`) is built next to ours in the
+same process and the two are timed in interleaved rounds (the order
+alternates), so the ratio ours / keras-yolo3 comes from one run on one
+machine state. `variants` adds variants of our step to the same rounds (see
+`VARIANTS`); `breakdown` also times the parts of a step (`step_parts.py`).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 
 logger = logging.getLogger(__name__)
 
+REFERENCES = ("keras-yolo3",)
+#: Variants of our step, each timed as its own side: what it changes.
+VARIANTS = {
+    "keras-bn": "Keras 3's own BatchNormalization training path instead of the fused kernel",
+    "static-mask": "ignore mask from a static top-k gather of at most 20 true boxes (max_true_boxes=20)",
+    "xla": "jit_compile=True (XLA) with the static ignore mask",
+}
+#: The pipeline's bound on boxes per image; what `max_true_boxes` is set to.
+MAX_BOXES = 20
 
-def _synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
+
+def synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
+    """One batch: uniform random images, 1-10 random boxes per image and their targets.
+
+    Returns:
+        `(x, y)`: x a dict with `image` (N, H, W, 3) and `y_true_<l>` arrays,
+        y zeros (N, 1) (the targets are model inputs).
+    """
     import numpy as np
 
     from keras_yolo_mgpu.model.targets import preprocess_true_boxes
@@ -32,11 +57,157 @@ def _synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
     return x, np.zeros((global_batch, 1), np.float32)
 
 
+def _step_timer(callback_base):
+    """A callback class (Keras 3 or Keras 2 base) recording each step's wall and process CPU seconds."""
+
+    class StepTimer(callback_base):
+        def __init__(self):
+            super().__init__()
+            self.times: list[float] = []
+            self.cpu_times: list[float] = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._start, self._cpu_start = time.perf_counter(), time.process_time()
+
+        def on_train_batch_end(self, batch, logs=None):
+            float(logs["loss"])  # the step has finished (GPUs run asynchronously)
+            self.times.append(time.perf_counter() - self._start)
+            self.cpu_times.append(time.process_time() - self._cpu_start)
+
+    return StepTimer
+
+
+class _Side:
+    """One model to time: fits `steps` steps on the repeated batch, keeps each round's step times."""
+
+    def __init__(self, name, model, dataset, callback_base, global_batch, parts=None):
+        self.name, self.model, self.dataset, self.global_batch = name, model, dataset, global_batch
+        self.timer_class = _step_timer(callback_base)
+        self.parts = parts
+        self.rounds: list[list[float]] = []
+        self.cpu_times: list[float] = []
+
+    def fit(self, steps: int) -> list[float]:
+        timer = self.timer_class()
+        # shuffle=False: a repeated in-memory batch; Keras cannot shuffle a dataset anyway.
+        self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer], shuffle=False)
+        self.cpu_times += timer.cpu_times
+        return timer.times
+
+    def images_per_sec(self, times) -> float:
+        return self.global_batch / statistics.median(times)
+
+
+def _build_ours(name, options, engine, anchors, x, y, global_batch):
+    import keras
+    import tensorflow as tf
+
+    from keras_yolo_mgpu.bench.step_parts import StepParts
+    from keras_yolo_mgpu.model.architectures import get_architecture
+    from keras_yolo_mgpu.model.batch_norm import BatchNormalization
+    from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
+    from keras_yolo_mgpu.model.yolo3 import create_model
+
+    architecture = get_architecture(options["model"])
+    jit = options["jit"] or name == "xla"
+    max_true_boxes = MAX_BOXES if jit or name == "static-mask" else None
+    with engine.strategy.scope():
+        body, train_model = create_model(
+            options["input_size"],
+            anchors,
+            options["num_classes"],
+            freeze_body=options["freeze_body"],
+            sync_bn=engine.sync_bn,
+            max_true_boxes=max_true_boxes,
+            model=options["model"],
+        )
+        if name == "keras-bn":
+            for layer in body.layers:
+                if isinstance(layer, BatchNormalization):
+                    layer.fused = False
+        model = engine.wrap(train_model)
+        model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=totalloss, jit_compile=jit)
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
+    parts = None
+    if options["breakdown"]:
+        optimizer = keras.optimizers.SGD(1e-4)
+        optimizer.build(train_model.trainable_variables)
+        num_classes = options["num_classes"]
+        parts = StepParts(
+            body,
+            train_model,
+            lambda loss_args: yolo_loss(
+                loss_args,
+                anchors,
+                num_classes,
+                max_true_boxes=max_true_boxes,
+                scale_x_y=architecture.decode_scale_x_y,
+                box_loss=architecture.box_loss,
+            ),
+            optimizer.apply,
+            [tf.constant(x[key]) for key in ("image", *sorted(k for k in x if k.startswith("y_true_")))],
+            jit=jit,
+        )
+    return _Side(name, model, dataset, keras.callbacks.Callback, global_batch, parts)
+
+
+def _build_reference(options, anchors, x, y, global_batch):
+    import tensorflow as tf
+
+    from keras_yolo_mgpu.bench import reference_model  # needs tf_keras: ImportError says how to get it
+    from keras_yolo_mgpu.bench.step_parts import StepParts
+
+    tf_keras = reference_model.tf_keras
+    body = reference_model.build_body(options["tiny"], options["num_classes"], seed=None)
+    model = reference_model.create_training_model(body, options["input_size"], anchors, options["num_classes"])
+    model.compile(optimizer=tf_keras.optimizers.SGD(1e-4), loss={"yolo_loss": lambda y_true, y_pred: y_pred})
+    inputs = tuple(x[key] for key in ("image", *sorted(k for k in x if k.startswith("y_true_"))))
+    dataset = tf.data.Dataset.from_tensors((inputs, y)).repeat().prefetch(2)
+    parts = None
+    if options["breakdown"]:
+        optimizer = tf_keras.optimizers.SGD(1e-4)
+        num_classes = options["num_classes"]
+        parts = StepParts(
+            body,
+            model,
+            lambda loss_args: reference_model.scalar_yolo_loss(loss_args, anchors, num_classes),
+            lambda grads, variables: optimizer.apply_gradients(zip(grads, variables)),
+            [tf.constant(t) for t in inputs],
+        )
+    return _Side("keras-yolo3", model, dataset, tf_keras.callbacks.Callback, global_batch, parts)
+
+
+def _breakdown(sides, rounds) -> dict:
+    """Per-part medians (ms) per side, with the derived forward/loss/backward/optimizer/Keras split."""
+    from keras_yolo_mgpu.bench.step_parts import PARTS, time_parts
+
+    times = time_parts({side.name: side.parts for side in sides}, rounds)
+    report = {}
+    for side in sides:
+        median = {part: statistics.median(times[side.name][part]) * 1000 for part in PARTS}
+        fit_ms = statistics.median([t for round_times in side.rounds for t in round_times]) * 1000
+        report[side.name] = {
+            "parts_ms": {part: round(value, 1) for part, value in median.items()},
+            "parts_ms_rounds": {part: [round(t * 1000, 1) for t in times[side.name][part]] for part in PARTS},
+            "split_ms": {
+                "forward": round(median["forward"], 1),
+                "loss": round(median["forward+loss"] - median["forward"], 1),
+                "backward": round(median["gradients"] - median["forward+loss"], 1),
+                "optimizer": round(median["step"] - median["gradients"], 1),
+                "keras_fit_overhead": round(fit_ms - median["step"], 1),
+                "fit_step": round(fit_ms, 1),
+            },
+        }
+    return report
+
+
 def run_train_benchmark(
     *,
     gpus: int | None = None,
     simulate: bool = False,
+    simulated_gpu_memory_mb: int | None = None,
     tiny: bool = False,
+    model: str | None = None,
     input_size: tuple[int, int] = (416, 416),
     num_classes: int = 80,
     batch_size: int | None = None,
@@ -44,71 +215,127 @@ def run_train_benchmark(
     parallel: str = "strategy",
     sync_bn: bool = True,
     mixed_precision: bool = False,
+    jit: bool = False,
+    reference: str | None = None,
+    variants: tuple[str, ...] = (),
+    breakdown: bool = False,
     warmup_steps: int = 3,
     steps: int = 10,
+    rounds: int = 1,
+    on_round=None,
 ) -> dict:
-    """Times `steps` training steps after `warmup_steps`; returns the result record.
+    """Times `rounds` x `steps` training steps per side after `warmup_steps`; returns the result record.
 
     Args:
         batch_size: GLOBAL batch (default: 8 per replica); must divide over the replicas.
+        model: the network (`model.architectures.MODEL_NAMES`); `tiny` is the
+            alias of yolov3-tiny; default yolov3.
+        simulated_gpu_memory_mb: with `simulate` on a GPU, the memory of each logical GPU.
+        jit: XLA (`jit_compile=True`) with the static ignore mask.
+        reference: "keras-yolo3" also times keras-yolo3's step (one device, float32).
+        variants: names from `VARIANTS`, each timed as another side.
+        breakdown: also time the parts of a step (one device).
+        on_round: called with `(round_index, {side: images/sec})` after each round.
         Others: as `train.py`'s flags of the same names.
 
     Returns:
-        `{"benchmark": "train", ..., "step_seconds": [...], "images_per_sec": ...}`
-        (images/sec from the median step).
+        `{"benchmark": "train", ..., "images_per_sec": ...}`: per side, images/sec
+        per round (global batch / median step) and their median; per other side,
+        `ratio_vs_<side>` (ours / theirs, from the medians) and the ratio per
+        round; with `breakdown`, the parts.
 
     Raises:
-        ValueError: the global batch does not divide over the replicas.
+        ValueError: a combination that cannot be timed (see the messages).
     """
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
+    if reference not in (None, *REFERENCES):
+        raise ValueError(f"reference must be one of {REFERENCES}. Received: reference={reference!r}")
+    if simulate and simulated_gpu_memory_mb:
+        from keras_yolo_mgpu.parallel import devices as device_selection
+
+        names = device_selection.simulate_devices(gpus or 2, memory_limit_mb=simulated_gpu_memory_mb)
+    else:
+        names = None
     from keras_yolo_mgpu.parallel.engine import build_engine
 
-    engine = build_engine(gpus, simulate=simulate, parallel=parallel, sync_bn=sync_bn)  # before any TF op
+    engine = build_engine(gpus, simulate=simulate, parallel=parallel, sync_bn=sync_bn, devices=names)
     import keras
-    import tensorflow as tf
 
-    from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.resources import get_anchors, resolve_resource
 
-    if mixed_precision:
-        keras.mixed_precision.set_global_policy("mixed_float16")
     global_batch = batch_size or 8 * engine.replicas
     if global_batch % engine.replicas:
         raise ValueError(f"global batch {global_batch} does not divide over {engine.replicas} replicas")
-    anchors = get_anchors(resolve_resource(None, "anchors", tiny=tiny))
-    with engine.strategy.scope():
-        _, train_model = create_model(input_size, anchors, num_classes, freeze_body=freeze_body, sync_bn=engine.sync_bn)
-        model = engine.wrap(train_model)
-        model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=totalloss)
-    x, y = _synthetic_batch(global_batch, input_size, anchors, num_classes)
-    dataset = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
+    if reference and (engine.replicas > 1 or mixed_precision):
+        raise ValueError("reference keras-yolo3 is timed on one device in float32 (keras-yolo3 has neither)")
+    if breakdown and (engine.replicas > 1 or parallel == "multi_gpu_model"):
+        raise ValueError("breakdown times one device")
+    from keras_yolo_mgpu.model.architectures import model_name
 
-    class Timer(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.times = []
+    kind = model_name(model, tiny) or "yolov3"
+    if reference and kind not in ("yolov3", "yolov3-tiny"):
+        raise ValueError(f"reference keras-yolo3 has no {kind}")
+    if mixed_precision:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    anchors = get_anchors(resolve_resource(None, "anchors", model=kind))
+    x, y = synthetic_batch(global_batch, input_size, anchors, num_classes)
+    options = dict(
+        model=kind,
+        tiny=kind == "yolov3-tiny",
+        input_size=input_size,
+        num_classes=num_classes,
+        freeze_body=freeze_body,
+        jit=jit,
+        breakdown=breakdown,
+    )
+    sides = [_build_ours("ours", options, engine, anchors, x, y, global_batch)]
+    if reference:
+        sides.append(_build_reference(options, anchors, x, y, global_batch))
+    sides += [_build_ours(name, options, engine, anchors, x, y, global_batch) for name in variants]
 
-        def on_train_batch_begin(self, batch, logs=None):
-            self._start = time.perf_counter()
+    for side in sides:  # tracing, first-step allocations
+        side.fit(warmup_steps)
+        side.cpu_times.clear()
+    for round_index in range(rounds):
+        for side in sides if round_index % 2 == 0 else sides[::-1]:
+            side.rounds.append(side.fit(steps))
+        if on_round:
+            on_round(round_index, {side.name: side.images_per_sec(side.rounds[-1]) for side in sides})
 
-        def on_train_batch_end(self, batch, logs=None):
-            self.times.append(time.perf_counter() - self._start)
-
-    timer = Timer()
-    # shuffle=False: a repeated in-memory batch; Keras warns that it cannot shuffle a dataset anyway.
-    model.fit(dataset, steps_per_epoch=warmup_steps + steps, epochs=1, verbose=0, callbacks=[timer], shuffle=False)
-    timed = timer.times[warmup_steps:]
-    seconds_per_step = sorted(timed)[len(timed) // 2]
-    return {
+    result = {
         "benchmark": "train",
-        "model": "tiny_yolo" if tiny else "yolo",
+        "model": kind,
         "input_size": list(input_size),
+        "num_classes": num_classes,
         "replicas": engine.replicas,
         "devices": list(engine.devices),
         "parallel": parallel,
         "global_batch": global_batch,
-        "step_seconds": [round(t, 6) for t in timed],
-        "median_step_ms": round(seconds_per_step * 1000, 2),
-        "images_per_sec": round(global_batch / seconds_per_step, 2),
-        "mean_images_per_sec": round(global_batch * len(timed) / sum(timed), 2),
+        "mixed_precision": mixed_precision,
+        "jit": jit,
+        "steps_per_round": steps,
+        "rounds": rounds,
     }
+    for side in sides:
+        per_round = [round(side.images_per_sec(times), 2) for times in side.rounds]
+        key = "" if side.name == "ours" else f"{side.name}_"
+        result[f"{key}images_per_sec_rounds"] = per_round
+        result[f"{key}images_per_sec"] = round(statistics.median(per_round), 2)
+        result[f"{key}median_step_ms"] = round(statistics.median([t for r in side.rounds for t in r]) * 1000, 2)
+        # Process CPU time (all threads) per step: the work done, less sensitive to other jobs' load.
+        result[f"{key}median_step_cpu_ms"] = round(statistics.median(side.cpu_times) * 1000, 2)
+    ours = sides[0]
+    for side in sides[1:]:
+        ratios = [ours.images_per_sec(a) / side.images_per_sec(b) for a, b in zip(ours.rounds, side.rounds)]
+        result[f"ratio_vs_{side.name}"] = round(result["images_per_sec"] / result[f"{side.name}_images_per_sec"], 3)
+        result[f"ratio_vs_{side.name}_rounds"] = [round(r, 3) for r in ratios]
+        # Rounds are back to back: their ratio is the least affected by load drifting during the run.
+        result[f"ratio_vs_{side.name}_median_of_rounds"] = round(statistics.median(ratios), 3)
+        result[f"cpu_ratio_vs_{side.name}"] = round(
+            statistics.median(side.cpu_times) / statistics.median(ours.cpu_times), 3
+        )
+    if breakdown:
+        result["breakdown"] = _breakdown(sides, rounds)
+    return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from keras_yolo_mgpu.cli.runner import ArgumentParser, setup_logging
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 __all__ = [
     "ArgumentParser",
@@ -17,6 +18,7 @@ __all__ = [
     "add_device_args",
     "add_gpu_num_arg",
     "add_model_args",
+    "detector_params",
     "masks_arg",
     "resolve_model_settings",
     "input_size",
@@ -79,12 +81,16 @@ def masks_arg(text: str):
     return masks
 
 
-def add_model_args(parser: argparse.ArgumentParser, *, weights_help: str = "weights file to load") -> None:
-    """--classes, --anchors, --tiny, --masks, --input-size, --weights.
+def add_model_args(
+    parser: argparse.ArgumentParser, *, weights_help: str = "weights file to load", model_flag: str = "--model"
+) -> None:
+    """--classes, --anchors, --model, --tiny, --masks, --input-size, --weights.
 
     Files the project writes carry their classes, anchors, masks and input
     size (`weights.metadata`): these flags then default to the file's values
     and must agree with them; they are needed for files without metadata.
+    `model_flag` names the network flag (yolo_video.py keeps keras-yolo3's
+    `--model` for the weights file and uses `--architecture`).
     """
     parser.add_argument(
         "--classes",
@@ -97,7 +103,14 @@ def add_model_args(parser: argparse.ArgumentParser, *, weights_help: str = "weig
         help="anchors file (default: the weights' metadata, else model_data/yolo_anchors.txt, "
         "or tiny_yolo_anchors.txt with --tiny)",
     )
-    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (6 anchors) when --anchors is not given")
+    parser.add_argument(
+        model_flag,
+        dest="model",
+        choices=MODEL_NAMES,
+        default=None,
+        help="network (default: the weights' metadata, else yolov3, or yolov3-tiny for 6 anchors)",
+    )
+    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
     parser.add_argument(
         "--masks",
         type=masks_arg,
@@ -130,6 +143,7 @@ def resolve_model_settings(args: argparse.Namespace, weights: str | None):
         tiny=args.tiny,
         masks=args.masks,
         input_shape=args.input_size,
+        model=getattr(args, "model", None),
     )
 
 
@@ -137,6 +151,18 @@ def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, i
     """--score, --iou."""
     parser.add_argument("--score", type=unit_float, default=score, help=f"minimum detection score (default: {score})")
     parser.add_argument("--iou", type=unit_float, default=iou, help=f"NMS IoU threshold (default: {iou})")
+
+
+def detector_params(args: argparse.Namespace, weights: str | None) -> dict:
+    """`settings`, `score` and `iou` keywords from the `add_model_args` and `add_detection_args` flags.
+
+    Every library entry point that builds a detector from weights (`YOLO`,
+    `evaluate_weights`, `export_model`) takes these three keywords.
+
+    Raises:
+        weights.metadata.MetadataError (a ValueError): a flag contradicts the file.
+    """
+    return {"settings": resolve_model_settings(args, weights), "score": args.score, "iou": args.iou}
 
 
 def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 
@@ -18,6 +19,12 @@ BENCHMARKS = {
     "infer": "video detection frames/sec against the bare forward pass",
 }
 USAGE = "usage: python -m keras_yolo_mgpu.bench {" + ",".join(BENCHMARKS) + "} [options]"
+
+
+def print_result(result: dict) -> int:
+    """Prints a benchmark's result as the one JSON object on its last line; the command's exit status (0)."""
+    print(json.dumps(result))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,12 +6,13 @@ Prints progress, then one JSON object as the last line (see `bench/infer.py`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, input_size, positive_int
+from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 
 def _frame_size(text: str) -> tuple[int, int]:
@@ -37,6 +38,9 @@ def build_parser() -> ArgumentParser:
         "--batch-size", type=positive_int, default=4, help="frames per forward pass, both measurements (default: 4)"
     )
     parser.add_argument("--full", action="store_true", help="YOLOv3 (Darknet-53) instead of tiny YOLOv3")
+    parser.add_argument(
+        "--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3-tiny, yolov3 with --full)"
+    )
     parser.add_argument(
         "--num-classes", type=positive_int, default=80, help="classes of the random model (default: 80, COCO)"
     )
@@ -71,6 +75,7 @@ def run(args) -> int:
         input_size=args.input_size,
         batch_size=args.batch_size,
         full=args.full,
+        model=args.model,
         num_classes=args.num_classes,
         output_gain=args.output_gain,
         weights=args.weights,
@@ -80,8 +85,7 @@ def run(args) -> int:
         repeats=args.repeats,
         output_dir=args.output_dir,
     )
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,13 +8,13 @@ Prints progress, then one JSON object as the last line (see `bench/pipeline.py`)
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.bench.pipeline import GENERATORS  # light: TensorFlow loads later
 from keras_yolo_mgpu.cli.args import ArgumentParser, input_size, positive_int
+from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
 
 logger = logging.getLogger("bench")
@@ -74,8 +74,7 @@ def run(args) -> int:
         args.seed,
         args.cache,
     )
-    print(json.dumps(result))
-    return 0
+    return print_result(result)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,24 +1,52 @@
-"""`python -m keras_yolo_mgpu.bench train`: training images/sec on N (simulated) devices.
+"""`python -m keras_yolo_mgpu.bench train`: training images/sec on N (simulated) devices, against keras-yolo3.
 
-Prints one line per timed step, then a JSON object as the last line.
+    python -m keras_yolo_mgpu.bench train --tiny --input-size 416 --num-classes 20 --batch-size 8 \\
+        --reference keras-yolo3 [--variants keras-bn,static-mask,xla] [--breakdown]
+
+Prints one line per round (or per step with one round and one side), a
+table of the step's parts with `--breakdown`, then a JSON object as the last
+line (`ratio_vs_keras-yolo3`: ours / keras-yolo3).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
+from keras_yolo_mgpu.model.architectures import MODEL_NAMES
+
+
+def _variant_list(text: str) -> list[str]:
+    import argparse
+
+    from keras_yolo_mgpu.bench.train import VARIANTS
+
+    names = [name for name in text.split(",") if name]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    return names
 
 
 def build_parser() -> cli.ArgumentParser:
+    from keras_yolo_mgpu.bench.train import REFERENCES, VARIANTS
+
     parser = cli.ArgumentParser(
         prog="python -m keras_yolo_mgpu.bench train", description="Training images/sec on N devices."
     )
     cli.add_device_args(parser)
-    parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 (default: full YOLOv3)")
+    parser.add_argument(
+        "--simulated-gpu-memory",
+        type=cli.positive_int,
+        default=None,
+        metavar="MiB",
+        help="with --simulate-devices on a GPU: memory of each logical GPU (default: the library's)",
+    )
+    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
+    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3)")
     parser.add_argument("--input-size", type=cli.input_size, default=(416, 416), metavar="HxW")
     parser.add_argument("--num-classes", type=cli.positive_int, default=80)
     parser.add_argument(
@@ -27,10 +55,30 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--freeze-body", type=int, choices=(0, 1, 2), default=0)
     parser.add_argument("--parallel", choices=("strategy", "multi_gpu_model"), default="strategy")
     parser.add_argument("--no-sync-bn", action="store_true")
-    parser.add_argument("--mixed-precision", action="store_true")
+    parser.add_argument("--mixed-precision", action="store_true", help="mixed_float16 (ours only)")
+    parser.add_argument("--jit", action="store_true", help="XLA (jit_compile=True) with the static ignore mask")
+    parser.add_argument("--reference", choices=REFERENCES, default=None, help="also time keras-yolo3's step")
+    parser.add_argument(
+        "--variants", type=_variant_list, default=[], help=f"comma-separated variants of ours: {', '.join(VARIANTS)}"
+    )
+    parser.add_argument("--breakdown", action="store_true", help="also time forward/loss/backward/optimizer parts")
     parser.add_argument("--warmup-steps", type=cli.positive_int, default=3)
-    parser.add_argument("--steps", type=cli.positive_int, default=10, help="timed steps")
+    parser.add_argument("--steps", type=cli.positive_int, default=10, help="timed steps per round and side")
+    parser.add_argument("--rounds", type=cli.positive_int, default=None, help="default: 3 with --reference, else 1")
     return parser
+
+
+def _print_round(index, images_per_sec):
+    line = "  ".join(f"{name} {value:7.2f}" for name, value in images_per_sec.items())
+    print(f"round {index + 1}: images/sec  {line}", flush=True)
+
+
+def _print_breakdown(breakdown):
+    names = list(breakdown)
+    print(f"{'part (ms, median)':22s}" + "".join(f"{name:>14s}" for name in names))
+    for part in (*breakdown[names[0]]["parts_ms"], "keras_fit_overhead", "fit_step"):
+        values = [breakdown[n]["parts_ms"].get(part, breakdown[n]["split_ms"].get(part)) for n in names]
+        print(f"{part:22s}" + "".join(f"{value:14.1f}" for value in values))
 
 
 def run(args) -> int:
@@ -39,7 +87,9 @@ def run(args) -> int:
     result = run_train_benchmark(
         gpus=args.gpus,
         simulate=args.simulate_devices,
+        simulated_gpu_memory_mb=args.simulated_gpu_memory,
         tiny=args.tiny,
+        model=args.model,
         input_size=args.input_size,
         num_classes=args.num_classes,
         batch_size=args.batch_size,
@@ -47,13 +97,18 @@ def run(args) -> int:
         parallel=args.parallel,
         sync_bn=not args.no_sync_bn,
         mixed_precision=args.mixed_precision,
+        jit=args.jit,
+        reference=args.reference,
+        variants=tuple(args.variants),
+        breakdown=args.breakdown,
         warmup_steps=args.warmup_steps,
         steps=args.steps,
+        rounds=args.rounds or (3 if args.reference else 1),
+        on_round=_print_round,
     )
-    for index, seconds in enumerate(result.pop("step_seconds"), 1):
-        print(f"step {index:3d}: {seconds * 1000:8.1f} ms  {result['global_batch'] / seconds:8.1f} images/sec")
-    print(json.dumps(result))
-    return 0
+    if "breakdown" in result:
+        _print_breakdown(result["breakdown"])
+    return print_result(result)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -367,34 +367,27 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _add_override(parser: argparse.ArgumentParser, flag: str, what: str, key: str, *, extra_default: str = "") -> None:
+    """A positive-int flag that overrides `DEFAULTS[key]` (None: keep the default, or --quick's)."""
+    parser.add_argument(flag, type=positive_int, default=None, help=f"{what} (default: {DEFAULTS[key]}{extra_default})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m keras_yolo_mgpu.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="demo_output", help="folder for all outputs")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run of every stage (no learning result)")
-    parser.add_argument(
-        "--epochs", type=positive_int, default=None, help=f"training epochs (default: {DEFAULTS['epochs']})"
-    )
-    parser.add_argument(
+    _add_override(parser, "--epochs", "training epochs", "epochs")
+    _add_override(
+        parser,
         "--drop-epoch",
-        type=positive_int,
-        default=None,
-        help=f"epochs before the learning rate drops 10x (default: {DEFAULTS['drop_epoch']}, or 3/4 of --epochs)",
+        "epochs before the learning rate drops 10x",
+        "drop_epoch",
+        extra_default=", or 3/4 of --epochs",
     )
-    parser.add_argument(
-        "--num-train", type=positive_int, default=None, help=f"training images (default: {DEFAULTS['num_train']})"
-    )
-    parser.add_argument(
-        "--num-val", type=positive_int, default=None, help=f"validation images (default: {DEFAULTS['num_val']})"
-    )
-    parser.add_argument(
-        "--input-size",
-        type=positive_int,
-        default=None,
-        help=f"image and network side, multiple of 32 (default: {DEFAULTS['image_size']})",
-    )
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=None, help=f"global batch (default: {DEFAULTS['batch_size']})"
-    )
+    _add_override(parser, "--num-train", "training images", "num_train")
+    _add_override(parser, "--num-val", "validation images", "num_val")
+    _add_override(parser, "--input-size", "image and network side, multiple of 32", "image_size")
+    _add_override(parser, "--batch-size", "global batch", "batch_size")
     parser.add_argument("--lr", type=float, default=None, help=f"Adam learning rate (default: {DEFAULTS['lr']})")
     parser.add_argument(
         "--gpus",

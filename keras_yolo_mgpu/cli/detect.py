@@ -16,8 +16,8 @@ from keras_yolo_mgpu.cli.args import (
     add_detection_args,
     add_gpu_num_arg,
     add_model_args,
+    detector_params,
     positive_int,
-    resolve_model_settings,
 )
 from keras_yolo_mgpu.cli.runner import run_command
 
@@ -29,7 +29,11 @@ def build_parser() -> ArgumentParser:
         prog="yolo_video.py",
         description="Detect objects in images or a video with trained YOLOv3 weights (keras-yolo3's flags).",
     )
-    add_model_args(parser, weights_help="weights to load: .weights.h5, .keras or a Keras 2 .h5 (same as --model)")
+    add_model_args(
+        parser,
+        weights_help="weights to load: .weights.h5, .keras or a Keras 2 .h5 (same as --model)",
+        model_flag="--architecture",
+    )
     parser.add_argument(
         "--model",
         dest="weights",
@@ -76,11 +80,9 @@ def run(args) -> int:
 
     yolo = YOLO(
         weights,
-        score=args.score,
-        iou=args.iou,
+        **detector_params(args, weights),
         gpu_num=args.gpu_num,
         batch_size=args.batch_size,
-        settings=resolve_model_settings(args, weights),
     )
     if args.image:
         stats = process_images(

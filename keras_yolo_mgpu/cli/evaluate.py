@@ -16,8 +16,8 @@ from keras_yolo_mgpu.cli.args import (
     add_detection_args,
     add_gpu_num_arg,
     add_model_args,
+    detector_params,
     positive_int,
-    resolve_model_settings,
 )
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
@@ -81,9 +81,7 @@ def run(args) -> int:
         result = evaluate_weights(
             args.weights,
             args.annotations,
-            settings=resolve_model_settings(args, args.weights),
-            score=args.score,
-            iou=args.iou,
+            **detector_params(args, args.weights),
             batch_size=args.batch_size,
             gpu_num=args.gpu_num,
             root=args.root,

@@ -12,8 +12,8 @@ from keras_yolo_mgpu.cli.args import (
     ArgumentParser,
     add_detection_args,
     add_model_args,
+    detector_params,
     positive_int,
-    resolve_model_settings,
 )
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.inference.export import FORMATS, ExportError  # light: TensorFlow loads later
@@ -59,9 +59,7 @@ def run(args) -> int:
         args.weights,
         args.format,
         args.output,
-        settings=resolve_model_settings(args, args.weights),
-        score=args.score,
-        iou=args.iou,
+        **detector_params(args, args.weights),
         max_boxes=args.max_boxes,
         max_detections=args.max_detections,
         check=not args.no_check,

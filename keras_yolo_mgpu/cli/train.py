@@ -196,6 +196,7 @@ def config_from_args(args):
         classes=args.classes,
         anchors=args.anchors,
         tiny=args.tiny,
+        model=args.model,
         input_shape=tuple(args.input_size or (416, 416)),
         masks=args.masks,
         weights=args.weights,

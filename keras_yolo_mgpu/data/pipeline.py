@@ -384,6 +384,8 @@ class DatasetBuilder:
     cache: str | None = None
     masks: list[list[int]] | None = None
     start_position: int = 0
+    num_shards: int = 1
+    shard_index: int = 0
     multi_scale: tuple[int, int] | None = None
     mosaic: float = 0.0
 
@@ -433,6 +435,13 @@ class DatasetBuilder:
                 f"`start_position` must be >= 0, and is for training streams only. "
                 f"Received: start_position={self.start_position}, training={self.training}"
             )
+        if not 0 <= self.shard_index < self.num_shards or batch_size % self.num_shards:
+            raise ValueError(
+                f"`num_shards` must divide `batch_size` and 0 <= `shard_index` < `num_shards`. Received: "
+                f"batch_size={batch_size}, num_shards={self.num_shards}, shard_index={self.shard_index}"
+            )
+        if self.num_shards > 1 and not self.training:
+            raise ValueError("`num_shards` > 1 is for training streams only (validation is sharded by Keras)")
         for annotation in self.annotations:
             classes = annotation.boxes[:, 4]
             bad = classes[(classes < 0) | (classes >= num_classes)]
@@ -447,8 +456,17 @@ class DatasetBuilder:
     def training_indices(self) -> tf.data.Dataset:
         """Endless `(position, index)` int64 pairs, reshuffled every pass, from `start_position`."""
         shuffle_seed = tf.random.experimental.stateless_fold_in(tf.constant([self.seed, 0], tf.int64), 1)
-        indices = shuffled_indices(self.num_samples, shuffle_seed, self.start_position)
-        return indices.enumerate(start=self.start_position)
+        indices = shuffled_indices(self.num_samples, shuffle_seed, self.start_position).enumerate(
+            start=self.start_position
+        )
+        if self.num_shards > 1:
+            # Keep this shard's slice of every global batch before any image
+            # is read: the other slices are other workers' to decode.
+            slice_size = self.batch_size // self.num_shards
+            indices = indices.filter(
+                lambda position, index: (position % self.batch_size) // slice_size == self.shard_index
+            )
+        return indices
 
     def num_validation_batches(self) -> int:
         return steps_per_epoch(self.num_samples, self.batch_size)
@@ -596,9 +614,14 @@ class DatasetBuilder:
 
     # --- 3. batches, 4. targets ----------------------------------------------------
 
+    @property
+    def shard_batch_size(self) -> int:
+        """Elements per batch this pipeline yields: the global batch over `num_shards`."""
+        return self.batch_size // self.num_shards
+
     def batch(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        """Batches of exactly `batch_size` (the global batch)."""
-        return dataset.batch(self.batch_size, drop_remainder=True)
+        """Batches of exactly `shard_batch_size` (the global batch with one shard)."""
+        return dataset.batch(self.shard_batch_size, drop_remainder=True)
 
     def rescale_to_step_size(self, images, boxes, positions):
         """Multi-scale: the batch shrunk to the size of its step (`multiscale.size_of_batch`).
@@ -616,7 +639,7 @@ class DatasetBuilder:
         input_shape = (tf.shape(images)[1], tf.shape(images)[2]) if self.multi_scale else self.input_shape
         for layer, y_true in enumerate(build_targets(boxes, input_shape, self.anchors, self.num_classes, self.masks)):
             x[f"y_true_{layer}"] = y_true
-        y = tf.zeros([self.batch_size, 1], tf.float32)
+        y = tf.zeros([self.shard_batch_size, 1], tf.float32)
         return (x, y, *weights)
 
     def build(self) -> tf.data.Dataset:
@@ -660,6 +683,8 @@ def make_dataset(
     cache: str | None = None,
     masks=None,
     start_position: int = 0,
+    num_shards: int = 1,
+    shard_index: int = 0,
     multi_scale: tuple[int, int] | None = None,
     mosaic: float = 0.0,
 ) -> tf.data.Dataset:
@@ -689,6 +714,11 @@ def make_dataset(
             a later stage or a resumed run continues the stream where it
             stopped (the images drawn so far; element `p` is always the same
             image with the same augmentation for a given seed).
+        num_shards, shard_index: training only: build only the
+            `shard_index`-th of `num_shards` equal, contiguous slices of every
+            global batch (one per input pipeline of a multi-worker cluster, see
+            `distribute_training_dataset`); batches then hold
+            `batch_size // num_shards` elements and only those images are read.
         multi_scale: training only: (MIN, MAX), a new square size every 10
             steps (`data.multiscale`); images and targets are then
             (B, None, None, ...) and `input_shape` is not used.
@@ -711,6 +741,50 @@ def make_dataset(
         cache=cache,
         masks=masks,
         start_position=start_position,
+        num_shards=num_shards,
+        shard_index=shard_index,
         multi_scale=multi_scale,
         mosaic=mosaic,
     ).build()
+
+
+def distribute_training_dataset(strategy, annotations, input_shape, anchors, num_classes, batch_size, **kwargs):
+    """The training stream for `strategy`, each input pipeline reading only its own images.
+
+    Under `MultiWorkerMirroredStrategy` (several input pipelines), handing
+    Keras the global stream makes every worker read, decode and augment every
+    image and keep 1/W of them (tf.data's data sharding). Here each pipeline
+    builds only its slice of every global batch (`make_dataset`'s
+    `num_shards`): the global batch holds the same images, with the same
+    augmentation, as with one worker, so N workers still train like one
+    device. With one input pipeline this is `make_dataset` itself.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` training runs under.
+        batch_size: the GLOBAL batch size.
+        **kwargs: `make_dataset`'s keyword arguments (`training=True` is implied).
+
+    Returns:
+        A `tf.data.Dataset`, or a distributed dataset Keras's `fit` accepts.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return make_dataset(annotations, input_shape, anchors, num_classes, batch_size, training=True, **kwargs)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = make_dataset(
+            annotations,
+            input_shape,
+            anchors,
+            num_classes,
+            batch_size,
+            training=True,
+            num_shards=context.num_input_pipelines,
+            shard_index=context.input_pipeline_id,
+            **kwargs,
+        )
+        per_replica = context.get_per_replica_batch_size(batch_size)
+        if per_replica != batch_size // context.num_input_pipelines:  # several replicas per worker
+            dataset = dataset.rebatch(per_replica)
+        return dataset
+
+    return strategy.distribute_datasets_from_function(dataset_fn)

@@ -447,7 +447,7 @@ def evaluate_weights(
     Returns:
         `evaluate_detections`'s dict.
     """
-    from keras_yolo_mgpu.inference.detector import YOLO, load_body
+    from keras_yolo_mgpu.inference.detector import YOLO
     from keras_yolo_mgpu.weights.metadata import settings_for
 
     annotations = _load_annotations(annotations, root)
@@ -462,16 +462,11 @@ def evaluate_weights(
             input_shape=input_size,
         )
     class_names = list(settings.class_names)
-    anchors_array = settings.anchors_array
-    body = load_body(weights, anchors_array, len(class_names))
-    yolo = YOLO.from_body(
-        body,
-        anchors_array,
-        class_names,
+    yolo = YOLO(
+        weights,
+        settings=settings,
         score=EVAL_MIN_SCORE,
         iou=iou,
-        masks=settings.masks_list,
-        model_image_size=settings.input_shape,
         gpu_num=gpu_num,
         max_boxes=EVAL_MAX_DETECTIONS,
         max_detections=EVAL_MAX_DETECTIONS,

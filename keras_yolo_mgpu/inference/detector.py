@@ -27,7 +27,7 @@ from keras_yolo_mgpu.data.images import to_rgb_array
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_inference_model
-from keras_yolo_mgpu.model.boxes import resolve_masks
+from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 
 logger = logging.getLogger(__name__)
@@ -86,12 +86,14 @@ def _inference_devices(gpu_num: int) -> list[str | None]:
     )
 
 
-def load_body(model_path: str, anchors, num_classes: int) -> keras.Model:
+def load_body(model_path: str, anchors, num_classes: int, kind: str | None = None) -> keras.Model:
     """A fresh inference body (`model.build_body`) with weights from `model_path`.
 
     Args:
         model_path: any file `checkpoints.load_weights` reads.
         anchors: (9, 2) for YOLOv3 or (6, 2) for tiny YOLOv3.
+        kind: the network (`model.architectures.MODEL_NAMES`); None picks
+            YOLOv3 or tiny YOLOv3 by anchor count.
 
     Raises:
         FileNotFoundError: no such file.
@@ -102,14 +104,14 @@ def load_body(model_path: str, anchors, num_classes: int) -> keras.Model:
     model_path = os.fspath(model_path)
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"model weights not found: {model_path}")
-    body = build_body(anchors, num_classes)
+    body = build_body(anchors, num_classes, model=kind)
     try:
         load_weights(body, model_path)
     except (ValueError, KeyError) as error:
-        kind = "tiny YOLOv3" if len(anchors) == 6 else "YOLOv3"
+        network = kind or ("yolov3-tiny" if len(anchors) == 6 else "yolov3")
         raise ValueError(
-            f"cannot load {model_path} into a {kind} with {num_classes} classes: {error} "
-            "Check that --anchors and --classes match the ones the weights were trained with."
+            f"cannot load {model_path} into a {network} with {num_classes} classes: {error} "
+            "Check that --model, --anchors and --classes match the ones the weights were trained with."
         ) from None
     return body
 
@@ -170,22 +172,9 @@ class YOLO:
                 masks=masks,
                 input_shape=model_image_size,
             )
-        self.metadata = settings
-        body = load_body(model_path, settings.anchors_array, settings.num_classes)
+        body = load_body(model_path, settings.anchors_array, settings.num_classes, settings.kind)
         self.model_path = model_path
-        self._setup(
-            body,
-            settings.anchors_array,
-            list(settings.class_names),
-            score,
-            iou,
-            settings.input_shape,
-            gpu_num,
-            max_boxes,
-            max_detections,
-            batch_size,
-            settings.masks_list,
-        )
+        self._setup(body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size)
 
     @classmethod
     def from_body(
@@ -202,55 +191,38 @@ class YOLO:
         max_detections: int = 100,
         batch_size: int = 8,
         masks=None,
+        kind: str | None = None,
     ) -> YOLO:
         """A detector around an existing body (its weights are shared, not copied); arguments as for `YOLO`."""
+        from keras_yolo_mgpu.weights.metadata import make_metadata
+
+        anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
+        kind = get_architecture(kind, len(anchors)).name
+        settings = make_metadata(anchors, list(class_names), check_input_shape(model_image_size), masks, kind=kind)
         self = cls.__new__(cls)
         self.model_path = None
-        anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
-        self._setup(
-            body,
-            anchors,
-            list(class_names),
-            score,
-            iou,
-            model_image_size,
-            gpu_num,
-            max_boxes,
-            max_detections,
-            batch_size,
-            masks,
-        )
+        self._setup(body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size)
         return self
 
-    def _setup(
-        self,
-        body,
-        anchors,
-        class_names,
-        score,
-        iou,
-        model_image_size,
-        gpu_num,
-        max_boxes,
-        max_detections,
-        batch_size,
-        masks=None,
-    ):
+    def _setup(self, body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size):
+        """Shared by both constructors: `settings` is the body's `ModelMetadata`, the rest as for `YOLO`."""
         if not 0.0 <= float(score) <= 1.0 or not 0.0 <= float(iou) <= 1.0:
             raise ValueError(f"score and iou must be in [0, 1]. Received: score={score}, iou={iou}")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1. Received: batch_size={batch_size}")
-        self.anchors = anchors
-        self.masks = resolve_masks(masks, len(anchors))
-        self.class_names = class_names
+        self.metadata = settings
+        self.kind = settings.kind
+        self.anchors = settings.anchors_array
+        self.masks = settings.masks_list
+        self.class_names = list(settings.class_names)
         self.score = float(score)
         self.iou = float(iou)
-        self.model_image_size = check_input_shape(model_image_size)
+        self.model_image_size = settings.input_shape
         self.gpu_num = int(gpu_num)
         self.max_boxes = int(max_boxes)
         self.max_detections = int(max_detections)
         self.batch_size = int(batch_size)
-        self.colors = class_colors(len(class_names))
+        self.colors = class_colors(len(self.class_names))
         self.body = body
         self.devices = _inference_devices(self.gpu_num)
         self.inference_model = self._wrap(body)
@@ -259,7 +231,7 @@ class YOLO:
         self._replicas = [self.inference_model]
         for device in self.devices[1:]:
             with tf.device(device):
-                replica_body = build_body(anchors, len(class_names))
+                replica_body = build_body(self.anchors, len(self.class_names), model=self.kind)
                 replica_body.set_weights(body.get_weights())
                 self._replicas.append(self._wrap(replica_body))
         self._functions: dict[int, object] = {}
@@ -275,6 +247,7 @@ class YOLO:
             max_boxes_per_class=self.max_boxes,
             max_detections=self.max_detections,
             masks=self.masks,
+            scale_x_y=get_architecture(self.kind).decode_scale_x_y,
         )
 
     # ------------------------------------------------------------------

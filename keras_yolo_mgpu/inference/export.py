@@ -67,12 +67,18 @@ def build_export_model(
     nms_method: str = "combined",
     batch_size: int | None = None,
     masks=None,
+    kind: str | None = None,
 ):
-    """The inference model (`inference_layers.build_inference_model`) with `weights` loaded."""
+    """The inference model (`inference_layers.build_inference_model`) with `weights` loaded.
+
+    `kind` is the network (`model.architectures.MODEL_NAMES`; None: YOLOv3 or
+    tiny YOLOv3 by anchor count), which also sets YOLOv4's `scale_x_y`.
+    """
     from keras_yolo_mgpu.inference.detector import load_body
     from keras_yolo_mgpu.inference.layers import build_inference_model
+    from keras_yolo_mgpu.model.architectures import get_architecture
 
-    body = load_body(weights, anchors, len(class_names))
+    body = load_body(weights, anchors, len(class_names), kind)
     return build_inference_model(
         body,
         anchors,
@@ -85,6 +91,7 @@ def build_export_model(
         nms_method=nms_method,
         batch_size=batch_size,
         masks=masks,
+        scale_x_y=get_architecture(kind, len(anchors)).decode_scale_x_y,
     )
 
 
@@ -352,6 +359,7 @@ def export_model(
         list(settings.class_names),
         input_size=settings.input_shape,
         masks=settings.masks_list,
+        kind=settings.kind,
         score=score,
         iou=iou,
         max_boxes=max_boxes,

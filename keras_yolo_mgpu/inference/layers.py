@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_yolo_mgpu.model.boxes import num_output_layers, resolve_masks
+from keras_yolo_mgpu.model.boxes import cell_offset, num_output_layers, resolve_masks
 
 _SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
 
@@ -56,13 +56,14 @@ def correct_boxes_batched(box_xy, box_wh, input_wh, image_shape):
     return tf.concat([box_mins, box_maxes], axis=-1)
 
 
-def decode_scale(feats, anchors, num_classes: int, input_wh):
+def decode_scale(feats, anchors, num_classes: int, input_wh, scale_x_y: float = 1.0):
     """`boxes.yolo_head` for inference: relative centres, sizes and scores.
 
     Args:
         feats: (N, gh, gw, A * (5 + C)) raw output of one scale.
         anchors: (A, 2) numpy anchors of this scale, (w, h) input pixels.
         input_wh: (2,) float32 network input (width, height).
+        scale_x_y: YOLOv4's centre scaling (`boxes.cell_offset`); 1.0 for YOLOv3.
 
     Returns:
         `box_xy`, `box_wh` (N, gh, gw, A, 2) relative to the input, and
@@ -76,7 +77,7 @@ def decode_scale(feats, anchors, num_classes: int, input_wh):
     grid = tf.cast(tf.concat([grid_x, grid_y], axis=-1), tf.float32)  # (gh, gw, 1, 2) as (x, y)
     grid_wh = tf.cast(tf.stack([grid_w, grid_h]), tf.float32)
     anchors = tf.constant(np.reshape(anchors, [1, 1, 1, num_anchors, 2]), tf.float32)
-    box_xy = (tf.sigmoid(feats[..., 0:2]) + grid) / grid_wh
+    box_xy = (cell_offset(feats[..., 0:2], scale_x_y) + grid) / grid_wh
     box_wh = tf.exp(feats[..., 2:4]) * anchors / input_wh
     scores = tf.sigmoid(feats[..., 4:5]) * tf.sigmoid(feats[..., 5:])
     return box_xy, box_wh, scores
@@ -104,9 +105,11 @@ class YoloDecode(keras.layers.Layer):
         num_classes: number of classes.
         masks: anchor indices per scale (default keras-yolo3's, see
             `boxes.resolve_masks`).
+        scale_x_y: per scale, coarse first (YOLOv4, `architectures`); None
+            is 1.0 everywhere (YOLOv3).
     """
 
-    def __init__(self, anchors, num_classes: int, masks=None, **kwargs):
+    def __init__(self, anchors, num_classes: int, masks=None, scale_x_y=None, **kwargs):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.anchors = np.asarray(anchors, dtype=np.float32).reshape(-1, 2)
@@ -115,6 +118,9 @@ class YoloDecode(keras.layers.Layer):
         self.num_classes = int(num_classes)
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1. Received: num_classes={num_classes}")
+        self.scale_x_y = None if scale_x_y is None else [float(v) for v in scale_x_y]
+        if self.scale_x_y is not None and len(self.scale_x_y) != self.num_layers:
+            raise ValueError(f"scale_x_y needs one value per output scale ({self.num_layers}). Received: {scale_x_y}")
 
     def call(self, inputs):
         *outputs, image_shape = inputs
@@ -130,7 +136,8 @@ class YoloDecode(keras.layers.Layer):
         batch = _static_or_dynamic(outputs[0], 0)
         all_boxes, all_scores = [], []
         for layer, mask in enumerate(self.masks):
-            box_xy, box_wh, scores = decode_scale(outputs[layer], self.anchors[mask], self.num_classes, input_wh)
+            scale = 1.0 if self.scale_x_y is None else self.scale_x_y[layer]
+            box_xy, box_wh, scores = decode_scale(outputs[layer], self.anchors[mask], self.num_classes, input_wh, scale)
             boxes = correct_boxes_batched(box_xy, box_wh, input_wh, image_shape)
             all_boxes.append(tf.reshape(boxes, [batch, -1, 4]))
             all_scores.append(tf.reshape(scores, [batch, -1, self.num_classes]))
@@ -150,7 +157,9 @@ class YoloDecode(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(anchors=self.anchors.tolist(), num_classes=self.num_classes, masks=self.masks)
+        config.update(
+            anchors=self.anchors.tolist(), num_classes=self.num_classes, masks=self.masks, scale_x_y=self.scale_x_y
+        )
         return config
 
 
@@ -337,6 +346,7 @@ def build_inference_model(
     nms_method: str = "combined",
     batch_size: int | None = None,
     masks=None,
+    scale_x_y=None,
     name: str = "yolo_inference",
 ) -> keras.Model:
     """Wraps a YOLO body with decoding and NMS.
@@ -349,6 +359,7 @@ def build_inference_model(
         nms_method: "combined" or "padded", see `YoloNMS`.
         batch_size: None for any batch; a number fixes it (TFLite export).
         masks: anchor indices per scale (default keras-yolo3's).
+        scale_x_y: per scale, coarse first (YOLOv4); None for YOLOv3.
 
     Returns:
         A model with inputs `image` (N, H, W, 3) float32 letterboxed RGB in
@@ -362,7 +373,9 @@ def build_inference_model(
     image_shape = keras.Input(shape=(2,), batch_size=batch_size, name="image_shape")
     raw = body(image)
     raw = list(raw) if isinstance(raw, (list, tuple)) else [raw]
-    boxes, scores = YoloDecode(anchors, num_classes, masks=masks, name="yolo_decode")([*raw, image_shape])
+    boxes, scores = YoloDecode(anchors, num_classes, masks=masks, scale_x_y=scale_x_y, name="yolo_decode")(
+        [*raw, image_shape]
+    )
     outputs = YoloNMS(
         max_detections=max_detections,
         max_boxes_per_class=max_boxes_per_class,

@@ -72,7 +72,7 @@ def output_strides(num_layers: int) -> tuple[int, ...]:
     return _STRIDES[num_layers]
 
 
-def yolo_head(feats, anchors, num_classes: int, input_shape, calc_loss: bool = False):
+def yolo_head(feats, anchors, num_classes: int, input_shape, calc_loss: bool = False, scale_x_y: float = 1.0):
     """Decodes one raw output scale into boxes, objectness and class scores.
 
     Args:
@@ -81,6 +81,8 @@ def yolo_head(feats, anchors, num_classes: int, input_shape, calc_loss: bool = F
         num_classes: number of classes.
         input_shape: (height, width) of the network input, a tensor or pair.
         calc_loss: also return what the loss needs.
+        scale_x_y: YOLOv4's centre scaling (Darknet's `scale_x_y`, see
+            `cell_offset`); 1.0 is YOLOv3's decoding.
 
     Returns:
         With `calc_loss=False`: `box_xy` (N, gh, gw, A, 2) relative centres,
@@ -103,13 +105,26 @@ def yolo_head(feats, anchors, num_classes: int, input_shape, calc_loss: bool = F
     feats = tf.reshape(feats, [-1, grid_shape[0], grid_shape[1], num_anchors, num_classes + 5])
     grid_wh = tf.cast(grid_shape[::-1], dtype)
     input_wh = tf.cast(tf.convert_to_tensor(input_shape)[::-1], dtype)
-    box_xy = (tf.sigmoid(feats[..., :2]) + grid) / grid_wh
+    box_xy = (cell_offset(feats[..., :2], scale_x_y) + grid) / grid_wh
     box_wh = tf.exp(feats[..., 2:4]) * anchors_tensor / input_wh
     if calc_loss:
         return grid, feats, box_xy, box_wh
     box_confidence = tf.sigmoid(feats[..., 4:5])
     box_class_probs = tf.sigmoid(feats[..., 5:])
     return box_xy, box_wh, box_confidence, box_class_probs
+
+
+def cell_offset(raw_xy, scale_x_y: float = 1.0):
+    """Box centre within its cell: Darknet's `sigmoid(t) * s - (s - 1) / 2`.
+
+    YOLOv4's `s > 1` lets centres reach the cell borders, which a plain
+    sigmoid approaches only for infinite `t`. With `s = 1` this is exactly
+    YOLOv3's `sigmoid(t)` (no arithmetic is added).
+    """
+    offset = tf.sigmoid(raw_xy)
+    if scale_x_y == 1.0:
+        return offset
+    return offset * scale_x_y - (scale_x_y - 1.0) / 2.0
 
 
 def _corners(xywh):
@@ -159,6 +174,33 @@ def batched_box_iou(pred_boxes, true_boxes):
     return _iou_from_corners(b1_mins, b1_maxes, b1[..., 2:4], b2_mins, b2_maxes, b2[..., 2:4])
 
 
+def box_ciou(b1, b2):
+    """Complete IoU (Zheng et al., AAAI 2020) of matching boxes, as YOLOv4's `iou_loss=ciou`.
+
+    `CIoU = IoU - d^2 / c^2 - alpha * v`: `d` is the distance of the centres,
+    `c` the diagonal of the smallest box enclosing both, `v = 4 / pi^2 *
+    (atan(w2 / h2) - atan(w1 / h1))^2` the aspect-ratio mismatch and
+    `alpha = v / (1 - IoU + v)`, held constant in backpropagation as in the
+    paper's code.
+
+    Args:
+        b1, b2: (..., 4) xywh in pixels (the aspect ratio needs pixels), with
+            positive widths and heights.
+
+    Returns:
+        (...) CIoU in [-1, 1].
+    """
+    b1_mins, b1_maxes = _corners(b1)
+    b2_mins, b2_maxes = _corners(b2)
+    iou = _iou_from_corners(b1_mins, b1_maxes, b1[..., 2:4], b2_mins, b2_maxes, b2[..., 2:4])
+    centre_distance = tf.reduce_sum(tf.square(b1[..., 0:2] - b2[..., 0:2]), axis=-1)
+    enclosing = tf.maximum(b1_maxes, b2_maxes) - tf.minimum(b1_mins, b2_mins)
+    diagonal = tf.reduce_sum(tf.square(enclosing), axis=-1)
+    v = (4.0 / np.pi**2) * tf.square(tf.atan(b2[..., 2] / b2[..., 3]) - tf.atan(b1[..., 2] / b1[..., 3]))
+    alpha = tf.stop_gradient(v / (1.0 - iou + v + 1e-9))
+    return iou - centre_distance / (diagonal + 1e-9) - alpha * v
+
+
 def yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape):
     """Maps boxes from the letterboxed input back to the original image.
 
@@ -187,9 +229,11 @@ def yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape):
     return boxes * tf.concat([image_shape, image_shape], axis=-1)
 
 
-def yolo_boxes_and_scores(feats, anchors, num_classes: int, input_shape, image_shape):
+def yolo_boxes_and_scores(feats, anchors, num_classes: int, input_shape, image_shape, scale_x_y: float = 1.0):
     """Boxes (K, 4) in image pixels and per-class scores (K, C) of one scale, one image."""
-    box_xy, box_wh, box_confidence, box_class_probs = yolo_head(feats, anchors, num_classes, input_shape)
+    box_xy, box_wh, box_confidence, box_class_probs = yolo_head(
+        feats, anchors, num_classes, input_shape, scale_x_y=scale_x_y
+    )
     boxes = tf.reshape(yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape), [-1, 4])
     box_scores = tf.reshape(box_confidence * box_class_probs, [-1, num_classes])
     return boxes, box_scores
@@ -204,6 +248,7 @@ def yolo_eval(
     score_threshold: float = 0.6,
     iou_threshold: float = 0.5,
     masks=None,
+    scale_x_y=None,
 ):
     """Per-class NMS over all scales of ONE image (keras-yolo3's `yolo_eval`).
 
@@ -212,6 +257,7 @@ def yolo_eval(
         anchors: (num_anchors, 2).
         image_shape: (height, width) of the original image.
         masks: anchor indices per scale (default keras-yolo3's, see `resolve_masks`).
+        scale_x_y: per scale, coarse first (YOLOv4); None means 1.0 (YOLOv3).
 
     Returns:
         `boxes` (K, 4) as (y_min, x_min, y_max, x_max) image pixels,
@@ -224,7 +270,12 @@ def yolo_eval(
     boxes, box_scores = [], []
     for layer in range(num_layers):
         layer_boxes, layer_scores = yolo_boxes_and_scores(
-            yolo_outputs[layer], anchors[masks[layer]], num_classes, input_shape, image_shape
+            yolo_outputs[layer],
+            anchors[masks[layer]],
+            num_classes,
+            input_shape,
+            image_shape,
+            1.0 if scale_x_y is None else float(scale_x_y[layer]),
         )
         boxes.append(layer_boxes)
         box_scores.append(layer_scores)

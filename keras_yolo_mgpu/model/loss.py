@@ -13,7 +13,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_yolo_mgpu.model.boxes import batched_box_iou, num_output_layers, resolve_masks, yolo_head
+from keras_yolo_mgpu.model.boxes import batched_box_iou, box_ciou, num_output_layers, resolve_masks, yolo_head
+
+BOX_LOSSES = ("yolov3", "ciou")
+#: yolov4.cfg's `iou_normalizer`: the weight of each positive's 1 - CIoU.
+CIOU_NORMALIZER = 0.07
 
 _SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
 
@@ -77,9 +81,18 @@ def _ignore_mask(pred_box, y_true_layer, object_mask, ignore_thresh, max_true_bo
 
 
 def yolo_loss_terms(
-    args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, masks=None
+    args,
+    anchors,
+    num_classes: int,
+    ignore_thresh: float = 0.5,
+    max_true_boxes: int | None = None,
+    masks=None,
+    *,
+    scale_x_y=None,
+    box_loss: str = "yolov3",
+    iou_normalizer: float = CIOU_NORMALIZER,
 ):
-    """The four loss terms per sample, summed over scales.
+    """The loss terms per sample, summed over scales.
 
     Args:
         args: `[*yolo_outputs, *y_true]`. Each output is (N, gh, gw, A*(5+C)),
@@ -90,10 +103,19 @@ def yolo_loss_terms(
             sample has more boxes than that at one scale.
         masks: anchor indices per scale (default keras-yolo3's, see
             `boxes.resolve_masks`); must be the targets' masks.
+        scale_x_y: per scale, coarse first (YOLOv4's centre scaling, see
+            `boxes.cell_offset`); None is 1.0 everywhere (YOLOv3).
+        box_loss: "yolov3" (keras-yolo3's xy cross-entropy and wh squared
+            error, scaled by 2 - w*h) or "ciou" (YOLOv4: `iou_normalizer *
+            (1 - CIoU)` per true box, `boxes.box_ciou`).
+        iou_normalizer: weight of the CIoU term (yolov4.cfg: 0.07).
 
     Returns:
-        A dict with `xy`, `wh`, `confidence` and `class`, each (N,) float32.
+        A dict of (N,) float32 terms: `xy`, `wh` (box_loss "yolov3") or
+        `ciou` (box_loss "ciou"), then `confidence` and `class`.
     """
+    if box_loss not in BOX_LOSSES:
+        raise ValueError(f"box_loss must be one of {BOX_LOSSES}. Received: box_loss={box_loss!r}")
     anchors = np.asarray(anchors, dtype=np.float32)
     num_layers = num_output_layers(len(anchors))
     masks = resolve_masks(masks, len(anchors))
@@ -104,7 +126,8 @@ def yolo_loss_terms(
         raise ValueError(f"yolo_loss expects {num_layers} outputs and {num_layers} targets; got {len(args)} tensors")
 
     input_shape = tf.cast(tf.shape(yolo_outputs[0])[1:3] * 32, tf.float32)  # (h, w)
-    terms = {"xy": 0.0, "wh": 0.0, "confidence": 0.0, "class": 0.0}
+    box_terms = ("ciou",) if box_loss == "ciou" else ("xy", "wh")
+    terms = {**dict.fromkeys(box_terms, 0.0), "confidence": 0.0, "class": 0.0}
     bce = tf.nn.sigmoid_cross_entropy_with_logits
     per_sample = lambda t: tf.reduce_sum(t, axis=[1, 2, 3, 4])  # noqa: E731  (N, gh, gw, A, k) -> (N,)
     for layer in range(num_layers):
@@ -112,8 +135,9 @@ def yolo_loss_terms(
         object_mask = target[..., 4:5]
         true_class_probs = target[..., 5:]
         layer_anchors = anchors[masks[layer]]
+        scale = 1.0 if scale_x_y is None else float(scale_x_y[layer])
         grid, raw_pred, pred_xy, pred_wh = yolo_head(
-            yolo_outputs[layer], layer_anchors, num_classes, input_shape, calc_loss=True
+            yolo_outputs[layer], layer_anchors, num_classes, input_shape, calc_loss=True, scale_x_y=scale
         )
         pred_box = tf.concat([pred_xy, pred_wh], axis=-1)
         grid_wh = tf.cast(tf.shape(yolo_outputs[layer])[1:3][::-1], tf.float32)
@@ -127,21 +151,40 @@ def yolo_loss_terms(
         box_loss_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
 
         ignore_mask = _ignore_mask(pred_box, target, object_mask, ignore_thresh, max_true_boxes)
-        xy_loss = object_mask * box_loss_scale * bce(labels=raw_true_xy, logits=raw_pred[..., 0:2])
-        wh_loss = object_mask * box_loss_scale * 0.5 * tf.square(raw_true_wh - raw_pred[..., 2:4])
+        if box_loss == "ciou":
+            # In pixels (CIoU's aspect term needs them); empty cells get a
+            # dummy unit box so that no 0/0 reaches the gradient.
+            input_wh = input_shape[::-1]
+            true_box = tf.where(object_mask > 0, target[..., 0:4], tf.constant([0.5, 0.5, 1.0, 1.0]))
+            ciou = box_ciou(
+                pred_box * tf.concat([input_wh, input_wh], 0), true_box * tf.concat([input_wh, input_wh], 0)
+            )
+            terms["ciou"] += per_sample(object_mask * iou_normalizer * (1.0 - ciou[..., None]))
+        else:
+            if scale != 1.0:
+                # The cross-entropy's label is the sigmoid that puts the centre on the target offset.
+                raw_true_xy = (raw_true_xy + (scale - 1.0) / 2.0) / scale
+            xy_loss = object_mask * box_loss_scale * bce(labels=raw_true_xy, logits=raw_pred[..., 0:2])
+            wh_loss = object_mask * box_loss_scale * 0.5 * tf.square(raw_true_wh - raw_pred[..., 2:4])
+            terms["xy"] += per_sample(xy_loss)
+            terms["wh"] += per_sample(wh_loss)
         conf_bce = bce(labels=object_mask, logits=raw_pred[..., 4:5])
         confidence_loss = object_mask * conf_bce + (1.0 - object_mask) * conf_bce * ignore_mask
         class_loss = object_mask * bce(labels=true_class_probs, logits=raw_pred[..., 5:])
 
-        terms["xy"] += per_sample(xy_loss)
-        terms["wh"] += per_sample(wh_loss)
         terms["confidence"] += per_sample(confidence_loss)
         terms["class"] += per_sample(class_loss)
     return terms
 
 
 def yolo_loss(
-    args, anchors, num_classes: int, ignore_thresh: float = 0.5, max_true_boxes: int | None = None, masks=None
+    args,
+    anchors,
+    num_classes: int,
+    ignore_thresh: float = 0.5,
+    max_true_boxes: int | None = None,
+    masks=None,
+    **options,
 ):
     """YOLOv3 loss per sample (keras-yolo3's `yolo_loss`, not averaged).
 
@@ -153,12 +196,14 @@ def yolo_loss(
             are not penalised as background.
         max_true_boxes: see `yolo_loss_terms` (set it for XLA).
         masks: see `yolo_loss_terms`.
+        **options: `scale_x_y`, `box_loss`, `iou_normalizer` (YOLOv4), see
+            `yolo_loss_terms`.
 
     Returns:
         (N, 1) float32. `sum(loss) / N` equals the original's scalar.
     """
-    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh, max_true_boxes, masks)
-    total = terms["xy"] + terms["wh"] + terms["confidence"] + terms["class"]
+    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh, max_true_boxes, masks, **options)
+    total = tf.add_n(list(terms.values()))
     return tf.expand_dims(total, -1)
 
 
@@ -176,6 +221,9 @@ class YoloLoss(keras.layers.Layer):
         ignore_thresh: float = 0.5,
         max_true_boxes: int | None = None,
         masks=None,
+        scale_x_y=None,
+        box_loss: str = "yolov3",
+        iou_normalizer: float = CIOU_NORMALIZER,
         **kwargs,
     ):
         kwargs.setdefault("dtype", "float32")
@@ -184,12 +232,31 @@ class YoloLoss(keras.layers.Layer):
         self.num_classes = int(num_classes)
         self.ignore_thresh = float(ignore_thresh)
         self.max_true_boxes = None if max_true_boxes is None else int(max_true_boxes)
+        # The exact ignore mask gathers a data-dependent number of boxes, which
+        # XLA cannot compile: without a bound, tell Keras so that its default
+        # `jit_compile="auto"` (XLA on a single GPU) leaves the step to TF.
+        self.supports_jit = self.max_true_boxes is not None
         num_output_layers(len(self.anchors))  # validates the anchor count
         self.masks = resolve_masks(masks, len(self.anchors))
+        self.scale_x_y = None if scale_x_y is None else [float(s) for s in scale_x_y]
+        if self.scale_x_y is not None and len(self.scale_x_y) != len(self.masks):
+            raise ValueError(f"scale_x_y needs one value per output scale ({len(self.masks)}). Received: {scale_x_y}")
+        if box_loss not in BOX_LOSSES:
+            raise ValueError(f"box_loss must be one of {BOX_LOSSES}. Received: box_loss={box_loss!r}")
+        self.box_loss = box_loss
+        self.iou_normalizer = float(iou_normalizer)
 
     def call(self, inputs):
         return yolo_loss(
-            list(inputs), self.anchors, self.num_classes, self.ignore_thresh, self.max_true_boxes, self.masks
+            list(inputs),
+            self.anchors,
+            self.num_classes,
+            self.ignore_thresh,
+            self.max_true_boxes,
+            self.masks,
+            scale_x_y=self.scale_x_y,
+            box_loss=self.box_loss,
+            iou_normalizer=self.iou_normalizer,
         )
 
     def compute_output_shape(self, input_shape):
@@ -203,6 +270,9 @@ class YoloLoss(keras.layers.Layer):
             ignore_thresh=self.ignore_thresh,
             max_true_boxes=self.max_true_boxes,
             masks=self.masks,
+            scale_x_y=self.scale_x_y,
+            box_loss=self.box_loss,
+            iou_normalizer=self.iou_normalizer,
         )
         return config
 

@@ -20,6 +20,7 @@ from collections import defaultdict
 import keras
 from keras import layers
 
+from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides
 from keras_yolo_mgpu.model.loss import YoloLoss
 
@@ -58,9 +59,9 @@ def _darknet_conv(x, filters, kernel_size, names, strides=1, use_bias=True, name
 
 
 def _conv_bn_leaky(x, filters, kernel_size, names, strides=1, sync_bn=False):
-    """Conv2D (no bias) + BatchNormalization + LeakyReLU(0.1)."""
+    """Conv2D (no bias) + BatchNormalization (fused kernel, see batch_norm.py) + LeakyReLU(0.1)."""
     x = _darknet_conv(x, filters, kernel_size, names, strides=strides, use_bias=False)
-    x = layers.BatchNormalization(synchronized=sync_bn, name=names("batch_normalization"))(x)
+    x = BatchNormalization(synchronized=sync_bn, name=names("batch_normalization"))(x)
     return layers.LeakyReLU(negative_slope=LEAKY_SLOPE, name=names("leaky_re_lu"))(x)
 
 
@@ -210,11 +211,18 @@ def check_input_shape(input_shape) -> tuple[int, int]:
     return height, width
 
 
-def build_body(anchors, num_classes: int, *, input_shape=(None, None), sync_bn: bool = False) -> keras.Model:
-    """`yolo_body` for 9 anchors or `tiny_yolo_body` for 6, on a fresh input."""
+def build_body(
+    anchors, num_classes: int, *, input_shape=(None, None), sync_bn: bool = False, model: str | None = None
+) -> keras.Model:
+    """The body of `model` (see `architectures.MODEL_NAMES`) on a fresh input.
+
+    Without `model`: `yolo_body` for 9 anchors, `tiny_yolo_body` for 6.
+    """
+    from keras_yolo_mgpu.model.architectures import get_architecture
+
+    builder = get_architecture(model, len(anchors)).body_builder()
     num_layers = num_output_layers(len(anchors))
     image = keras.Input(shape=(*input_shape, 3), name="image")
-    builder = yolo_body if num_layers == 3 else tiny_yolo_body
     return builder(image, len(anchors) // num_layers, num_classes, sync_bn=sync_bn)
 
 
@@ -226,17 +234,19 @@ def create_model(
     weights_path: str | None = None,
     *,
     sync_bn: bool = False,
-    ignore_thresh: float = 0.5,
+    ignore_thresh: float | None = None,
     weights_partial: bool = False,
     max_true_boxes: int | None = None,
     masks=None,
+    model: str | None = None,
+    box_loss: str | None = None,
 ):
     """Builds the network and the training model that outputs its loss.
 
     Args:
         input_shape: (height, width) of training images, multiples of 32, or
             (None, None) for a model that trains at any size (multi-scale).
-        anchors: (9, 2) for YOLOv3 or (6, 2) for tiny YOLOv3.
+        anchors: (9, 2) for YOLOv3 / YOLOv4, (6, 2) for the tiny ones.
         num_classes: number of classes.
         freeze_body: 0, 1 or 2, see `freeze_layers`.
         weights_path: optional weights to start from (any file
@@ -248,11 +258,14 @@ def create_model(
             one at its init (each is logged as a warning).
         sync_bn: synchronized BatchNormalization across replicas.
         ignore_thresh: IoU above which a prediction is not penalised as
-            background.
+            background (default: the model's, 0.5 for YOLOv3, 0.7 for YOLOv4).
         max_true_boxes: None for the exact ragged ignore mask; an int (at
             least the pipeline's `max_boxes`) for static shapes XLA compiles.
         masks: anchor indices per scale for the loss (default keras-yolo3's,
             see `boxes.resolve_masks`).
+        model: one of `architectures.MODEL_NAMES`; None picks YOLOv3 or tiny
+            YOLOv3 by anchor count.
+        box_loss: "yolov3" or "ciou" (default: the model's, CIoU for YOLOv4).
 
     Returns:
         `(body, train_model)`. `body` maps images (N, H, W, 3) to the raw
@@ -260,10 +273,13 @@ def create_model(
         `y_true_1` (and `y_true_2`) and outputs the per-sample loss (N, 1);
         compile it with `loss=totalloss`. Both share their layers.
     """
+    from keras_yolo_mgpu.model.architectures import get_architecture
+
     # (None, None): any size, for multi-scale training (one model, every size).
     dynamic = tuple(input_shape) == (None, None)
     height, width = (None, None) if dynamic else check_input_shape(input_shape)
-    body = build_body(anchors, num_classes, sync_bn=sync_bn)
+    architecture = get_architecture(model, len(anchors))
+    body = build_body(anchors, num_classes, sync_bn=sync_bn, model=architecture.name)
     if weights_path:
         from keras_yolo_mgpu.weights.loading import load_weights
 
@@ -285,7 +301,15 @@ def create_model(
         for layer, stride in enumerate(output_strides(num_layers))
     ]
     loss = YoloLoss(
-        anchors, num_classes, ignore_thresh=ignore_thresh, max_true_boxes=max_true_boxes, masks=masks, name="yolo_loss"
+        anchors,
+        num_classes,
+        ignore_thresh=architecture.ignore_thresh if ignore_thresh is None else ignore_thresh,
+        max_true_boxes=max_true_boxes,
+        masks=masks,
+        # None keeps the YOLOv3 loss layer's configuration exactly as before.
+        scale_x_y=architecture.decode_scale_x_y,
+        box_loss=box_loss or architecture.box_loss,
+        name="yolo_loss",
     )([*body.outputs, *y_true])
     train_model = keras.Model([*body.inputs, *y_true], loss, name="yolo_train")
     return body, train_model

@@ -49,6 +49,8 @@ class MeanAPEvaluation(keras.callbacks.Callback):
         every: evaluate after epochs `every`, `2 * every`, ... (1-based).
         last_epoch: the run's final epoch (1-based), always evaluated.
         batch_size: images per forward pass.
+        masks: anchor masks of the body (default: keras-yolo3's).
+        kind: architecture name (`model.architectures`; default by anchor count).
     """
 
     def __init__(
@@ -61,6 +63,8 @@ class MeanAPEvaluation(keras.callbacks.Callback):
         every: int,
         last_epoch: int,
         batch_size: int = 8,
+        masks=None,
+        kind: str | None = None,
     ):
         super().__init__()
         if every < 1:
@@ -75,6 +79,8 @@ class MeanAPEvaluation(keras.callbacks.Callback):
         self.every = int(every)
         self.last_epoch = int(last_epoch)
         self.batch_size = int(batch_size)
+        self.masks = masks
+        self.kind = kind
         self._detector = None
         self._prepared = None
         self._epoch_start = None
@@ -139,7 +145,7 @@ class MeanAPEvaluation(keras.callbacks.Callback):
         if self._detector is None:
             # A body of its own, outside any distribution strategy, so the
             # detector's compiled function never touches mirrored variables.
-            body = build_body(self.anchors, len(self.class_names))
+            body = build_body(self.anchors, len(self.class_names), model=self.kind)
             self._detector = YOLO.from_body(
                 body,
                 self.anchors,
@@ -149,6 +155,8 @@ class MeanAPEvaluation(keras.callbacks.Callback):
                 max_boxes=EVAL_MAX_DETECTIONS,
                 max_detections=EVAL_MAX_DETECTIONS,
                 batch_size=self.batch_size,
+                masks=self.masks,
+                kind=self.kind,
             )
         self._detector.body.set_weights(self.template_model.get_weights())
         return self._detector

@@ -85,9 +85,22 @@ class RecipeCallbacks:
         val_annotations: validation `Annotation`s (may be empty).
         class_names, anchors: the model's classes and anchors.
         metadata: what every saved weights file carries (`weights.metadata`).
+        masks, kind: the model's anchor masks and architecture name.
     """
 
-    def __init__(self, config, template_model, run_dir, val_annotations, class_names, anchors, metadata=None):
+    def __init__(
+        self,
+        config,
+        template_model,
+        run_dir,
+        val_annotations,
+        class_names,
+        anchors,
+        metadata=None,
+        *,
+        masks=None,
+        kind=None,
+    ):
         from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
 
         self.config = config
@@ -104,6 +117,8 @@ class RecipeCallbacks:
                 config.input_shape,
                 every=config.eval_every,
                 last_epoch=config.epochs,
+                masks=masks,
+                kind=kind,
             )
         # Their counters (the best value so far) are part of the run state that --resume restores.
         self.checkpoints = [

@@ -57,6 +57,9 @@ class TrainConfig:
     classes: str
     anchors: str | None = None
     tiny: bool = False
+    # Network, one of model.architectures.MODEL_NAMES; None: the start
+    # weights' kind, else YOLOv3 (tiny YOLOv3 with `tiny` or 6 anchors).
+    model: str | None = None
     # Anchor indices per output scale, coarsest first; None: keras-yolo3's
     # (or those stored in the start weights' metadata).
     masks: list | None = None
@@ -123,6 +126,9 @@ class TrainConfig:
             raise ValueError(f"val_split must be in [0, 1). Received: val_split={self.val_split}")
         if self.freeze_body not in (0, 1, 2):
             raise ValueError(f"freeze_body must be 0, 1 or 2. Received: freeze_body={self.freeze_body}")
+        from keras_yolo_mgpu.model.architectures import model_name
+
+        model_name(self.model, self.tiny)  # raises on an unknown or contradicting choice
         if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
             raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
         from keras_yolo_mgpu.training.recipe import validate_recipe
@@ -166,17 +172,23 @@ def _model_settings(config: TrainConfig):
     k-means anchors from COCO weights) with a warning.
 
     Returns:
-        `(class_names, anchors (N, 2), masks)`.
+        `(class_names, anchors (N, 2), masks, kind)`, `kind` one of
+        `model.architectures.MODEL_NAMES`.
     """
+    from keras_yolo_mgpu.model.architectures import get_architecture, model_name
     from keras_yolo_mgpu.model.boxes import resolve_masks
     from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
     from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
 
     class_names = get_classes(config.classes)
     start = read_metadata(config.weights) if config.weights and os.path.isfile(config.weights) else None
+    requested = model_name(config.model, config.tiny)
     if start is None:
-        anchors = get_anchors(resolve_resource(config.anchors, "anchors", tiny=config.tiny))
-        return class_names, anchors, resolve_masks(config.masks, len(anchors))
+        anchors = get_anchors(resolve_resource(config.anchors, "anchors", tiny=config.tiny, model=requested))
+        kind = get_architecture(requested, len(anchors)).name
+        return class_names, anchors, resolve_masks(config.masks, len(anchors)), kind
+    if config.model is not None and config.model != start.kind:
+        raise MetadataError(f"--model says {config.model} but the start weights {config.weights} are {start.kind}")
     if config.anchors:
         anchors = get_anchors(config.anchors)
     elif config.tiny and len(start.anchors) != 6:
@@ -193,7 +205,7 @@ def _model_settings(config: TrainConfig):
     masks = resolve_masks(config.masks if config.masks is not None else start.masks_list, len(anchors))
     if masks != start.masks_list:
         logger.warning("training with masks %s; the start weights used %s", masks, start.masks_list)
-    return class_names, anchors, masks
+    return class_names, anchors, masks, start.kind
 
 
 def _prepare_log_dir(config: TrainConfig) -> None:
@@ -266,9 +278,10 @@ def _configure_precision(config: TrainConfig) -> None:
     if not config.mixed_precision:
         return
     if not tf.config.list_physical_devices("GPU"):
-        logger.warning("--mixed-precision: no GPU visible, float16 on the CPU is slow; training in float32")
-        return
+        # It runs (the tests exercise it on the CPU), it just buys nothing there.
+        logger.warning("--mixed-precision: no GPU visible; float16 on the CPU is slower than float32")
     keras.mixed_precision.set_global_policy("mixed_float16")
+    logger.info("mixed precision: float16 compute, float32 variables and loss, loss-scaled optimizer")
 
 
 def draw_seed() -> int:
@@ -305,7 +318,7 @@ def train(config: TrainConfig) -> TrainResult:
         global_state.set_global_attribute("dtype_policy", previous_policy)
 
 
-def _initial_weights(config: TrainConfig, anchors, num_classes: int) -> list:
+def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str | None = None) -> list:
     """The run's start weights: seeded init, then `config.weights`, built outside any strategy.
 
     Built once, identically whatever the device count or strategy (the
@@ -319,7 +332,7 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int) -> list:
     from keras_yolo_mgpu.weights.loading import load_weights
 
     keras.utils.set_random_seed(config.seed)
-    template = build_body(anchors, num_classes)
+    template = build_body(anchors, num_classes, model=kind)
     if config.weights:
         try:
             report = load_weights(
@@ -380,7 +393,7 @@ def _train(config: TrainConfig, engine) -> TrainResult:
     strategy, devices, replicas = engine.strategy, engine.devices, engine.replicas
     import keras
 
-    from keras_yolo_mgpu.data.pipeline import make_dataset, steps_per_epoch
+    from keras_yolo_mgpu.data.pipeline import distribute_training_dataset, make_dataset, steps_per_epoch
     from keras_yolo_mgpu.keras_compat import (
         patch_multiworker_first_batch_build,
         patch_multiworker_log_reduction,
@@ -426,11 +439,11 @@ def _train(config: TrainConfig, engine) -> TrainResult:
             )
     _configure_precision(config)
 
-    class_names, anchors, masks = _model_settings(config)
+    class_names, anchors, masks, kind = _model_settings(config)
     from keras_yolo_mgpu.weights.metadata import make_metadata
 
     # Stored in every checkpoint, so a trained file alone is enough to detect with.
-    metadata = make_metadata(anchors, class_names, config.input_shape, masks)
+    metadata = make_metadata(anchors, class_names, config.input_shape, masks, kind=kind)
     train_annotations, val_annotations = _load_annotations(config, len(class_names), run_dir)
     logger.info(
         "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
@@ -443,13 +456,14 @@ def _train(config: TrainConfig, engine) -> TrainResult:
     )
 
     def datasets(batch, start_position):
-        train_ds = make_dataset(
+        # Under MultiWorkerMirroredStrategy each worker reads only its share.
+        train_ds = distribute_training_dataset(
+            strategy,
             train_annotations,
             config.input_shape,
             anchors,
             len(class_names),
             batch,
-            training=True,
             augment=config.augment,
             seed=config.seed,
             cache=config.cache,
@@ -479,7 +493,7 @@ def _train(config: TrainConfig, engine) -> TrainResult:
     stage1_left = config.freeze_epochs > 0 and (state is None or state.stage == 1)
     # A resumed run takes every weight from its backup; a new one from the
     # seeded template (and --weights).
-    initial_weights = _initial_weights(config, anchors, len(class_names)) if state is None else None
+    initial_weights = _initial_weights(config, anchors, len(class_names), kind) if state is None else None
     with strategy.scope():
         body, train_model = create_model(
             # Multi-scale: one model for every training size (validation keeps --input-size).
@@ -492,6 +506,7 @@ def _train(config: TrainConfig, engine) -> TrainResult:
             # scale, exact because the pipeline keeps at most that many.
             max_true_boxes=MAX_BOXES if config.jit else None,
             masks=masks,
+            model=kind,
         )
         if initial_weights is not None:
             body.set_weights(initial_weights)
@@ -501,7 +516,9 @@ def _train(config: TrainConfig, engine) -> TrainResult:
         patch_multiworker_first_batch_build(fit_model)
         patch_multiworker_log_reduction()
 
-    recipe = RecipeCallbacks(config, body, run_dir, val_annotations, class_names, anchors, metadata)
+    recipe = RecipeCallbacks(
+        config, body, run_dir, val_annotations, class_names, anchors, metadata, masks=masks, kind=kind
+    )
     checkpoint_pattern = CHECKPOINT_PATTERN if val_annotations else CHECKPOINT_PATTERN_NO_VAL
     if recipe.monitor == "val_mAP":
         checkpoint_pattern = CHECKPOINT_PATTERN_MAP

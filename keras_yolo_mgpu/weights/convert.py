@@ -35,7 +35,7 @@ import numpy as np
 
 from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
 from keras_yolo_mgpu.weights import darknet
-from keras_yolo_mgpu.weights.metadata import ModelMetadata, kind_for, write_metadata
+from keras_yolo_mgpu.weights.metadata import ModelMetadata, write_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +109,9 @@ def _compare_outputs(a, b, size: int = 64, seed: int = 0) -> float:
     image = rng.uniform(0.0, 1.0, (1, size, size, a.inputs[0].shape[-1])).astype(np.float32)
     out_a = a(image, training=False)
     out_b = b(image, training=False)
-    out_a = out_a if isinstance(out_a, (list, tuple)) else [out_a]
-    out_b = out_b if isinstance(out_b, (list, tuple)) else [out_b]
+    # Coarsest grid first: yolov4.cfg lists its fine scale first, the bodies do not.
+    out_a = _coarse_first(out_a if isinstance(out_a, (list, tuple)) else [out_a])
+    out_b = _coarse_first(out_b if isinstance(out_b, (list, tuple)) else [out_b])
     if len(out_a) != len(out_b):
         return float("inf")
     worst = 0.0
@@ -122,8 +123,47 @@ def _compare_outputs(a, b, size: int = 64, seed: int = 0) -> float:
     return worst
 
 
+def _coarse_first(outputs) -> list:
+    """Outputs sorted by grid size, smallest first (stable)."""
+    return sorted(outputs, key=lambda o: int(np.prod(np.shape(o)[1:3])))
+
+
+def _darknet_ordered_convs(generic) -> list[tuple[str, str | None]]:
+    """``(conv, batch norm or None)`` layer names of a generic cfg-built model, in cfg order."""
+    names = {layer.name for layer in generic.layers}
+    indices = sorted(int(n[len("conv_") :]) for n in names if n.startswith("conv_") and n[len("conv_") :].isdigit())
+    return [(f"conv_{i}", f"bn_{i}" if f"bn_{i}" in names else None) for i in indices]
+
+
+def _copy_in_darknet_order(generic, body, order) -> str | None:
+    """Copies conv/BN weights by cfg position; returns why not when the layers do not correspond."""
+    source = _darknet_ordered_convs(generic)
+    if len(source) != len(order):
+        return f"{len(source)} convolutions in the cfg, {len(order)} in the body"
+    pairs = []
+    for (src_conv, src_bn), (dst_conv, dst_bn) in zip(source, order):
+        for src, dst in ((src_conv, dst_conv), (src_bn, dst_bn)):
+            if (src is None) != (dst is None):
+                return f"{src_conv}: batch normalisation differs from {dst_conv}"
+            if src is None:
+                continue
+            a, b = generic.get_layer(src), body.get_layer(dst)
+            if [tuple(w.shape) for w in a.weights] != [tuple(w.shape) for w in b.weights]:
+                return f"{src} and {dst} have different weight shapes"
+            pairs.append((a, b))
+    for a, b in pairs:
+        b.set_weights(a.get_weights())
+    return None
+
+
 def build_matching_body(generic, yolos: Sequence[darknet.YoloSpec], *, check: bool = True):
-    """Copies the generic model's weights into ``yolo_body``/``tiny_yolo_body`` when it is the same network.
+    """Copies the generic model's weights into one of our bodies when it is the same network.
+
+    The bodies tried are ``yolo_body`` / ``yolo4_body`` for 3 ``[yolo]``
+    sections and ``tiny_yolo_body`` / ``yolo4_tiny_body`` for 2. YOLOv3's
+    are matched by their sequence of weight shapes (built in keras-yolo3's
+    order), YOLOv4's conv by conv in cfg order
+    (``model.yolo4.build_with_darknet_order``).
 
     Args:
         generic: model from :func:`darknet.build_model`, with weights.
@@ -138,20 +178,29 @@ def build_matching_body(generic, yolos: Sequence[darknet.YoloSpec], *, check: bo
     import keras
 
     from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body, yolo_body
+    from keras_yolo_mgpu.model.yolo4 import build_with_darknet_order
 
     heads = _yolo_heads(yolos)
     if heads is None:
         return None, "no consistent [yolo] sections"
     _, _, num_classes, per_scale = heads
-    builders = {3: ("yolo_body", yolo_body), 2: ("tiny_yolo_body", tiny_yolo_body)}
+    builders = {3: ("yolo_body", yolo_body, "yolo4_body"), 2: ("tiny_yolo_body", tiny_yolo_body, "yolo4_tiny_body")}
     if len(yolos) not in builders or generic.inputs[0].shape[-1] != 3:
         return None, f"{len(yolos)} [yolo] sections on {generic.inputs[0].shape[-1]} input channels"
-    name, builder = builders[len(yolos)]
+    name, builder, v4_name = builders[len(yolos)]
     body = builder(keras.Input(shape=(None, None, 3), name="image"), per_scale, num_classes)
     shapes = [tuple(w.shape) for w in generic.weights]
-    if shapes != [tuple(w.shape) for w in body.weights]:
-        return None, f"weight shapes differ from {name}({per_scale} anchors, {num_classes} classes)"
-    body.set_weights(generic.get_weights())
+    if shapes == [tuple(w.shape) for w in body.weights]:
+        body.set_weights(generic.get_weights())
+    else:
+        body, order = build_with_darknet_order(len(yolos) == 2, per_scale, num_classes)
+        why_not = _copy_in_darknet_order(generic, body, order)
+        if why_not is not None:
+            return None, (
+                f"weight shapes differ from {name} and {v4_name} ({per_scale} anchors, {num_classes} classes): "
+                f"{why_not}"
+            )
+        name = v4_name
     if check:
         diff = _compare_outputs(generic, body)
         if not diff <= 1e-4:
@@ -172,7 +221,7 @@ def convert(
     *,
     generic: bool = False,
     check: bool = True,
-    darknet_bn: str = darknet.DEFAULT_DARKNET_BN,
+    darknet_bn: str | None = None,
     masks="auto",
     class_names: Sequence[str] | None = None,
 ) -> ConversionResult:
@@ -187,8 +236,11 @@ def convert(
         check: verify the ``yolo_body`` copy on a test image (see
             :func:`build_matching_body`).
         darknet_bn: whose batch norm the converted model reproduces:
-            ``"pjreddie"`` (default: the original Darknet, which trained the
-            official YOLOv3 weights), ``"alexeyab"`` (AlexeyAB/darknet) or
+            ``"pjreddie"`` (the default for cfgs the original Darknet runs:
+            it trained the official YOLOv3 weights), ``"alexeyab"``
+            (AlexeyAB/darknet; the default for cfgs only it runs, such as
+            yolov4.cfg and yolov4-tiny.cfg, see
+            :func:`~keras_yolo_mgpu.weights.darknet.alexeyab_only_features`) or
             ``"keras-yolo3"`` (raw arrays with Keras's epsilon: keras-yolo3's
             own conversion, bit for bit). See
             :func:`~keras_yolo_mgpu.weights.darknet.fold_batch_norm`.
@@ -217,6 +269,11 @@ def convert(
     convs, yolos = darknet.infer_layers(sections)
     header, weights = darknet.read_weights(weights_path, convs)
     num_floats = sum(c.num_floats for c in convs)
+    if darknet_bn is None:
+        features = darknet.alexeyab_only_features(sections)
+        darknet_bn = "alexeyab" if features else darknet.DEFAULT_DARKNET_BN
+        if features:
+            logger.info("%s uses %s (AlexeyAB/darknet only): its batch norm formula", cfg_path, ", ".join(features))
     model = darknet.build_model(
         sections, weights, darknet_bn=darknet_bn, name=os.path.splitext(os.path.basename(str(cfg_path)))[0]
     )
@@ -238,6 +295,10 @@ def convert(
             logger.info("Not a yolo_body/tiny_yolo_body (%s): saving the generic cfg-built model", why)
     if heads is not None:
         anchors, cfg_masks, num_classes, _ = heads
+        if architecture == "yolo4_body":
+            # yolov4.cfg lists the fine scale first; the body's outputs are coarse first.
+            cfg_masks, yolos = cfg_masks[::-1], list(yolos)[::-1]
+        _check_scale_x_y(architecture, yolos)
         # Masks matter to the yolo_body kinds, whose decoding uses them; a
         # generic model just reports the cfg's.
         masks = cfg_masks if architecture == "generic" else choose_masks(masks, cfg_masks, len(anchors))
@@ -246,7 +307,9 @@ def convert(
 
     metadata = None
     if architecture != "generic":
-        metadata = _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path)
+        metadata = _conversion_metadata(
+            sections, anchors, masks, num_classes, class_names, cfg_path, MODEL_KINDS_BY_BODY[architecture]
+        )
 
     cfg_copy_path = None
     if architecture == "generic" and output_path.endswith(".weights.h5"):
@@ -280,7 +343,33 @@ def convert(
     )
 
 
-def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path):
+def _check_scale_x_y(architecture: str, yolos: Sequence[darknet.YoloSpec]) -> None:
+    """Warns when the cfg's ``scale_x_y`` (output order) differs from what decoding the body uses."""
+    from keras_yolo_mgpu.model.yolo4 import YOLO4_SCALE_X_Y, YOLO4_TINY_SCALE_X_Y
+
+    expected = {"yolo4_body": YOLO4_SCALE_X_Y, "yolo4_tiny_body": YOLO4_TINY_SCALE_X_Y}.get(architecture)
+    if architecture == "generic":
+        return
+    found = tuple(y.scale_x_y for y in yolos)
+    if found != (expected or (1.0,) * len(yolos)):
+        logger.warning(
+            "The cfg's scale_x_y %s differ from the %s that %s decodes with; boxes will be slightly off",
+            found,
+            expected or "1.0 per scale",
+            architecture,
+        )
+
+
+#: The `--model` kind recorded in the metadata of each body the converter saves.
+MODEL_KINDS_BY_BODY = {
+    "yolo_body": "yolov3",
+    "tiny_yolo_body": "yolov3-tiny",
+    "yolo4_body": "yolov4",
+    "yolo4_tiny_body": "yolov4-tiny",
+}
+
+
+def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path, kind):
     """The :class:`ModelMetadata` of a converted ``yolo_body`` / ``tiny_yolo_body``."""
     from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
@@ -302,7 +391,7 @@ def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg
     if any(v <= 0 or v % 32 for v in input_shape):
         logger.warning("[net] size %s is not a multiple of 32; storing 416x416 as the input size", input_shape)
         input_shape = (416, 416)
-    return ModelMetadata(kind_for(len(anchors)), input_shape, anchors, masks, class_names)
+    return ModelMetadata(kind, input_shape, anchors, masks, class_names)
 
 
 #: Why the official yolov3-tiny weights keep keras-yolo3's masks by default.

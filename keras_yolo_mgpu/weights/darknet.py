@@ -56,7 +56,7 @@ DARKNET_BN_CONVENTIONS = ("pjreddie", "alexeyab", "keras-yolo3")
 #: The default: the original Darknet that trained the official YOLOv3 weights.
 DEFAULT_DARKNET_BN = "pjreddie"
 
-_SUPPORTED_ACTIVATIONS = ("leaky", "linear", "relu", "logistic")
+_SUPPORTED_ACTIVATIONS = ("leaky", "linear", "relu", "logistic", "mish")
 
 
 class DarknetError(ValueError):
@@ -215,6 +215,7 @@ class YoloSpec:
     mask: list[int]
     anchors: list[tuple[int, int]]
     classes: int
+    scale_x_y: float = 1.0
 
 
 def conv_spec(section: CfgSection, in_channels: int) -> ConvSpec:
@@ -255,7 +256,18 @@ def yolo_spec(section: CfgSection) -> YoloSpec:
     for m in mask:
         if not 0 <= m < len(anchors):
             raise DarknetError(f"{section.describe()}: mask index {m} outside the {len(anchors)} anchors")
-    return YoloSpec(section, mask, anchors, section.get_int("classes", 20))
+    return YoloSpec(section, mask, anchors, section.get_int("classes", 20), section.get_float("scale_x_y", 1.0))
+
+
+def route_groups(section: CfgSection) -> tuple[int, int]:
+    """``(groups, group_id)`` of a ``[route]``: each input contributes channel slice ``group_id`` of ``groups``."""
+    groups = section.get_int("groups", 1)
+    group_id = section.get_int("group_id", 0)
+    if groups < 1 or not 0 <= group_id < groups:
+        raise DarknetError(
+            f"{section.describe()}: need 0 <= group_id < groups, got groups={groups} group_id={group_id}"
+        )
+    return groups, group_id
 
 
 def _maxpool_geometry(section: CfgSection) -> tuple[int, int]:
@@ -300,12 +312,15 @@ def infer_layers(sections: Sequence[CfgSection]) -> tuple[list[ConvSpec], list[Y
             refs = [_resolve(section, i) for i in section.get_ints("layers")]
             if not refs:
                 raise DarknetError(f"{section.describe()}: empty 'layers'")
-            for key in ("groups", "group_id"):
-                if key in section.options and section.get_int(key, 0) not in (0, 1):
-                    raise DarknetError(f"{section.describe()}: '{key}' is not supported")
+            groups, _ = route_groups(section)
             if any(out_channels[r] is None for r in refs):
                 raise DarknetError(f"{section.describe()}: cannot route from a [yolo] layer")
-            prev = sum(out_channels[r] for r in refs)
+            if any(out_channels[r] % groups for r in refs):
+                raise DarknetError(
+                    f"{section.describe()}: input channels {[out_channels[r] for r in refs]} "
+                    f"do not split into {groups} groups"
+                )
+            prev = sum(out_channels[r] // groups for r in refs)
         elif kind == "shortcut":
             ref = _resolve(section, section.get_int("from"))
             if section.get_str("activation", "linear") != "linear":
@@ -330,6 +345,24 @@ def infer_layers(sections: Sequence[CfgSection]) -> tuple[list[ConvSpec], list[Y
             raise DarknetError(f"{section.describe()}: section type [{kind}] is not supported")
         out_channels.append(prev)
     return convs, yolos
+
+
+def alexeyab_only_features(sections: Sequence[CfgSection]) -> list[str]:
+    """Features of the cfg that only AlexeyAB/darknet runs (so it trained the weights).
+
+    Returns:
+        Sorted feature names among ``"mish"``, ``"grouped route"`` and
+        ``"scale_x_y"``; empty for a cfg the original Darknet runs.
+    """
+    found = set()
+    for section in layer_sections(sections):
+        if section.kind == "convolutional" and section.options.get("activation") == "mish":
+            found.add("mish")
+        elif section.kind == "route" and section.get_int("groups", 1) > 1:
+            found.add("grouped route")
+        elif section.kind == "yolo" and section.get_float("scale_x_y", 1.0) != 1.0:
+            found.add("scale_x_y")
+    return sorted(found)
 
 
 # --------------------------------------------------------------------------
@@ -692,12 +725,21 @@ def build_model(
                     bn.set_weights(weights[k].keras_bn_weights(darknet_bn))
             if spec.activation == "leaky":
                 x = L.LeakyReLU(negative_slope=LEAKY_SLOPE, name=f"leaky_{i}")(x)
+            elif spec.activation == "mish":
+                from keras_yolo_mgpu.model.yolo4 import Mish
+
+                x = Mish(name=f"mish_{i}")(x)
             elif spec.activation == "relu":
                 x = L.ReLU(name=f"relu_{i}")(x)
             elif spec.activation == "logistic":
                 x = L.Activation("sigmoid", name=f"logistic_{i}")(x)
         elif kind == "route":
             refs = [outputs_by_layer[_resolve(section, r)] for r in section.get_ints("layers")]
+            groups, group_id = route_groups(section)
+            if groups > 1:
+                from keras_yolo_mgpu.model.yolo4 import ChannelGroup
+
+                refs = [ChannelGroup(groups, group_id, name=f"group_{i}_{n}")(r) for n, r in enumerate(refs)]
             x = refs[0] if len(refs) == 1 else L.Concatenate(axis=-1, name=f"route_{i}")(refs)
         elif kind == "shortcut":
             ref = outputs_by_layer[_resolve(section, section.get_int("from"))]

@@ -309,6 +309,7 @@ def settings_for(
     tiny: bool = False,
     masks=None,
     input_shape=None,
+    model: str | None = None,
 ) -> ModelMetadata:
     """Everything needed to build and decode the model of ``weights_path``.
 
@@ -325,6 +326,9 @@ def settings_for(
             YOLOv3 file).
         masks: anchor indices per scale.
         input_shape: ``(height, width)``; replaces the file's without error.
+        model: the ``--model`` kind (``model.architectures.MODEL_NAMES``);
+            an error when it contradicts the file's; without a file it picks
+            the network and its default anchors.
 
     Raises:
         MetadataError: an explicit value contradicts the file.
@@ -341,6 +345,8 @@ def settings_for(
     if stored is not None:
         if tiny and stored.kind not in ("yolov3-tiny", "yolov4-tiny"):
             raise MetadataError(f"--tiny says yolov3-tiny but {weights_path} was saved with {stored.kind}")
+        if model is not None and model != stored.kind:
+            raise MetadataError(f"--model says {model} but {weights_path} was saved with {stored.kind}")
         labels = {"anchors_label": f"--anchors ({anchors_path})" if anchors_path else "anchors"}
         if classes_path:
             labels["classes_label"] = f"--classes ({classes_path})"
@@ -353,8 +359,18 @@ def settings_for(
             input_shape=input_shape,
             **labels,
         )
+    from keras_yolo_mgpu.model.architectures import get_architecture, model_name
+
+    try:
+        kind = model_name(model, tiny)
+    except ValueError as error:
+        raise MetadataError(str(error)) from None
     if class_names is None:
         class_names = get_classes(resolve_resource(None, "classes"))
     if anchors is None:
-        anchors = get_anchors(resolve_resource(None, "anchors", tiny=tiny))
-    return make_metadata(anchors, class_names, input_shape or (416, 416), masks)
+        anchors = get_anchors(resolve_resource(None, "anchors", tiny=tiny, model=kind))
+    try:
+        kind = get_architecture(kind, len(anchors)).name
+    except ValueError as error:
+        raise MetadataError(str(error)) from None
+    return make_metadata(anchors, class_names, input_shape or (416, 416), masks, kind=kind)

@@ -1,0 +1,34 @@
+"""`python -m keras_yolo_mgpu.bench train --reference keras-yolo3`: ours and keras-yolo3's step in one run."""
+
+import json
+
+import pytest
+
+from keras_yolo_mgpu.cli import bench_train
+
+
+@pytest.mark.slow
+def test_reference_comparison_and_breakdown_print_ratio_json(capsys):
+    pytest.importorskip("tf_keras")
+    argv = ["--tiny", "--input-size", "64", "--num-classes", "2", "--batch-size", "2", "--steps", "1"]
+    argv += ["--warmup-steps", "1", "--rounds", "2", "--reference", "keras-yolo3", "--variants", "keras-bn"]
+    argv += ["--breakdown"]
+    assert bench_train.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(result["images_per_sec_rounds"]) == len(result["keras-yolo3_images_per_sec_rounds"]) == 2
+    expected = result["images_per_sec"] / result["keras-yolo3_images_per_sec"]
+    assert result["ratio_vs_keras-yolo3"] == pytest.approx(expected, rel=1e-2)
+    assert "ratio_vs_keras-bn" in result
+    for side in ("ours", "keras-yolo3", "keras-bn"):
+        split = result["breakdown"][side]["split_ms"]
+        assert set(split) == {"forward", "loss", "backward", "optimizer", "keras_fit_overhead", "fit_step"}
+        assert split["fit_step"] > 0
+
+
+def test_unknown_variant_is_refused(capsys):
+    try:
+        status = bench_train.main(["--variants", "turbo"])
+    except SystemExit as exit_:
+        status = exit_.code
+    assert status == 2
+    assert "unknown variant" in capsys.readouterr().err
