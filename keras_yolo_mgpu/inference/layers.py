@@ -20,8 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_yolo_mgpu.model.boxes import cell_offset, num_output_layers, resolve_masks
-
-_SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
+from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
 
 def _static_or_dynamic(tensor, axis: int):
@@ -83,7 +82,7 @@ def decode_scale(feats, anchors, num_classes: int, input_wh, scale_x_y: float = 
     return box_xy, box_wh, scores
 
 
-@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 class YoloDecode(keras.layers.Layer):
     """Raw YOLO outputs -> boxes in image pixels and per-class scores.
 
@@ -156,11 +155,7 @@ class YoloDecode(keras.layers.Layer):
         return (batch, count, 4), (batch, count, self.num_classes)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            anchors=self.anchors.tolist(), num_classes=self.num_classes, masks=self.masks, scale_x_y=self.scale_x_y
-        )
-        return config
+        return {**super().get_config(), **constructor_config(self)}
 
 
 NMS_METHODS = ("combined", "padded")
@@ -208,7 +203,7 @@ def _nms_one_image(boxes, scores, *, max_boxes_per_class, max_detections, iou_th
     return out_boxes, out_scores, tf.cast(out_classes, tf.int32), valid_count
 
 
-@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 class YoloNMS(keras.layers.Layer):
     """Per-class non-max suppression with a fixed number of outputs per image.
 
@@ -319,15 +314,7 @@ class YoloNMS(keras.layers.Layer):
         )
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            max_detections=self.max_detections,
-            max_boxes_per_class=self.max_boxes_per_class,
-            score_threshold=self.score_threshold,
-            iou_threshold=self.iou_threshold,
-            method=self.method,
-        )
-        return config
+        return {**super().get_config(), **constructor_config(self)}
 
 
 OUTPUT_NAMES = ("boxes", "scores", "classes", "valid_detections")
@@ -385,3 +372,37 @@ def build_inference_model(
         name="yolo_nms",
     )([boxes, scores])
     return keras.Model([image, image_shape], dict(zip(OUTPUT_NAMES, outputs)), name=name)
+
+
+def build_detection_model(
+    body: keras.Model,
+    settings,
+    *,
+    score: float = 0.3,
+    iou: float = 0.45,
+    max_boxes: int = 20,
+    max_detections: int = 100,
+    **options,
+) -> keras.Model:
+    """`build_inference_model` for a body described by its `weights.metadata.ModelMetadata`.
+
+    `settings` gives the anchors, the class count, the masks, the input size
+    and the network (YOLOv4's `scale_x_y`); `score`, `iou`, `max_boxes` and
+    `max_detections` are the detection flags as `YOLO` and `export_model`
+    name them. `options`: `nms_method`, `batch_size`, `name`.
+    """
+    from keras_yolo_mgpu.model.architectures import get_architecture
+
+    return build_inference_model(
+        body,
+        settings.anchors_array,
+        len(settings.class_names),
+        input_shape=settings.input_shape,
+        score_threshold=score,
+        iou_threshold=iou,
+        max_boxes_per_class=max_boxes,
+        max_detections=max_detections,
+        masks=settings.masks_list,
+        scale_x_y=get_architecture(settings.kind).decode_scale_x_y,
+        **options,
+    )

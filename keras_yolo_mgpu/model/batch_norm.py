@@ -24,10 +24,12 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE
+
 _FUSED_DTYPES = ("float16", "bfloat16", "float32")
 
 
-@keras.saving.register_keras_serializable(package="keras_yolo_mgpu")
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 class BatchNormalization(keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` with a fused training kernel.
 

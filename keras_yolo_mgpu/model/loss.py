@@ -14,12 +14,11 @@ import numpy as np
 import tensorflow as tf
 
 from keras_yolo_mgpu.model.boxes import batched_box_iou, box_ciou, num_output_layers, resolve_masks, yolo_head
+from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
 BOX_LOSSES = ("yolov3", "ciou")
 #: yolov4.cfg's `iou_normalizer`: the weight of each positive's 1 - CIoU.
 CIOU_NORMALIZER = 0.07
-
-_SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
 
 
 def _true_boxes_per_sample(y_true_layer, object_mask):
@@ -80,24 +79,47 @@ def _ignore_mask(pred_box, y_true_layer, object_mask, ignore_thresh, max_true_bo
     return tf.cast(best_iou < ignore_thresh, pred_box.dtype)
 
 
-def yolo_loss_terms(
-    args,
-    anchors,
-    num_classes: int,
-    ignore_thresh: float = 0.5,
-    max_true_boxes: int | None = None,
-    masks=None,
-    *,
-    scale_x_y=None,
-    box_loss: str = "yolov3",
-    iou_normalizer: float = CIOU_NORMALIZER,
-):
+def yolo_loss_terms(args, anchors, num_classes: int, ignore_thresh: float = 0.5, **settings) -> dict:
     """The loss terms per sample, summed over scales.
 
     Args:
         args: `[*yolo_outputs, *y_true]`. Each output is (N, gh, gw, A*(5+C)),
             each target (N, gh, gw, A, 5+C), coarsest scale first.
+        anchors, num_classes, ignore_thresh, **settings: see `YoloLoss`.
+
+    Returns:
+        A dict of (N,) float32 terms: `xy`, `wh` (box_loss "yolov3") or
+        `ciou` (box_loss "ciou"), then `confidence` and `class`.
+    """
+    return YoloLoss(anchors, num_classes, ignore_thresh, **settings).loss_terms(list(args))
+
+
+def yolo_loss(args, anchors, num_classes: int, ignore_thresh: float = 0.5, **settings):
+    """YOLOv3 loss per sample (keras-yolo3's `yolo_loss`, not averaged).
+
+    Args:
+        args: `[*yolo_outputs, *y_true]`, see `yolo_loss_terms`.
+        anchors, num_classes, ignore_thresh, **settings: see `YoloLoss`
+            (`max_true_boxes` for XLA, `masks`, and YOLOv4's `scale_x_y`,
+            `box_loss`, `iou_normalizer`).
+
+    Returns:
+        (N, 1) float32. `sum(loss) / N` equals the original's scalar.
+    """
+    return YoloLoss(anchors, num_classes, ignore_thresh, **settings).call(list(args))
+
+
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
+class YoloLoss(keras.layers.Layer):
+    """Layer computing the loss per sample from `[*yolo_outputs, *y_true]`; output (N, 1).
+
+    The layer always runs in float32 (mixed precision keeps the loss exact).
+
+    Args:
         anchors: (num_anchors, 2), (w, h) in input pixels.
+        num_classes: number of classes.
+        ignore_thresh: predictions whose best IoU with a true box exceeds this
+            are not penalised as background.
         max_true_boxes: None gathers every true box (ragged, exact for any
             input); an int uses static shapes XLA can compile, exact when no
             sample has more boxes than that at one scale.
@@ -109,109 +131,6 @@ def yolo_loss_terms(
             error, scaled by 2 - w*h) or "ciou" (YOLOv4: `iou_normalizer *
             (1 - CIoU)` per true box, `boxes.box_ciou`).
         iou_normalizer: weight of the CIoU term (yolov4.cfg: 0.07).
-
-    Returns:
-        A dict of (N,) float32 terms: `xy`, `wh` (box_loss "yolov3") or
-        `ciou` (box_loss "ciou"), then `confidence` and `class`.
-    """
-    if box_loss not in BOX_LOSSES:
-        raise ValueError(f"box_loss must be one of {BOX_LOSSES}. Received: box_loss={box_loss!r}")
-    anchors = np.asarray(anchors, dtype=np.float32)
-    num_layers = num_output_layers(len(anchors))
-    masks = resolve_masks(masks, len(anchors))
-    # The loss is always computed in float32, also under mixed precision.
-    yolo_outputs = [tf.cast(t, tf.float32) for t in args[:num_layers]]
-    y_true = [tf.cast(t, tf.float32) for t in args[num_layers:]]
-    if len(y_true) != num_layers:
-        raise ValueError(f"yolo_loss expects {num_layers} outputs and {num_layers} targets; got {len(args)} tensors")
-
-    input_shape = tf.cast(tf.shape(yolo_outputs[0])[1:3] * 32, tf.float32)  # (h, w)
-    box_terms = ("ciou",) if box_loss == "ciou" else ("xy", "wh")
-    terms = {**dict.fromkeys(box_terms, 0.0), "confidence": 0.0, "class": 0.0}
-    bce = tf.nn.sigmoid_cross_entropy_with_logits
-    per_sample = lambda t: tf.reduce_sum(t, axis=[1, 2, 3, 4])  # noqa: E731  (N, gh, gw, A, k) -> (N,)
-    for layer in range(num_layers):
-        target = y_true[layer]
-        object_mask = target[..., 4:5]
-        true_class_probs = target[..., 5:]
-        layer_anchors = anchors[masks[layer]]
-        scale = 1.0 if scale_x_y is None else float(scale_x_y[layer])
-        grid, raw_pred, pred_xy, pred_wh = yolo_head(
-            yolo_outputs[layer], layer_anchors, num_classes, input_shape, calc_loss=True, scale_x_y=scale
-        )
-        pred_box = tf.concat([pred_xy, pred_wh], axis=-1)
-        grid_wh = tf.cast(tf.shape(yolo_outputs[layer])[1:3][::-1], tf.float32)
-
-        # Targets in the raw output's space: cell offsets and log size ratios.
-        raw_true_xy = target[..., :2] * grid_wh - grid
-        raw_true_wh = tf.math.log(target[..., 2:4] / layer_anchors * input_shape[::-1])
-        # Empty cells have wh 0 -> log(0) = -inf; they are masked out anyway.
-        raw_true_wh = tf.where(object_mask > 0, raw_true_wh, tf.zeros_like(raw_true_wh))
-        # Small boxes weigh more: 2 - relative area.
-        box_loss_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
-
-        ignore_mask = _ignore_mask(pred_box, target, object_mask, ignore_thresh, max_true_boxes)
-        if box_loss == "ciou":
-            # In pixels (CIoU's aspect term needs them); empty cells get a
-            # dummy unit box so that no 0/0 reaches the gradient.
-            input_wh = input_shape[::-1]
-            true_box = tf.where(object_mask > 0, target[..., 0:4], tf.constant([0.5, 0.5, 1.0, 1.0]))
-            ciou = box_ciou(
-                pred_box * tf.concat([input_wh, input_wh], 0), true_box * tf.concat([input_wh, input_wh], 0)
-            )
-            terms["ciou"] += per_sample(object_mask * iou_normalizer * (1.0 - ciou[..., None]))
-        else:
-            if scale != 1.0:
-                # The cross-entropy's label is the sigmoid that puts the centre on the target offset.
-                raw_true_xy = (raw_true_xy + (scale - 1.0) / 2.0) / scale
-            xy_loss = object_mask * box_loss_scale * bce(labels=raw_true_xy, logits=raw_pred[..., 0:2])
-            wh_loss = object_mask * box_loss_scale * 0.5 * tf.square(raw_true_wh - raw_pred[..., 2:4])
-            terms["xy"] += per_sample(xy_loss)
-            terms["wh"] += per_sample(wh_loss)
-        conf_bce = bce(labels=object_mask, logits=raw_pred[..., 4:5])
-        confidence_loss = object_mask * conf_bce + (1.0 - object_mask) * conf_bce * ignore_mask
-        class_loss = object_mask * bce(labels=true_class_probs, logits=raw_pred[..., 5:])
-
-        terms["confidence"] += per_sample(confidence_loss)
-        terms["class"] += per_sample(class_loss)
-    return terms
-
-
-def yolo_loss(
-    args,
-    anchors,
-    num_classes: int,
-    ignore_thresh: float = 0.5,
-    max_true_boxes: int | None = None,
-    masks=None,
-    **options,
-):
-    """YOLOv3 loss per sample (keras-yolo3's `yolo_loss`, not averaged).
-
-    Args:
-        args: `[*yolo_outputs, *y_true]`, see `yolo_loss_terms`.
-        anchors: (num_anchors, 2).
-        num_classes: number of classes.
-        ignore_thresh: predictions whose best IoU with a true box exceeds this
-            are not penalised as background.
-        max_true_boxes: see `yolo_loss_terms` (set it for XLA).
-        masks: see `yolo_loss_terms`.
-        **options: `scale_x_y`, `box_loss`, `iou_normalizer` (YOLOv4), see
-            `yolo_loss_terms`.
-
-    Returns:
-        (N, 1) float32. `sum(loss) / N` equals the original's scalar.
-    """
-    terms = yolo_loss_terms(args, anchors, num_classes, ignore_thresh, max_true_boxes, masks, **options)
-    total = tf.add_n(list(terms.values()))
-    return tf.expand_dims(total, -1)
-
-
-@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
-class YoloLoss(keras.layers.Layer):
-    """Layer computing `yolo_loss` from `[*yolo_outputs, *y_true]`; output (N, 1).
-
-    The layer always runs in float32 (mixed precision keeps the loss exact).
     """
 
     def __init__(
@@ -246,38 +165,80 @@ class YoloLoss(keras.layers.Layer):
         self.box_loss = box_loss
         self.iou_normalizer = float(iou_normalizer)
 
+    def loss_terms(self, inputs) -> dict:
+        """The terms per sample, summed over scales; see `yolo_loss_terms`."""
+        num_layers = len(self.masks)
+        # The loss is always computed in float32, also under mixed precision.
+        yolo_outputs = [tf.cast(t, tf.float32) for t in inputs[:num_layers]]
+        y_true = [tf.cast(t, tf.float32) for t in inputs[num_layers:]]
+        if len(y_true) != num_layers:
+            raise ValueError(
+                f"yolo_loss expects {num_layers} outputs and {num_layers} targets; got {len(inputs)} tensors"
+            )
+
+        input_shape = tf.cast(tf.shape(yolo_outputs[0])[1:3] * 32, tf.float32)  # (h, w)
+        box_terms = ("ciou",) if self.box_loss == "ciou" else ("xy", "wh")
+        terms = {**dict.fromkeys(box_terms, 0.0), "confidence": 0.0, "class": 0.0}
+        bce = tf.nn.sigmoid_cross_entropy_with_logits
+        per_sample = lambda t: tf.reduce_sum(t, axis=[1, 2, 3, 4])  # noqa: E731  (N, gh, gw, A, k) -> (N,)
+        for layer in range(num_layers):
+            target = y_true[layer]
+            object_mask = target[..., 4:5]
+            true_class_probs = target[..., 5:]
+            layer_anchors = self.anchors[self.masks[layer]]
+            scale = 1.0 if self.scale_x_y is None else self.scale_x_y[layer]
+            grid, raw_pred, pred_xy, pred_wh = yolo_head(
+                yolo_outputs[layer], layer_anchors, self.num_classes, input_shape, calc_loss=True, scale_x_y=scale
+            )
+            pred_box = tf.concat([pred_xy, pred_wh], axis=-1)
+            grid_wh = tf.cast(tf.shape(yolo_outputs[layer])[1:3][::-1], tf.float32)
+
+            # Targets in the raw output's space: cell offsets and log size ratios.
+            raw_true_xy = target[..., :2] * grid_wh - grid
+            raw_true_wh = tf.math.log(target[..., 2:4] / layer_anchors * input_shape[::-1])
+            # Empty cells have wh 0 -> log(0) = -inf; they are masked out anyway.
+            raw_true_wh = tf.where(object_mask > 0, raw_true_wh, tf.zeros_like(raw_true_wh))
+            # Small boxes weigh more: 2 - relative area.
+            box_loss_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
+
+            ignore_mask = _ignore_mask(pred_box, target, object_mask, self.ignore_thresh, self.max_true_boxes)
+            if self.box_loss == "ciou":
+                # In pixels (CIoU's aspect term needs them); empty cells get a
+                # dummy unit box so that no 0/0 reaches the gradient.
+                input_wh = input_shape[::-1]
+                true_box = tf.where(object_mask > 0, target[..., 0:4], tf.constant([0.5, 0.5, 1.0, 1.0]))
+                ciou = box_ciou(
+                    pred_box * tf.concat([input_wh, input_wh], 0), true_box * tf.concat([input_wh, input_wh], 0)
+                )
+                terms["ciou"] += per_sample(object_mask * self.iou_normalizer * (1.0 - ciou[..., None]))
+            else:
+                if scale != 1.0:
+                    # The cross-entropy's label is the sigmoid that puts the centre on the target offset.
+                    raw_true_xy = (raw_true_xy + (scale - 1.0) / 2.0) / scale
+                xy_loss = object_mask * box_loss_scale * bce(labels=raw_true_xy, logits=raw_pred[..., 0:2])
+                wh_loss = object_mask * box_loss_scale * 0.5 * tf.square(raw_true_wh - raw_pred[..., 2:4])
+                terms["xy"] += per_sample(xy_loss)
+                terms["wh"] += per_sample(wh_loss)
+            conf_bce = bce(labels=object_mask, logits=raw_pred[..., 4:5])
+            confidence_loss = object_mask * conf_bce + (1.0 - object_mask) * conf_bce * ignore_mask
+            class_loss = object_mask * bce(labels=true_class_probs, logits=raw_pred[..., 5:])
+
+            terms["confidence"] += per_sample(confidence_loss)
+            terms["class"] += per_sample(class_loss)
+        return terms
+
     def call(self, inputs):
-        return yolo_loss(
-            list(inputs),
-            self.anchors,
-            self.num_classes,
-            self.ignore_thresh,
-            self.max_true_boxes,
-            self.masks,
-            scale_x_y=self.scale_x_y,
-            box_loss=self.box_loss,
-            iou_normalizer=self.iou_normalizer,
-        )
+        total = tf.add_n(list(self.loss_terms(list(inputs)).values()))
+        return tf.expand_dims(total, -1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], 1)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            anchors=self.anchors.tolist(),
-            num_classes=self.num_classes,
-            ignore_thresh=self.ignore_thresh,
-            max_true_boxes=self.max_true_boxes,
-            masks=self.masks,
-            scale_x_y=self.scale_x_y,
-            box_loss=self.box_loss,
-            iou_normalizer=self.iou_normalizer,
-        )
-        return config
+        return {**super().get_config(), **constructor_config(self)}
 
 
-@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 def totalloss(y_true, y_pred):
     """Compile loss for the training model: its per-sample output, shape (N,).
 

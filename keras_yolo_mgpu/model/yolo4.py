@@ -27,15 +27,14 @@ from keras import layers
 
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.yolo3 import BODY_PREFIX, HEAD_PREFIX, LEAKY_SLOPE, OUTPUT_PREFIX, _darknet_conv, _Namer
-
-_SERIALIZABLE_PACKAGE = "keras_yolo_mgpu"
+from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
 #: `scale_x_y` of each output scale, coarse to fine, as the cfgs set them.
 YOLO4_SCALE_X_Y = (1.05, 1.1, 1.2)
 YOLO4_TINY_SCALE_X_Y = (1.05, 1.05)
 
 
-@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 class Mish(keras.layers.Layer):
     """Mish activation, `x * tanh(softplus(x))` (Darknet's `activation=mish`)."""
 
@@ -46,7 +45,7 @@ class Mish(keras.layers.Layer):
         return input_shape
 
 
-@keras.saving.register_keras_serializable(package=_SERIALIZABLE_PACKAGE)
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 class ChannelGroup(keras.layers.Layer):
     """Darknet's grouped route: group `group_id` of `groups` equal channel slices.
 
@@ -76,9 +75,7 @@ class ChannelGroup(keras.layers.Layer):
         return (*input_shape[:-1], stop - start)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(groups=self.groups, group_id=self.group_id)
-        return config
+        return {**super().get_config(), **constructor_config(self)}
 
 
 class _Blocks:

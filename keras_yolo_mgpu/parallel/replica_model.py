@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from keras_yolo_mgpu.parallel.devices import select_devices
+from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def split_sizes(batch_size, num_devices: int):
     return base + tf.cast(tf.range(num_devices) < extra, tf.int32)
 
 
-@keras.saving.register_keras_serializable(package="keras_yolo_mgpu")
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 class ReplicaParallel(keras.layers.Layer):
     """Runs `template` on slices of the batch, one slice per device.
 

@@ -27,6 +27,8 @@ import math
 
 import keras
 
+from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
+
 # The warm-up starts at this fraction of the base rate (ultralytics starts
 # its bias rate elsewhere, its weights at 0; 0 would waste the first step).
 WARMUP_START_FRACTION = 0.01
@@ -70,7 +72,7 @@ def rate_factor(
     return factor
 
 
-@keras.saving.register_keras_serializable(package="keras_yolo_mgpu")
+@keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
 class StageSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """The rate of one training stage as a function of its step.
 
@@ -112,14 +114,7 @@ class StageSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return self.base_rate * factor
 
     def get_config(self):
-        return dict(
-            base_rate=self.base_rate,
-            first_epoch=self.first_epoch,
-            steps_per_epoch=self.steps_per_epoch,
-            total_epochs=self.total_epochs,
-            warmup_epochs=self.warmup_epochs,
-            cosine=self.cosine,
-        )
+        return constructor_config(self)
 
 
 class LinearWarmup(keras.callbacks.Callback):
