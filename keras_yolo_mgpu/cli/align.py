@@ -39,14 +39,11 @@ def build_parser() -> cli.ArgumentParser:
     )
     model = parser.add_argument_group("model")
     cli.add_model_args(model, weights_help="start weights (default: random initialisation)")
-    model.add_argument(
-        "--freeze-body",
-        type=int,
-        choices=(0, 1, 2),
+    cli.add_freeze_args(
+        model,
         default=0,
         help="0 trains every layer, BatchNormalization included (the demanding case); 1/2 as in train.py",
     )
-    model.add_argument("--no-sync-bn", action="store_true", help="per-replica BatchNormalization statistics")
     recipe = parser.add_argument_group("steps")
     recipe.add_argument("--steps", type=cli.positive_int, default=5, help="optimizer steps in each run")
     recipe.add_argument(

@@ -8,6 +8,7 @@ and the error handling every command shares live in `runner.py`.
 from __future__ import annotations
 
 import argparse
+import inspect
 
 from keras_yolo_mgpu.cli.runner import ArgumentParser, setup_logging
 from keras_yolo_mgpu.model.architectures import MODEL_NAMES
@@ -16,9 +17,12 @@ __all__ = [
     "ArgumentParser",
     "add_detection_args",
     "add_device_args",
+    "add_freeze_args",
     "add_gpu_num_arg",
+    "add_inference_run_args",
     "add_model_args",
     "detector_params",
+    "flag_values",
     "masks_arg",
     "resolve_model_settings",
     "input_size",
@@ -26,6 +30,19 @@ __all__ = [
     "setup_logging",
     "unit_float",
 ]
+
+
+def flag_values(target, args: argparse.Namespace, **converted) -> dict:
+    """Keyword arguments for `target` (a function or a dataclass) from parsed flags.
+
+    Every parameter of `target` named like a flag's `dest` takes that flag's
+    value as parsed; `converted` gives the others (a flag renamed or read
+    differently, e.g. `sync_bn=not args.no_sync_bn`) and wins over a flag of
+    the same name. Parameters with neither keep `target`'s default.
+    """
+    parsed = vars(args)
+    same_named = {name: parsed[name] for name in inspect.signature(target).parameters if name in parsed}
+    return {**same_named, **converted}
 
 
 def input_size(text: str) -> tuple[int, int]:
@@ -177,6 +194,13 @@ def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:
     )
 
 
+def add_inference_run_args(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """--batch-size, --gpu_num / --gpus, --no-progress: how a detecting command runs its batches of `what`."""
+    parser.add_argument("--batch-size", type=positive_int, default=8, help=f"most {what} per forward pass (default: 8)")
+    add_gpu_num_arg(parser, what=what)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def add_device_args(parser: argparse.ArgumentParser) -> None:
     """--gpus, --simulate-devices."""
     parser.add_argument(
@@ -186,4 +210,14 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
         "--simulate-devices",
         action="store_true",
         help="split the CPU (or the single GPU) into --gpus logical devices to rehearse a multi-GPU run",
+    )
+
+
+def add_freeze_args(parser: argparse.ArgumentParser, *, default: int, help: str | None = None) -> None:
+    """--freeze-body (`default`, what `help` says it freezes), --no-sync-bn: which layers train, and how."""
+    parser.add_argument("--freeze-body", type=int, choices=(0, 1, 2), default=default, help=help)
+    parser.add_argument(
+        "--no-sync-bn",
+        action="store_true",
+        help="per-replica BatchNormalization statistics (default: synchronized over the replicas)",
     )

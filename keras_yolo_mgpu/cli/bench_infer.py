@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import ArgumentParser, input_size, positive_int
+from keras_yolo_mgpu.cli.args import ArgumentParser, flag_values, input_size, positive_int
 from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
 from keras_yolo_mgpu.model.architectures import MODEL_NAMES
@@ -69,22 +69,7 @@ def build_parser() -> ArgumentParser:
 def run(args) -> int:
     from keras_yolo_mgpu.bench.infer import run_infer_benchmark
 
-    result = run_infer_benchmark(
-        frames=args.frames,
-        frame_size=args.frame_size,
-        input_size=args.input_size,
-        batch_size=args.batch_size,
-        full=args.full,
-        model=args.model,
-        num_classes=args.num_classes,
-        output_gain=args.output_gain,
-        weights=args.weights,
-        anchors=args.anchors,
-        classes=args.classes,
-        score=args.score,
-        repeats=args.repeats,
-        output_dir=args.output_dir,
-    )
+    result = run_infer_benchmark(**flag_values(run_infer_benchmark, args))
     return print_result(result)
 
 

@@ -52,9 +52,8 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument(
         "--batch-size", type=cli.positive_int, default=None, help="GLOBAL batch (default: 8 per replica)"
     )
-    parser.add_argument("--freeze-body", type=int, choices=(0, 1, 2), default=0)
+    cli.add_freeze_args(parser, default=0)
     parser.add_argument("--parallel", choices=("strategy", "multi_gpu_model"), default="strategy")
-    parser.add_argument("--no-sync-bn", action="store_true")
     parser.add_argument("--mixed-precision", action="store_true", help="mixed_float16 (ours only)")
     parser.add_argument("--jit", action="store_true", help="XLA (jit_compile=True) with the static ignore mask")
     parser.add_argument("--reference", choices=REFERENCES, default=None, help="also time keras-yolo3's step")
@@ -85,26 +84,16 @@ def run(args) -> int:
     from keras_yolo_mgpu.bench.train import run_train_benchmark
 
     result = run_train_benchmark(
-        gpus=args.gpus,
-        simulate=args.simulate_devices,
-        simulated_gpu_memory_mb=args.simulated_gpu_memory,
-        tiny=args.tiny,
-        model=args.model,
-        input_size=args.input_size,
-        num_classes=args.num_classes,
-        batch_size=args.batch_size,
-        freeze_body=args.freeze_body,
-        parallel=args.parallel,
-        sync_bn=not args.no_sync_bn,
-        mixed_precision=args.mixed_precision,
-        jit=args.jit,
-        reference=args.reference,
-        variants=tuple(args.variants),
-        breakdown=args.breakdown,
-        warmup_steps=args.warmup_steps,
-        steps=args.steps,
-        rounds=args.rounds or (3 if args.reference else 1),
-        on_round=_print_round,
+        **cli.flag_values(
+            run_train_benchmark,
+            args,
+            simulate=args.simulate_devices,
+            simulated_gpu_memory_mb=args.simulated_gpu_memory,
+            sync_bn=not args.no_sync_bn,
+            variants=tuple(args.variants),
+            rounds=args.rounds or (3 if args.reference else 1),
+            on_round=_print_round,
+        )
     )
     if "breakdown" in result:
         _print_breakdown(result["breakdown"])

@@ -11,25 +11,18 @@ import os
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import (
-    ArgumentParser,
-    add_detection_args,
-    add_gpu_num_arg,
-    add_model_args,
-    detector_params,
-    positive_int,
-)
+from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import run_command
 
 logger = logging.getLogger("yolo_video")
 
 
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(
         prog="yolo_video.py",
         description="Detect objects in images or a video with trained YOLOv3 weights (keras-yolo3's flags).",
     )
-    add_model_args(
+    cli.add_model_args(
         parser,
         weights_help="weights to load: .weights.h5, .keras or a Keras 2 .h5 (same as --model)",
         model_flag="--architecture",
@@ -40,8 +33,8 @@ def build_parser() -> ArgumentParser:
         metavar="FILE",
         help="keras-yolo3's name for --weights (default: model_data/yolo.h5)",
     )
-    add_detection_args(parser)
-    add_gpu_num_arg(parser, what="frames")
+    cli.add_detection_args(parser)
+    cli.add_inference_run_args(parser, what="frames")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", nargs="+", metavar="PATH", help="image files and/or folders to annotate")
     source.add_argument("--input", metavar="VIDEO", help="video file, or camera index (0, 1, ...)")
@@ -51,13 +44,11 @@ def build_parser() -> ArgumentParser:
         help="with --input: the annotated video (.mp4 with mp4v, .avi with MJPG); "
         "with --image: the folder for annotated images (default: detections)",
     )
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="most frames per forward pass (default: 8)")
     parser.add_argument("--show", action="store_true", help="show the frames in a window (off: the tool runs headless)")
     parser.add_argument(
         "--save-json", metavar="FILE", help="write the detections of every frame or image as JSON lines"
     )
-    parser.add_argument("--max-frames", type=positive_int, default=None, help="stop after this many video frames")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--max-frames", type=cli.positive_int, default=None, help="stop after this many video frames")
     return parser
 
 
@@ -80,7 +71,7 @@ def run(args) -> int:
 
     yolo = YOLO(
         weights,
-        **detector_params(args, weights),
+        **cli.detector_params(args, weights),
         gpu_num=args.gpu_num,
         batch_size=args.batch_size,
     )

@@ -10,20 +10,13 @@ import json
 import sys
 from collections.abc import Sequence
 
+from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
-from keras_yolo_mgpu.cli.args import (
-    ArgumentParser,
-    add_detection_args,
-    add_gpu_num_arg,
-    add_model_args,
-    detector_params,
-    positive_int,
-)
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(
         prog="evaluate.py",
         description="COCO mAP@[.5:.95] and mAP@.5 (faster-coco-eval), AP per class, precision/recall "
         "and a PR curve, of weights or of saved detections on a keras-yolo3 annotation file.",
@@ -34,17 +27,16 @@ def build_parser() -> ArgumentParser:
         metavar="FILE",
         help="annotation file (keras-yolo3 format) with the ground truth",
     )
-    add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
+    cli.add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
     parser.add_argument(
         "--detections",
         metavar="FILE",
         help="score saved detections instead of running a model: COCO results JSON, image_id = 0-based "
         "index of the image's non-blank line, category_id = class index, bbox = [x, y, w, h] pixels",
     )
-    add_detection_args(parser)
+    cli.add_detection_args(parser)
     parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="images per forward pass (default: 8)")
-    add_gpu_num_arg(parser, what="images")
+    cli.add_inference_run_args(parser, what="images")
     # No default file: evaluate writes nothing unless told where (its report
     # goes to stdout), so it never drops or overwrites a plot in the current
     # folder, or in the weights' folder, behind the user's back.
@@ -57,7 +49,6 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -81,7 +72,7 @@ def run(args) -> int:
         result = evaluate_weights(
             args.weights,
             args.annotations,
-            **detector_params(args, args.weights),
+            **cli.detector_params(args, args.weights),
             batch_size=args.batch_size,
             gpu_num=args.gpu_num,
             root=args.root,

@@ -8,24 +8,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import (
-    ArgumentParser,
-    add_detection_args,
-    add_model_args,
-    detector_params,
-    positive_int,
-)
+from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.inference.export import FORMATS, ExportError  # light: TensorFlow loads later
 
 
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(
         prog="python -m keras_yolo_mgpu.export",
         description="Export weights as a SavedModel, TFLite or ONNX model with decoding and NMS inside.",
     )
-    add_model_args(parser, weights_help="weights to export (.weights.h5, .keras or Keras 2 .h5)")
-    add_detection_args(parser)
+    cli.add_model_args(parser, weights_help="weights to export (.weights.h5, .keras or Keras 2 .h5)")
+    cli.add_detection_args(parser)
     parser.add_argument(
         "--format", required=True, choices=FORMATS, help="savedmodel (folder), tflite (batch 1) or onnx"
     )
@@ -35,10 +29,10 @@ def build_parser() -> ArgumentParser:
         help="output path (default: next to the weights, e.g. W_savedmodel/, W.tflite, W.onnx)",
     )
     parser.add_argument(
-        "--max-boxes", type=positive_int, default=20, help="most boxes per class and image (default: 20)"
+        "--max-boxes", type=cli.positive_int, default=20, help="most boxes per class and image (default: 20)"
     )
     parser.add_argument(
-        "--max-detections", type=positive_int, default=100, help="detections per image, padded (default: 100)"
+        "--max-detections", type=cli.positive_int, default=100, help="detections per image, padded (default: 100)"
     )
     parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
     parser.add_argument(
@@ -59,7 +53,7 @@ def run(args) -> int:
         args.weights,
         args.format,
         args.output,
-        **detector_params(args, args.weights),
+        **cli.detector_params(args, args.weights),
         max_boxes=args.max_boxes,
         max_detections=args.max_detections,
         check=not args.no_check,

@@ -62,16 +62,7 @@ def build_parser() -> cli.ArgumentParser:
         help="start from --weights even where its layers do not fit the model: those layers keep their random "
         "initial values (default: refuse; only the output convs of another class count are replaced silently)",
     )
-    model.add_argument(
-        "--freeze-body",
-        type=int,
-        choices=(0, 1, 2),
-        default=2,
-        help="stage 1: 1 freezes Darknet-53, 2 all but the output convs, 0 nothing",
-    )
-    model.add_argument(
-        "--no-sync-bn", action="store_true", help="per-replica BatchNormalization statistics under MirroredStrategy"
-    )
+    cli.add_freeze_args(model, default=2, help="stage 1: 1 freezes Darknet-53, 2 all but the output convs, 0 nothing")
     recipe = parser.add_argument_group("recipe")
     recipe.add_argument("--epochs", type=cli.positive_int, default=100, help="total epochs")
     recipe.add_argument(
@@ -187,64 +178,47 @@ def add_recipe_args(group) -> None:
     )
 
 
+# Command-line names whose TrainConfig field differs, and how to read them;
+# every other flag named like a TrainConfig field sets it as parsed.
+_FLAG_FIELDS = {
+    "input_size": ("input_shape", lambda value: tuple(value or (416, 416))),
+    "no_augment": ("augment", lambda value: not value),
+    "no_sync_bn": ("sync_bn", lambda value: not value),
+    "quiet": ("verbose", lambda value: 0 if value else 1),
+}
+# Flags that name the run to resume or set the logging, not a setting of the
+# run: `verbose` is -v (debug logging), not TrainConfig.verbose (--quiet).
+_RUN_FLAGS = ("resume", "log_dir", "verbose")
+_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights"}
+
+
+def _flag_field(dest: str):
+    """`(TrainConfig field, conversion)` of the flag with this `dest`."""
+    return _FLAG_FIELDS.get(dest, (dest, lambda value: value))
+
+
 def config_from_args(args):
+    """The TrainConfig of a new run from its parsed flags."""
     from keras_yolo_mgpu.training.trainer import TrainConfig
 
+    converted = {field: convert(getattr(args, dest)) for dest, (field, convert) in _FLAG_FIELDS.items()}
     return TrainConfig(
-        annotations=args.annotations,
-        val_annotations=args.val_annotations,
-        classes=args.classes,
-        anchors=args.anchors,
-        tiny=args.tiny,
-        model=args.model,
-        input_shape=tuple(args.input_size or (416, 416)),
-        masks=args.masks,
-        weights=args.weights,
-        weights_partial=args.weights_partial,
-        val_split=args.val_split,
-        batch_size=args.batch_size,
-        batch_size2=args.batch_size2,
-        freeze_epochs=args.epochs // 2 if args.freeze_epochs is None else args.freeze_epochs,
-        epochs=args.epochs,
-        freeze_body=args.freeze_body,
-        optimizer=args.optimizer,
-        lr1=args.lr1,
-        lr2=args.lr2,
-        seed=args.seed,
-        augment=not args.no_augment,
-        log_dir=args.log_dir or next_log_dir(),
-        gpus=args.gpus,
-        simulate_devices=args.simulate_devices,
-        strategy=args.strategy,
-        parallel=args.parallel,
-        sync_bn=not args.no_sync_bn,
-        mixed_precision=args.mixed_precision,
-        jit=args.jit,
-        strict=args.strict,
-        cache=args.cache,
-        steps_per_epoch=args.steps_per_epoch,
-        verbose=0 if args.quiet else 1,
-        eval_every=(1 if args.monitor == "val_mAP" else 0) if args.eval_every is None else args.eval_every,
-        monitor=args.monitor,
-        lr_schedule=args.lr_schedule,
-        warmup_epochs=args.warmup_epochs,
-        ema=args.ema,
-        multi_scale=args.multi_scale,
-        mosaic=args.mosaic,
+        **cli.flag_values(
+            TrainConfig,
+            args,
+            **converted,
+            resume=False,
+            freeze_epochs=args.epochs // 2 if args.freeze_epochs is None else args.freeze_epochs,
+            log_dir=args.log_dir or next_log_dir(),
+            eval_every=(1 if args.monitor == "val_mAP" else 0) if args.eval_every is None else args.eval_every,
+        )
     )
 
 
 # Flags that say how a resumed run executes, not what it computes: they
 # apply to the resumed process. Every other flag given with --resume must
 # agree with the run's args.json.
-RESUME_OVERRIDES = {"quiet": "verbose", "gpus": "gpus", "simulate_devices": "simulate_devices", "cache": "cache"}
-# Command-line names whose TrainConfig field differs, and how to read them.
-_FLAG_FIELDS = {
-    "input_size": ("input_shape", tuple),
-    "no_augment": ("augment", lambda value: not value),
-    "no_sync_bn": ("sync_bn", lambda value: not value),
-}
-_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights"}
+RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache")
 
 
 def given_flags(argv=None) -> dict:
@@ -266,11 +240,11 @@ def apply_resume_flags(config, args, given: dict) -> list[str]:
     """
     problems = []
     for dest, value in sorted(given.items()):
-        if dest in ("resume", "log_dir", "verbose"):  # verbose: logging only
+        if dest in _RUN_FLAGS:
             continue
+        field, convert = _flag_field(dest)
         if dest in RESUME_OVERRIDES:
-            field = RESUME_OVERRIDES[dest]
-            new = (0 if value else 1) if dest == "quiet" else value
+            new = convert(value)
             if getattr(config, field) != new:
                 logger.warning(
                     "--resume: --%s applies to this resumed process (the run had %s=%r)",
@@ -280,7 +254,6 @@ def apply_resume_flags(config, args, given: dict) -> list[str]:
                 )
                 setattr(config, field, new)
             continue
-        field, convert = _FLAG_FIELDS.get(dest, (dest, lambda v: v))
         if not hasattr(config, field):
             problems.append(f"--{dest.replace('_', '-')} has no meaning for a resumed run")
             continue
