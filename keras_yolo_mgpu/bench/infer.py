@@ -16,6 +16,7 @@ printed is JSON with `fps`, `forward_fps` and `ratio` = fps / forward_fps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -119,24 +120,16 @@ def run_infer_benchmark(
         batch_size=batch_size,
         kind=kind,
     )
-    settings = dict(
-        num_frames=frames,
-        frame_size=frame_size,
-        input_size=input_size,
-        batch_size=batch_size,
-        full=full,
-        repeats=repeats,
-    )
     if output_dir:
         os.makedirs(output_dir, exist_ok=True)
-        return _measure(yolo, body, class_names, output_dir, **settings)
-    with tempfile.TemporaryDirectory(prefix="bench_infer_") as folder:
-        return _measure(yolo, body, class_names, folder, **settings)
+    # The videos stay in output_dir, else in a folder removed afterwards.
+    folder = contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="bench_infer_")
+    with folder as video_dir:
+        return _measure(yolo, body, video_dir, num_frames=frames, frame_size=frame_size, full=full, repeats=repeats)
 
 
-def _measure(
-    yolo, body, class_names, folder: str, *, num_frames, frame_size, input_size, batch_size, full, repeats
-) -> dict:
+def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) -> dict:
+    """Both measurements on a generated video in `folder`; `yolo` sets the input size, batch and classes."""
     import tensorflow as tf
 
     from keras_yolo_mgpu.data.synthetic import make_synthetic_video
@@ -144,6 +137,7 @@ def _measure(
     from keras_yolo_mgpu.inference.media import process_video
     from keras_yolo_mgpu.inference.video import VideoReader
 
+    input_size, batch_size, class_names = yolo.model_image_size, yolo.batch_size, yolo.class_names
     video = make_synthetic_video(
         os.path.join(folder, "input.mp4"), num_frames=num_frames, frame_size=frame_size, fps=25.0
     )

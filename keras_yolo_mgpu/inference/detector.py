@@ -26,7 +26,7 @@ from PIL import Image
 from keras_yolo_mgpu.data.images import to_rgb_array
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
-from keras_yolo_mgpu.inference.layers import build_inference_model
+from keras_yolo_mgpu.inference.layers import build_detection_model
 from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 
@@ -237,17 +237,13 @@ class YOLO:
         self._functions: dict[int, object] = {}
 
     def _wrap(self, body):
-        return build_inference_model(
+        return build_detection_model(
             body,
-            self.anchors,
-            len(self.class_names),
-            input_shape=self.model_image_size,
-            score_threshold=self.score,
-            iou_threshold=self.iou,
-            max_boxes_per_class=self.max_boxes,
+            self.metadata,
+            score=self.score,
+            iou=self.iou,
+            max_boxes=self.max_boxes,
             max_detections=self.max_detections,
-            masks=self.masks,
-            scale_x_y=get_architecture(self.kind).decode_scale_x_y,
         )
 
     # ------------------------------------------------------------------

@@ -69,29 +69,26 @@ def build_export_model(
     masks=None,
     kind: str | None = None,
 ):
-    """The inference model (`inference_layers.build_inference_model`) with `weights` loaded.
+    """The inference model (`inference.layers.build_detection_model`) with `weights` loaded.
 
     `kind` is the network (`model.architectures.MODEL_NAMES`; None: YOLOv3 or
     tiny YOLOv3 by anchor count), which also sets YOLOv4's `scale_x_y`.
     """
     from keras_yolo_mgpu.inference.detector import load_body
-    from keras_yolo_mgpu.inference.layers import build_inference_model
-    from keras_yolo_mgpu.model.architectures import get_architecture
+    from keras_yolo_mgpu.inference.layers import build_detection_model
+    from keras_yolo_mgpu.weights.metadata import make_metadata
 
-    body = load_body(weights, anchors, len(class_names), kind)
-    return build_inference_model(
+    settings = make_metadata(anchors, list(class_names), input_size, masks, kind=kind)
+    body = load_body(weights, settings.anchors_array, len(settings.class_names), settings.kind)
+    return build_detection_model(
         body,
-        anchors,
-        len(class_names),
-        input_shape=input_size,
-        score_threshold=score,
-        iou_threshold=iou,
-        max_boxes_per_class=max_boxes,
+        settings,
+        score=score,
+        iou=iou,
+        max_boxes=max_boxes,
         max_detections=max_detections,
         nms_method=nms_method,
         batch_size=batch_size,
-        masks=masks,
-        scale_x_y=get_architecture(kind, len(anchors)).decode_scale_x_y,
     )
 
 
