@@ -120,18 +120,11 @@ class RecipeCallbacks:
                 masks=masks,
                 kind=kind,
             )
+        self._template_model = template_model
+        self._metadata = metadata
         # Their counters (the best value so far) are part of the run state that --resume restores.
         self.checkpoints = [
-            self.monitored(
-                TemplateModelCheckpoint(
-                    os.path.join(run_dir, BEST_WEIGHTS),
-                    template_model,
-                    monitor=self.monitor,
-                    mode=self.mode,
-                    save_best_only=True,
-                    metadata=metadata,
-                )
-            ),
+            self.best_checkpoint(os.path.join(run_dir, BEST_WEIGHTS)),
             TemplateModelCheckpoint(
                 os.path.join(run_dir, LAST_WEIGHTS), template_model, save_best_only=False, metadata=metadata
             ),
@@ -148,6 +141,20 @@ class RecipeCallbacks:
         if self.monitor == MAP_KEY and self.config.eval_every > 1:
             return OnEvaluatedEpochs(callback, MAP_KEY)
         return callback
+
+    def best_checkpoint(self, filepath: str):
+        """A checkpoint of the template's weights whenever the monitored value improves."""
+        from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
+
+        checkpoint = TemplateModelCheckpoint(
+            filepath,
+            self._template_model,
+            monitor=self.monitor,
+            mode=self.mode,
+            save_best_only=True,
+            metadata=self._metadata,
+        )
+        return self.monitored(checkpoint)
 
     def first(self, stage_rate: float, first_epoch: int, steps_per_epoch: int) -> list:
         """Callbacks before every other one (the EMA swap-in first)."""

@@ -313,7 +313,7 @@ def train(config: TrainConfig) -> TrainResult:
     # run's floatx, which Keras does when a layer first asks for it).
     previous_policy = global_state.get_global_attribute("dtype_policy", None)
     try:
-        return _train(config, engine)
+        return _TrainingRun(config, engine).run()
     finally:
         global_state.set_global_attribute("dtype_policy", previous_policy)
 
@@ -387,24 +387,8 @@ def _trim_history(history_csv: str, epochs_done: int) -> None:
     atomic_write(history_csv, write)
 
 
-def _train(config: TrainConfig, engine) -> TrainResult:
-    from keras_yolo_mgpu.parallel.engine import is_chief
-
-    strategy, devices, replicas = engine.strategy, engine.devices, engine.replicas
-    import keras
-
-    from keras_yolo_mgpu.data.pipeline import distribute_training_dataset, make_dataset, steps_per_epoch
-    from keras_yolo_mgpu.keras_compat import (
-        patch_multiworker_first_batch_build,
-        patch_multiworker_log_reduction,
-    )
-    from keras_yolo_mgpu.model.yolo3 import create_model, freeze_layers
-    from keras_yolo_mgpu.training import run_state
-    from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, LossPlot, Throughput
-    from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, save_weights_atomic
-    from keras_yolo_mgpu.training.recipe import RecipeCallbacks, make_optimizer
-
-    batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
+def _check_batch_sizes(batch_sizes: list[int], replicas: int) -> None:
+    """Raises ValueError, suggesting sizes that fit, unless every batch divides over the replicas."""
     for batch in batch_sizes:
         if batch % replicas:
             raise ValueError(
@@ -413,146 +397,219 @@ def _train(config: TrainConfig, engine) -> TrainResult:
                 f"{batch + replicas - batch % replicas}."
             )
 
-    chief = is_chief(strategy)
-    # Non-chief multi-worker processes write their logs to a scratch folder.
-    run_dir = config.log_dir if chief else tempfile.mkdtemp(prefix="yolo_worker_")
-    if chief:
-        _prepare_log_dir(config)
-    history_csv = os.path.join(run_dir, "history.csv")
-    # Where the run stands: None for a new run, or a resumed one killed
-    # before its first epoch ended (it starts over, as it began).
-    state = run_state.read_run_state(config.log_dir) if config.resume else None
-    if state is not None and state.finished:
-        raise ValueError(
-            f"the run in {config.log_dir} already finished ({FINAL_WEIGHTS} is written); nothing to resume. "
-            f"To train further, start a new run with --weights {os.path.join(config.log_dir, FINAL_WEIGHTS)}."
-        )
-    if config.resume and chief:
-        run_state.remove_stale_files(config.log_dir, keep=state.weights if state else None)
-        _trim_history(history_csv, state.epoch if state else 0)
-        if state is not None:
-            logger.info(
-                "resume: %d epoch(s) done (stage %d), stream at image %d",
-                state.epoch,
-                state.stage,
-                state.stream_position,
+
+def _extend_history(history: dict[str, list[float]], stage_history: dict[str, list[float]]) -> None:
+    """Appends one stage's `fit` history to the run's."""
+    for key, values in stage_history.items():
+        history.setdefault(key, []).extend(values)
+
+
+class _TrainingRun:
+    """One run of both stages on a built engine, as named steps; `run` calls them in order.
+
+    The steps fill in, in this order: `state` (the `run_state.RunState` a
+    resumed run continues, else None), the model settings (`class_names`,
+    `anchors` (N, 2), `masks`, `kind`, `metadata`), the checked
+    `train_annotations` / `val_annotations`, the models (`body`, the
+    single-device template that every saved file holds, and `fit_model`,
+    what `fit` runs on the engine), and the callbacks (`recipe`,
+    `common_callbacks`, both stages').
+    """
+
+    def __init__(self, config: TrainConfig, engine):
+        from keras_yolo_mgpu.parallel.engine import is_chief
+
+        self.config = config
+        self.engine = engine
+        # Global batch of stage 1 and of stage 2.
+        self.batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
+        _check_batch_sizes(self.batch_sizes, engine.replicas)
+        self.chief = is_chief(engine.strategy)
+        # Non-chief multi-worker processes write their logs to a scratch folder.
+        self.run_dir = config.log_dir if self.chief else tempfile.mkdtemp(prefix="yolo_worker_")
+        self.history_csv = os.path.join(self.run_dir, "history.csv")
+
+    def run(self) -> TrainResult:
+        """Runs every step: log dir, data, model, callbacks, the two stages, the final weights."""
+        self.state = self.open_log_dir()
+        _configure_precision(self.config)
+        self.read_settings_and_data()
+        # Whether stage 1 (frozen body) still has epochs to run.
+        stage1_left = self.config.freeze_epochs > 0 and (self.state is None or self.state.stage == 1)
+        self.build_models(freeze_body=self.config.freeze_body if stage1_left else 0)
+        self.make_callbacks()
+        history: dict[str, list[float]] = {}
+        last = self.state
+        epoch = last.epoch if last else 0
+        position = last.stream_position if last else 0
+        if stage1_left:
+            stage_history, last = self.run_stage1(epoch, position)
+            _extend_history(history, stage_history)
+            epoch, position = last.epoch, last.stream_position
+        stage_history, last = self.run_stage2(epoch, position, last)
+        _extend_history(history, stage_history)
+        final_path = self.save_final_weights(last)
+        return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
+
+    def open_log_dir(self):
+        """Creates the run folder with args.json, or finds where a resumed run stands.
+
+        A resumed run drops the files and history.csv rows of epochs after its
+        last saved state. Returns that `RunState`, or None: a new run, or a
+        resumed one killed before its first epoch ended (it starts over, as it
+        began).
+        """
+        from keras_yolo_mgpu.training import run_state
+
+        config = self.config
+        if self.chief:
+            _prepare_log_dir(config)
+        state = run_state.read_run_state(config.log_dir) if config.resume else None
+        if state is not None and state.finished:
+            raise ValueError(
+                f"the run in {config.log_dir} already finished ({FINAL_WEIGHTS} is written); nothing to resume. "
+                f"To train further, start a new run with --weights {os.path.join(config.log_dir, FINAL_WEIGHTS)}."
             )
-    _configure_precision(config)
+        if config.resume and self.chief:
+            run_state.remove_stale_files(config.log_dir, keep=state.weights if state else None)
+            _trim_history(self.history_csv, state.epoch if state else 0)
+            if state is not None:
+                logger.info(
+                    "resume: %d epoch(s) done (stage %d), stream at image %d",
+                    state.epoch,
+                    state.stage,
+                    state.stream_position,
+                )
+        return state
 
-    class_names, anchors, masks, kind = _model_settings(config)
-    from keras_yolo_mgpu.weights.metadata import make_metadata
+    def read_settings_and_data(self) -> None:
+        """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
+        from keras_yolo_mgpu.weights.metadata import make_metadata
 
-    # Stored in every checkpoint, so a trained file alone is enough to detect with.
-    metadata = make_metadata(anchors, class_names, config.input_shape, masks, kind=kind)
-    train_annotations, val_annotations = _load_annotations(config, len(class_names), run_dir)
-    logger.info(
-        "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
-        len(train_annotations),
-        len(val_annotations),
-        len(class_names),
-        len(anchors),
-        replicas,
-        ", ".join(devices) or "the cluster",
-    )
+        config = self.config
+        self.class_names, self.anchors, self.masks, self.kind = _model_settings(config)
+        # Stored in every checkpoint, so a trained file alone is enough to detect with.
+        self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
+        self.train_annotations, self.val_annotations = _load_annotations(config, len(self.class_names), self.run_dir)
+        logger.info(
+            "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
+            len(self.train_annotations),
+            len(self.val_annotations),
+            len(self.class_names),
+            len(self.anchors),
+            self.engine.replicas,
+            ", ".join(self.engine.devices) or "the cluster",
+        )
 
-    def datasets(batch, start_position):
+    def build_models(self, freeze_body: int) -> None:
+        """The template body and its training model under the strategy, with the run's start weights.
+
+        A resumed run takes every weight from its backup later (`fit_stage`);
+        a new one starts from the seeded template (and --weights), built once
+        outside the strategy.
+        """
+        from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
+        from keras_yolo_mgpu.model.yolo3 import create_model
+
+        config = self.config
+        num_classes = len(self.class_names)
+        initial_weights = _initial_weights(config, self.anchors, num_classes, self.kind) if self.state is None else None
+        with self.engine.strategy.scope():
+            self.body, train_model = create_model(
+                # Multi-scale: one model for every training size (validation keeps --input-size).
+                (None, None) if config.multi_scale else config.input_shape,
+                self.anchors,
+                num_classes,
+                freeze_body=freeze_body,
+                sync_bn=self.engine.sync_bn,
+                # XLA needs static shapes: gather at most MAX_BOXES true boxes per
+                # scale, exact because the pipeline keeps at most that many.
+                max_true_boxes=MAX_BOXES if config.jit else None,
+                masks=self.masks,
+                model=self.kind,
+            )
+            if initial_weights is not None:
+                self.body.set_weights(initial_weights)
+            self.fit_model = self.engine.wrap(train_model)
+        if config.strategy == "multiworker":
+            # Two Keras 3.15 bugs with the collective strategy, see keras_compat.py.
+            patch_multiworker_first_batch_build(self.fit_model)
+            patch_multiworker_log_reduction()
+
+    def make_callbacks(self) -> None:
+        """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
+        import keras
+
+        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, LossPlot, Throughput
+        from keras_yolo_mgpu.training.recipe import RecipeCallbacks
+
+        run_dir = self.run_dir
+        self.recipe = RecipeCallbacks(
+            self.config,
+            self.body,
+            run_dir,
+            self.val_annotations,
+            self.class_names,
+            self.anchors,
+            self.metadata,
+            masks=self.masks,
+            kind=self.kind,
+        )
+        checkpoint_pattern = CHECKPOINT_PATTERN if self.val_annotations else CHECKPOINT_PATTERN_NO_VAL
+        if self.recipe.monitor == "val_mAP":
+            checkpoint_pattern = CHECKPOINT_PATTERN_MAP
+        self.throughput = Throughput(self.batch_sizes[0])
+        self.common_callbacks = [
+            self.throughput,
+            # Append: both stages (and a resumed run) add rows to one file; a new
+            # run always starts in an empty folder.
+            HistoryCSVLogger(self.history_csv, self.recipe.required_columns, append=True),
+            LossPlot(self.history_csv, os.path.join(run_dir, "loss.png")),
+            keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
+            self.recipe.best_checkpoint(os.path.join(run_dir, checkpoint_pattern)),
+        ]
+
+    def datasets(self, batch: int, start_position: int):
+        """`(train, validation or None, steps per epoch)` for a global `batch`, the stream from `start_position`."""
+        from keras_yolo_mgpu.data.pipeline import distribute_training_dataset, make_dataset, steps_per_epoch
+
+        config = self.config
+        # Both sets encode their targets alike: input size, anchors, classes, global batch, masks.
+        encoding = (config.input_shape, self.anchors, len(self.class_names), batch)
+        shared = dict(seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES, masks=self.masks)
         # Under MultiWorkerMirroredStrategy each worker reads only its share.
         train_ds = distribute_training_dataset(
-            strategy,
-            train_annotations,
-            config.input_shape,
-            anchors,
-            len(class_names),
-            batch,
+            self.engine.strategy,
+            self.train_annotations,
+            *encoding,
             augment=config.augment,
-            seed=config.seed,
-            cache=config.cache,
-            max_boxes=MAX_BOXES,
             start_position=start_position,
-            masks=masks,
             multi_scale=config.multi_scale,
             mosaic=config.mosaic,
+            **shared,
         )
         val_ds = None
-        if val_annotations:
-            val_ds = make_dataset(
-                val_annotations,
-                config.input_shape,
-                anchors,
-                len(class_names),
-                batch,
-                training=False,
-                seed=config.seed,
-                cache=config.cache,
-                max_boxes=MAX_BOXES,
-                masks=masks,
-            )
-        steps = config.steps_per_epoch or steps_per_epoch(len(train_annotations), batch)
+        if self.val_annotations:
+            val_ds = make_dataset(self.val_annotations, *encoding, training=False, **shared)
+        steps = config.steps_per_epoch or steps_per_epoch(len(self.train_annotations), batch)
         return train_ds, val_ds, steps
 
-    stage1_left = config.freeze_epochs > 0 and (state is None or state.stage == 1)
-    # A resumed run takes every weight from its backup; a new one from the
-    # seeded template (and --weights).
-    initial_weights = _initial_weights(config, anchors, len(class_names), kind) if state is None else None
-    with strategy.scope():
-        body, train_model = create_model(
-            # Multi-scale: one model for every training size (validation keeps --input-size).
-            (None, None) if config.multi_scale else config.input_shape,
-            anchors,
-            len(class_names),
-            freeze_body=config.freeze_body if stage1_left else 0,
-            sync_bn=engine.sync_bn,
-            # XLA needs static shapes: gather at most MAX_BOXES true boxes per
-            # scale, exact because the pipeline keeps at most that many.
-            max_true_boxes=MAX_BOXES if config.jit else None,
-            masks=masks,
-            model=kind,
-        )
-        if initial_weights is not None:
-            body.set_weights(initial_weights)
-        fit_model = engine.wrap(train_model)
-    if config.strategy == "multiworker":
-        # Two Keras 3.15 bugs with the collective strategy, see keras_compat.py.
-        patch_multiworker_first_batch_build(fit_model)
-        patch_multiworker_log_reduction()
-
-    recipe = RecipeCallbacks(
-        config, body, run_dir, val_annotations, class_names, anchors, metadata, masks=masks, kind=kind
-    )
-    checkpoint_pattern = CHECKPOINT_PATTERN if val_annotations else CHECKPOINT_PATTERN_NO_VAL
-    if recipe.monitor == "val_mAP":
-        checkpoint_pattern = CHECKPOINT_PATTERN_MAP
-    common_callbacks = [
-        Throughput(batch_sizes[0]),
-        # Append: both stages (and a resumed run) add rows to one file; a new
-        # run always starts in an empty folder.
-        HistoryCSVLogger(history_csv, recipe.required_columns, append=True),
-        LossPlot(history_csv, os.path.join(run_dir, "loss.png")),
-        keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
-        recipe.monitored(
-            TemplateModelCheckpoint(
-                os.path.join(run_dir, checkpoint_pattern),
-                body,
-                monitor=recipe.monitor,
-                mode=recipe.mode,
-                save_best_only=True,
-                metadata=metadata,
-            )
-        ),
-    ]
-
-    def fit(stage, learning_rate, batch, initial_epoch, end_epoch, extra_callbacks, position, restore):
-        """One stage's `fit` from `initial_epoch`, reading the stream from `position`.
+    def fit_stage(self, stage, learning_rate, batch, initial_epoch, end_epoch, extra_callbacks, position, restore):
+        """One stage's `fit` from `initial_epoch` to `end_epoch`, reading the stream from `position`.
 
         `restore`: the RunState to continue (its backup weights and optimizer,
         its callbacks' counters), or None. Returns (history, last RunState).
         """
-        train_ds, val_ds, steps = datasets(batch, position)
-        common_callbacks[0].global_batch_size = batch
+        from keras_yolo_mgpu.training import run_state
+        from keras_yolo_mgpu.training.recipe import make_optimizer
+
+        config, fit_model, recipe = self.config, self.fit_model, self.recipe
+        train_ds, val_ds, steps = self.datasets(batch, position)
+        self.throughput.global_batch_size = batch
         # Schedules count the optimizer's steps from the stage's first epoch
         # (a resumed stage restores the step count with the optimizer).
         stage_start = 0 if stage == 1 else config.freeze_epochs
-        with strategy.scope():
+        with self.engine.strategy.scope():
             fit_model.compile(
                 optimizer=make_optimizer(config, learning_rate, stage_start, steps),
                 loss=_totalloss(),
@@ -562,9 +619,9 @@ def _train(config: TrainConfig, engine) -> TrainResult:
                 run_state.restore_fit_weights(fit_model, os.path.join(config.log_dir, restore.weights))
         # The recipe's best/last checkpoints before the stage's own callbacks:
         # their positions (the keys of their saved counters) are then the same in both stages.
-        tracked = [*common_callbacks, *recipe.checkpoints, *extra_callbacks]
+        tracked = [*self.common_callbacks, *recipe.checkpoints, *extra_callbacks]
         saver = run_state.RunStateCheckpoint(
-            run_dir,
+            self.run_dir,
             stage=stage,
             initial_epoch=initial_epoch,
             start_position=position,
@@ -581,7 +638,7 @@ def _train(config: TrainConfig, engine) -> TrainResult:
             end_epoch,
             learning_rate,
             batch,
-            batch // replicas,
+            batch // self.engine.replicas,
             steps,
             len(fit_model.trainable_weights),
         )
@@ -596,67 +653,90 @@ def _train(config: TrainConfig, engine) -> TrainResult:
         )
         return result.history, saver.last_state
 
-    history: dict[str, list[float]] = {}
-    epoch = state.epoch if state else 0
-    position = state.stream_position if state else 0
-    stage1_path = os.path.join(config.log_dir, STAGE1_WEIGHTS)
-    last = state
-    if stage1_left:
-        stage_history, last = fit(1, config.lr1, batch_sizes[0], epoch, config.freeze_epochs, [], position, state)
-        for key, values in stage_history.items():
-            history.setdefault(key, []).extend(values)
-        position = last.stream_position
-        epoch = config.freeze_epochs
+    def run_stage1(self, epoch: int, position: int):
+        """Stage 1 (frozen body) from `epoch` to `freeze_epochs`; saves the body as stage 2's start.
+
+        Returns (history, the RunState stage 2 starts from).
+        """
+        from keras_yolo_mgpu.training import run_state
+        from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+
+        config = self.config
+        stage_history, last = self.fit_stage(
+            1, config.lr1, self.batch_sizes[0], epoch, config.freeze_epochs, [], position, self.state
+        )
         # Stage 2 starts from stage 1's weights with a fresh optimizer, so
         # its starting point is the body's weights alone.
-        last = run_state.RunState(
+        stage2_start = run_state.RunState(
             stage=2,
-            epoch=epoch,
-            stream_position=position,
+            epoch=config.freeze_epochs,
+            stream_position=last.stream_position,
             weights=STAGE1_WEIGHTS,
             weights_kind="body",
-            callbacks=run_state.callback_states([*common_callbacks, *recipe.checkpoints]),
+            callbacks=run_state.callback_states([*self.common_callbacks, *self.recipe.checkpoints]),
         )
-        if chief:
-            save_weights_atomic(body, stage1_path, metadata)
-            run_state.write_run_state(config.log_dir, last)
+        if self.chief:
+            save_weights_atomic(self.body, os.path.join(config.log_dir, STAGE1_WEIGHTS), self.metadata)
+            run_state.write_run_state(config.log_dir, stage2_start)
             run_state.remove_stale_files(config.log_dir, keep=None)
+        return stage_history, stage2_start
 
-    # Stage 2 continues a saved state only on resume; after stage 1 in this
-    # process its callbacks and weights are already where they should be.
-    resume_stage2 = state if state is not None and state.stage == 2 else None
-    if config.epochs > config.freeze_epochs and not (resume_stage2 is not None and resume_stage2.stopped):
-        freeze_layers(body, 0)
-        if resume_stage2 is not None and resume_stage2.weights_kind == "body":
-            body.load_weights(os.path.join(config.log_dir, resume_stage2.weights))
-        stage2_callbacks = recipe.plateau_callbacks(config.reduce_lr_patience, config.early_stopping_patience)
-        stage_history, last = fit(
-            2, config.lr2, batch_sizes[1], epoch, config.epochs, stage2_callbacks, position, resume_stage2
+    def run_stage2(self, epoch: int, position: int, last):
+        """Stage 2 (every layer trainable) from `epoch` to `epochs`, with ReduceLROnPlateau and EarlyStopping.
+
+        `last`: the RunState so far (None: none saved yet). Returns (history,
+        the last RunState); nothing runs when the run has no stage 2 or a
+        resumed one had stopped early.
+        """
+        from keras_yolo_mgpu.model.yolo3 import freeze_layers
+
+        config = self.config
+        # Stage 2 continues a saved state only on resume; after stage 1 in this
+        # process its callbacks and weights are already where they should be.
+        resume = self.state if self.state is not None and self.state.stage == 2 else None
+        if config.epochs <= config.freeze_epochs or (resume is not None and resume.stopped):
+            return {}, last
+        freeze_layers(self.body, 0)
+        if resume is not None and resume.weights_kind == "body":
+            self.body.load_weights(os.path.join(config.log_dir, resume.weights))
+        stage2_callbacks = self.recipe.plateau_callbacks(config.reduce_lr_patience, config.early_stopping_patience)
+        return self.fit_stage(
+            2, config.lr2, self.batch_sizes[1], epoch, config.epochs, stage2_callbacks, position, resume
         )
-        for key, values in stage_history.items():
-            history.setdefault(key, []).extend(values)
 
-    final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)
-    if chief:
-        save_weights_atomic(body, final_path, metadata)
-        logger.info("final weights (single-device template): %s", final_path)
-        if last is not None:
-            # The backups served their purpose; the state stays, marked finished.
-            run_state.write_run_state(config.log_dir, dataclasses.replace(last, weights=None, finished=True))
-        run_state.remove_stale_files(config.log_dir, keep=None)
-        try:
-            os.rmdir(os.path.join(run_dir, run_state.BACKUP_DIR))
-        except OSError:
-            pass
-    else:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    _wait_for_all_workers(strategy)
-    epochs_run = len(history.get("loss", []))
-    if chief and os.path.isfile(history_csv):
-        from keras_yolo_mgpu.training.callbacks import read_history
+    def save_final_weights(self, last) -> str:
+        """Writes the final template weights (chief), marks the run finished, removes the backups; returns the path.
 
-        epochs_run = len(read_history(history_csv).get("epoch", []))
-    return TrainResult(config.log_dir, final_path, history, epochs_run, replicas)
+        Every worker then waits for the others, so none exits while the chief saves.
+        """
+        from keras_yolo_mgpu.training import run_state
+        from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+
+        config = self.config
+        final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)
+        if self.chief:
+            save_weights_atomic(self.body, final_path, self.metadata)
+            logger.info("final weights (single-device template): %s", final_path)
+            if last is not None:
+                # The backups served their purpose; the state stays, marked finished.
+                run_state.write_run_state(config.log_dir, dataclasses.replace(last, weights=None, finished=True))
+            run_state.remove_stale_files(config.log_dir, keep=None)
+            try:
+                os.rmdir(os.path.join(self.run_dir, run_state.BACKUP_DIR))
+            except OSError:
+                pass
+        else:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        _wait_for_all_workers(self.engine.strategy)
+        return final_path
+
+    def epochs_run(self, history: dict[str, list[float]]) -> int:
+        """Epochs the run has done in all its processes (history.csv), else in this one."""
+        if self.chief and os.path.isfile(self.history_csv):
+            from keras_yolo_mgpu.training.callbacks import read_history
+
+            return len(read_history(self.history_csv).get("epoch", []))
+        return len(history.get("loss", []))
 
 
 def _wait_for_all_workers(strategy) -> None:
