@@ -17,6 +17,7 @@ Everything goes under `--out`; a rerun replaces the previous demo's outputs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -107,6 +108,19 @@ def _clear_previous(out: Path) -> None:
             path.unlink()
 
 
+class _StepTimes:
+    """Wall seconds of each step of the demo (summary.json's `seconds`)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = time.perf_counter() - start
+
+
 def run_demo(
     out_dir: str | os.PathLike = "demo_output",
     *,
@@ -145,56 +159,92 @@ def run_demo(
         verbose: Keras verbosity during training.
         recipe: TrainConfig recipe settings (default: `RECIPE`).
     """
-    from keras_yolo_mgpu.data.synthetic import make_synthetic_video
+    from keras_yolo_mgpu.training.trainer import train
 
     recipe = RECIPE if recipe is None else recipe
-
     start = time.perf_counter()
-    timings: dict[str, float] = {}
+    times = _StepTimes()
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     _clear_previous(out)
 
-    # 1. Data.
-    t = time.perf_counter()
-    data, anchors_path = make_demo_data(out, num_train, num_val, image_size, max_objects, seed)
-    timings["data"] = time.perf_counter() - t
+    with times.step("data"):
+        data, anchors_path = make_demo_data(out, num_train, num_val, image_size, max_objects, seed)
 
-    # 2. Training. Devices are chosen from the physical list only; train()
-    # makes the logical split before TensorFlow initialises its devices.
-    gpu_count, simulate, device_text = _devices_plan(gpus)
-    replicas = gpu_count or 1
-    global_batch = -(-batch_size // replicas) * replicas
-    logger.info("training tiny YOLOv3 on %s, global batch %d", device_text, global_batch)
-
-    from keras_yolo_mgpu.training.trainer import train
-
-    config = demo_train_config(
+    config, device_text = _planned_train_config(
         data,
         anchors_path,
         out / "train",
+        gpus=gpus,
+        batch_size=batch_size,
         recipe=recipe,
         image_size=image_size,
         epochs=epochs,
         drop_epoch=drop_epoch,
-        global_batch=global_batch,
         lr=lr,
         seed=seed,
-        gpus=gpu_count,
-        simulate=simulate,
         verbose=verbose,
     )
-    t = time.perf_counter()
-    result = train(config)
-    timings["train"] = time.perf_counter() - t
+    with times.step("train"):
+        result = train(config)
 
-    # 3. Evaluation on the validation split.
+    with times.step("evaluate"):
+        weights = weights_to_evaluate(result, config)
+        metrics = _evaluate_demo(weights, data, anchors_path, image_size, out / "eval")
+
+    with times.step("video"):
+        clip, video = _detect_demo_video(weights, data, anchors_path, image_size, out / "video", video_frames, seed)
+
+    settings = dict(
+        num_train=num_train,
+        num_val=num_val,
+        image_size=image_size,
+        epochs=epochs,
+        drop_epoch=drop_epoch,
+        batch_size=config.batch_size,
+        lr=lr,
+        max_objects=max_objects,
+        seed=seed,
+        recipe=recipe,
+    )
+    summary = {
+        "mAP50": metrics["mAP50"],
+        "mAP": metrics["mAP"],
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "seconds": {k: round(v, 1) for k, v in times.seconds.items()},
+        "devices": device_text,
+        "replicas": result.replicas,
+        "epochs_run": result.epochs_run,
+        "settings": settings,
+        "outputs": _demo_outputs(out, data, anchors_path, result, weights, metrics, clip, video),
+        "video": {k: video[k] for k in ("frames", "fps", "detections")},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _planned_train_config(data, anchors_path, log_dir, *, gpus: int | None, batch_size: int, **options):
+    """`(demo_train_config(...), the devices in words)` for the devices `_devices_plan` picks.
+
+    The global batch is `batch_size` rounded up to a multiple of the
+    replicas. Devices are chosen from the physical list only; train() makes
+    the logical split before TensorFlow initialises its devices.
+    """
+    gpu_count, simulate, device_text = _devices_plan(gpus)
+    replicas = gpu_count or 1
+    global_batch = -(-batch_size // replicas) * replicas
+    logger.info("training tiny YOLOv3 on %s, global batch %d", device_text, global_batch)
+    config = demo_train_config(
+        data, anchors_path, log_dir, global_batch=global_batch, gpus=gpu_count, simulate=simulate, **options
+    )
+    return config, device_text
+
+
+def _evaluate_demo(weights: str, data, anchors_path: Path, image_size: int, eval_dir: Path) -> dict:
+    """mAP of `weights` on the validation split, logged; writes metrics.json, the PR curve and the detections."""
     from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights, format_report
 
-    t = time.perf_counter()
-    eval_dir = out / "eval"
     eval_dir.mkdir()
-    weights = weights_to_evaluate(result, config)
     metrics = evaluate_weights(
         weights,
         data.val,
@@ -206,19 +256,22 @@ def run_demo(
         progress=False,
     )
     (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    timings["evaluate"] = time.perf_counter() - t
     logger.info("validation:\n%s", format_report(metrics))
+    return metrics
 
-    # 4. Video.
+
+def _detect_demo_video(
+    weights: str, data, anchors_path: Path, image_size: int, video_dir: Path, num_frames: int, seed: int
+) -> tuple[str, dict]:
+    """Generates a 320x240 clip and runs the detector on it; returns (clip path, `process_video`'s stats)."""
+    from keras_yolo_mgpu.data.synthetic import make_synthetic_video
     from keras_yolo_mgpu.inference.detector import YOLO
     from keras_yolo_mgpu.inference.media import process_video
 
-    t = time.perf_counter()
-    video_dir = out / "video"
     frame_size = (240, 320)
     clip = make_synthetic_video(
         video_dir / "input.mp4",
-        num_frames=video_frames,
+        num_frames=num_frames,
         frame_size=frame_size,
         seed=seed + 1,
         texture_scale=max(frame_size) / image_size,
@@ -227,49 +280,27 @@ def run_demo(
     video = process_video(
         yolo, clip, str(video_dir / "detections.mp4"), save_json=str(video_dir / "detections.jsonl"), progress=False
     )
-    timings["video"] = time.perf_counter() - t
+    return clip, video
 
-    wall = time.perf_counter() - start
-    summary = {
-        "mAP50": metrics["mAP50"],
-        "mAP": metrics["mAP"],
-        "wall_seconds": round(wall, 1),
-        "seconds": {k: round(v, 1) for k, v in timings.items()},
-        "devices": device_text,
-        "replicas": result.replicas,
-        "epochs_run": result.epochs_run,
-        "settings": dict(
-            num_train=num_train,
-            num_val=num_val,
-            image_size=image_size,
-            epochs=epochs,
-            drop_epoch=drop_epoch,
-            batch_size=global_batch,
-            lr=lr,
-            max_objects=max_objects,
-            seed=seed,
-            recipe=recipe,
-        ),
-        "outputs": {
-            "dataset": str(out / "data"),
-            "train_annotations": data.train,
-            "val_annotations": data.val,
-            "classes": data.classes,
-            "anchors": str(anchors_path),
-            "training_log": result.log_dir,
-            "weights": weights,
-            "loss_plot": str(Path(result.log_dir) / "loss.png"),
-            "metrics": str(eval_dir / "metrics.json"),
-            "pr_curve": metrics.get("pr_curve"),
-            "detections": str(eval_dir / "detections.json"),
-            "input_video": clip,
-            "output_video": video["output"],
-            "video_detections": str(video_dir / "detections.jsonl"),
-        },
-        "video": {k: video[k] for k in ("frames", "fps", "detections")},
+
+def _demo_outputs(out: Path, data, anchors_path: Path, result, weights: str, metrics: dict, clip, video) -> dict:
+    """Where every output of the demo is (summary.json's `outputs`, printed at the end)."""
+    return {
+        "dataset": str(out / "data"),
+        "train_annotations": data.train,
+        "val_annotations": data.val,
+        "classes": data.classes,
+        "anchors": str(anchors_path),
+        "training_log": result.log_dir,
+        "weights": weights,
+        "loss_plot": str(Path(result.log_dir) / "loss.png"),
+        "metrics": str(out / "eval" / "metrics.json"),
+        "pr_curve": metrics.get("pr_curve"),
+        "detections": str(out / "eval" / "detections.json"),
+        "input_video": clip,
+        "output_video": video["output"],
+        "video_detections": str(out / "video" / "detections.jsonl"),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return summary
 
 
 def make_demo_data(out: Path, num_train: int, num_val: int, image_size: int, max_objects: int, seed: int):
