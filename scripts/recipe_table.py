@@ -4,7 +4,9 @@
 Generates the demo's data once (`make demo`'s: same images, anchors, seed),
 then trains tiny YOLOv3 from scratch on the demo's devices (every GPU, else 2
 simulated devices) with the demo's epochs, batch and rate, once per row; each
-row adds one option to the row above. Each row's weights (best.weights.h5
+row adds one option to the row above (the rows after `mosaic` start again
+from the row they name: alternatives measured once the cumulative rows showed
+which option costs mAP at the demo's length). Each row's weights (best.weights.h5
 when the row monitors val_mAP, else the final weights) are scored with the
 project's evaluator on the validation split. Writes `<out>/recipe_table.json`
 after every row (an interrupted run keeps the rows it finished) and prints
@@ -33,7 +35,11 @@ ROWS = [
     ("ema", "+ EMA of the weights, decay 0.99", {"ema": 0.99}, "--ema 0.99"),
     ("multi_scale", "+ multi-scale 96-160 px (validation at 128)", {"multi_scale": (96, 160)}, "--multi-scale 96,160"),
     ("mosaic", "+ mosaic with probability 0.5", {"mosaic": 0.5}, "--mosaic 0.5"),
+    ("ema_plateau", "eval_map + EMA 0.99 (keras-yolo3's schedule, no cosine)", {"ema": 0.99},
+     "--eval-every 1 --monitor val_mAP --ema 0.99"),
 ]  # fmt: skip
+# Rows that build on a named row instead of the row above.
+BASE_ROW = {"ema_plateau": "eval_map"}
 
 
 def _history_share(history_csv: Path) -> dict:
@@ -92,9 +98,11 @@ def main(argv=None) -> int:
     replicas = gpus or 1
     global_batch = -(-settings["batch_size"] // replicas) * replicas
 
+    recipes: dict = {}
     recipe: dict = {}
     for name, description, options, flags in ROWS:
-        recipe = {**recipe, **options}
+        recipe = {**recipes.get(BASE_ROW.get(name), recipe), **options}
+        recipes[name] = recipe
         if name not in wanted:
             continue
         log_dir = out / name
