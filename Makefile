@@ -21,7 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 # One-GPU benchmark (training speed per mode, input pipeline, replication cost):
 # writes bench_gpu/results.jsonl and the Markdown tables bench_gpu/report.md (BENCHMARKS.md, "GPU").
