@@ -667,9 +667,9 @@ def _graph_only(function):
 
     The pipeline's functions are written with TF control flow (`tf.cond`,
     `tf.where`), so converting their Python source buys nothing; it cost
-    ~13 s of every `make_dataset` call (measured with cProfile: 12.9 of
-    15.4 s for one training dataset on the 2-core machine), paid on every
-    `train.py` start and every stage.
+    ~1.5 s of every `make_dataset` call on the 2-core machine (`bench
+    pipeline`: the pipeline ready after its first batch in 0.9-1.0 s instead
+    of 2.4-2.6 s; BENCHMARKS.md), paid at every `train.py` start and stage.
     """
     return tf.autograph.experimental.do_not_convert(function)
 
