@@ -124,13 +124,16 @@ def build_parser() -> cli.ArgumentParser:
 
 def multi_scale_range(text: str) -> tuple[int, int]:
     """`320,608` -> (320, 608): the range of multi-scale training sizes."""
+    from keras_yolo_mgpu.data.multiscale import check_size_range
+
     try:
         low, high = (int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected MIN,MAX like 320,608, got {text!r}") from None
-    if low % 32 or high % 32 or not 32 <= low <= high:
-        raise argparse.ArgumentTypeError(f"MIN,MAX must be multiples of 32 with 32 <= MIN <= MAX, got {text!r}")
-    return low, high
+    try:
+        return check_size_range((low, high))  # the range rule lives with the sizes it draws
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_recipe_args(group) -> None:
