@@ -400,19 +400,32 @@ def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[lis
     with tqdm(total=len(annotations), unit="image", disable=not progress, desc="detect") as bar:
         for start, prepared in _prefetch(batches()):
             found = yolo.detect_letterboxed(np.stack([p[0] for p in prepared]), [p[1] for p in prepared])
-            for offset, ((_, (height, width)), dets) in enumerate(zip(prepared, found)):
-                sizes.append((int(width), int(height)))
-                for (x1, y1, x2, y2), s, c in zip(dets.boxes.tolist(), dets.scores.tolist(), dets.classes.tolist()):
-                    results.append(
-                        {
-                            "image_id": start + offset,
-                            "category_id": int(c),
-                            "bbox": [x1, y1, x2 - x1, y2 - y1],
-                            "score": s,
-                        }
-                    )
+            results.extend(coco_results(start, found))
+            sizes.extend((int(width), int(height)) for _, (height, width) in prepared)
             bar.update(len(prepared))
     return results, sizes
+
+
+def coco_results(first_image_id: int, found) -> list[dict]:
+    """The detector's detections of consecutive images as COCO results.
+
+    Args:
+        first_image_id: image_id of the first image (the rest follow it).
+        found: per image, detections with `boxes` (K, 4) x1, y1, x2, y2
+            pixels, `scores` (K,), `classes` (K,) (`detect_letterboxed`'s).
+    """
+    results = []
+    for offset, dets in enumerate(found):
+        for (x1, y1, x2, y2), score, cls in zip(dets.boxes.tolist(), dets.scores.tolist(), dets.classes.tolist()):
+            results.append(
+                {
+                    "image_id": first_image_id + offset,
+                    "category_id": int(cls),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "score": score,
+                }
+            )
+    return results
 
 
 def evaluate_weights(

@@ -117,19 +117,12 @@ class MeanAPEvaluation(keras.callbacks.Callback):
 
     def evaluate(self) -> dict:
         """The evaluator's result dict for the template's current weights."""
-        from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections
+        from keras_yolo_mgpu.evaluation.mean_ap import coco_results, evaluate_detections
 
         detector = self._detector_with_current_weights()
         detections, sizes = [], []
         for start, images, shapes in self._batches(detector):
-            for offset, found in enumerate(detector.detect_letterboxed(images, shapes)):
-                for (x1, y1, x2, y2), score, cls in zip(
-                    found.boxes.tolist(), found.scores.tolist(), found.classes.tolist()
-                ):
-                    box = [x1, y1, x2 - x1, y2 - y1]
-                    detections.append(
-                        {"image_id": start + offset, "category_id": int(cls), "bbox": box, "score": score}
-                    )
+            detections.extend(coco_results(start, detector.detect_letterboxed(images, shapes)))
             sizes.extend((int(w), int(h)) for h, w in shapes)
         result = evaluate_detections(detections, self.annotations, self.class_names, image_sizes=sizes)
         for key in ("mAP", "mAP50"):
