@@ -6,6 +6,8 @@ import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.images import read_image
+from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.data.mosaic import mosaic_of_four
 from keras_yolo_mgpu.data.multiscale import BLOCK_STEPS, rescale_batch, sizes_of_batches
 from keras_yolo_mgpu.data.pipeline import DatasetBuilder, make_dataset
@@ -64,6 +66,9 @@ def test_mosaic_tiles_hold_their_images_boxes(annotations):
     # Every box lies inside one tile.
     for x1, y1, x2, y2, _ in real:
         assert (x2 <= 32 or x1 >= 32) and (y2 <= 32 or y1 >= 32)
+    # Its pixels are the project's one letterbox (the pipeline's and validation's) on a 32 x 32 canvas.
+    expected_pixels = letterbox_array(read_image(annotations[2].image_path), (32, 32))
+    np.testing.assert_allclose(image.numpy()[:32, :32], expected_pixels / 255.0, atol=1e-6)
     again, again_boxes = mosaic_of_four(builder, seed, tf.constant(2, tf.int64))
     np.testing.assert_array_equal(image.numpy(), again.numpy())
     np.testing.assert_array_equal(boxes, again_boxes.numpy())

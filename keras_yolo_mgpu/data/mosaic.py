@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_yolo_mgpu.data.augment import augment_boxes, pad_boxes, place_image
+from keras_yolo_mgpu.data.augment import pad_boxes
 
 _MOSAIC_STREAM = 7  # fold-in tag of the mosaic's draws within an element's seed
 
@@ -27,33 +27,6 @@ _MOSAIC_STREAM = 7  # fold-in tag of the mosaic's draws within an element's seed
 def tile_shape(input_shape: tuple[int, int]) -> tuple[int, int]:
     """(height, width) of one of the four tiles."""
     return input_shape[0] // 2, input_shape[1] // 2
-
-
-def letterbox_params(image_size, tile: tuple[int, int]) -> dict[str, tf.Tensor]:
-    """`augment_boxes`/`place_image` parameters of a plain letterbox into `tile` (no randomness).
-
-    Args:
-        image_size: (2,) int32 (width, height) of the stored image.
-        tile: (height, width).
-    """
-    h, w = tile
-    iw, ih = tf.unstack(tf.cast(image_size, tf.float64))
-    scale = tf.minimum(w / iw, h / ih)
-    nw = tf.maximum(tf.cast(iw * scale, tf.int32), 1)
-    nh = tf.maximum(tf.cast(ih * scale, tf.int32), 1)
-    return {"nw": nw, "nh": nh, "dx": (w - nw) // 2, "dy": (h - nh) // 2, "flip": tf.constant(False)}
-
-
-def letterboxed_tile(builder, seed, index, tile: tuple[int, int]):
-    """Image `index` letterboxed into a `tile` canvas with TF ops: (image in [0, 1], boxes)."""
-    h, w = tile
-    # Decode: a JPEG may be decoded at reduced size as long as it stays >= the tile.
-    pixels, size, extent, ok = builder.decode(index, {"nw": tf.constant(w), "nh": tf.constant(h)})
-    boxes, size = builder._boxes_if_decoded(index, size, ok)
-    params = letterbox_params(size, tile)
-    image = place_image(pixels, extent, params, tile) / 255.0
-    box_seed = tf.random.experimental.stateless_fold_in(seed, 1)
-    return image, augment_boxes(boxes, size, params, tile, builder.max_boxes, box_seed)
 
 
 def mosaic_of_four(builder, seed, index):
@@ -75,7 +48,8 @@ def mosaic_of_four(builder, seed, index):
         if builder.augment:
             image, tile_boxes = builder.augmented_at(tile_seed, indices[position], tile)
         else:
-            image, tile_boxes = letterboxed_tile(builder, tile_seed, indices[position], tile)
+            # The pipeline's one letterbox (letterbox.letterbox_array's pixels), on the tile's canvas.
+            image, tile_boxes, _ = builder.letterbox(indices[position], tile)
         row, column = divmod(position, 2)
         offset = tf.constant([column * tile[1], row * tile[0]] * 2 + [0], tf.float32)
         real = tf.cast(tile_boxes[:, 2] > tile_boxes[:, 0], tf.float32)[:, None]  # padding rows stay zero

@@ -288,13 +288,19 @@ class _ImageSource:
             self._failed(int(index), error)
             return np.full((1, 1, 3), GREY, np.uint8), np.zeros(2, np.int32), np.bool_(False)
 
-    def letterboxed(self, index):
-        """-> (h, w, 3) uint8 letterboxed image (`letterbox.letterbox_array`'s pixels), stored (w, h) int32, ok."""
+    def letterboxed(self, index, canvas_size=None):
+        """-> (h, w, 3) uint8 letterboxed image (`letterbox.letterbox_array`'s pixels), stored (w, h) int32, ok.
+
+        `canvas_size`: (w, h) of another canvas than the input's (a mosaic
+        tile). Cached images are stored resized for the input's canvas; on
+        another canvas they are resized again from that copy.
+        """
+        canvas = self.canvas_size if canvas_size is None else (int(canvas_size[0]), int(canvas_size[1]))
         pixels, size, ok = self.decode(index)
         if not ok:
-            return np.full((self.canvas_size[1], self.canvas_size[0], 3), GREY, np.uint8), size, ok
-        geometry = letterbox_geometry(tuple(size), self.canvas_size)
-        if not self.cached:  # cached images are stored resized
+            return np.full((canvas[1], canvas[0], 3), GREY, np.uint8), size, ok
+        geometry = letterbox_geometry(tuple(size), canvas)
+        if not self.cached or canvas != self.canvas_size:  # cached images are stored resized
             pixels = resize_for_letterbox(pixels, geometry)
         return paste_letterbox(pixels, geometry), size, ok
 
@@ -492,16 +498,22 @@ class DatasetBuilder:
         boxes = self.boxes_of(index)
         return boxes[: tf.shape(boxes)[0] * tf.cast(ok, tf.int32)], tf.maximum(size, 1)
 
-    def letterbox(self, index):
-        """-> (h, w, 3) float32 letterboxed image in [0, 1], (max_boxes, 5) boxes, ok."""
-        height, width = self.input_shape
+    def letterbox(self, index, input_shape: tuple[int, int] | None = None):
+        """-> (h, w, 3) float32 letterboxed image in [0, 1], (max_boxes, 5) boxes, ok.
+
+        `input_shape`: (h, w) of the canvas (default: the input's; a mosaic tile's is smaller).
+        """
+        height, width = input_shape = input_shape or self.input_shape
         pixels, size, ok = tf.numpy_function(
-            self.source.letterboxed, [index], [tf.uint8, tf.int32, tf.bool], name="letterbox_image"
+            self.source.letterboxed,
+            [index, tf.constant([width, height], tf.int32)],
+            [tf.uint8, tf.int32, tf.bool],
+            name="letterbox_image",
         )
         pixels.set_shape([height, width, 3])
         boxes, size = self._boxes_if_decoded(index, size, ok)
         image = tf.cast(pixels, tf.float32) / 255.0
-        return image, pad_boxes(letterbox_boxes(boxes, size, self.input_shape), self.max_boxes), ok
+        return image, pad_boxes(letterbox_boxes(boxes, size, input_shape), self.max_boxes), ok
 
     def letterboxed_element(self, position, index):
         """Training without augmentation: (image, boxes) of the letterbox."""
