@@ -142,6 +142,11 @@ def test_train_flags_reach_the_config():
         2.0,
         0.999,
     )
+    assert (config.objectness_prior, config.box_loss) == (0.0, None)  # keras-yolo3's init, the model's loss
+    config.validate()
+    args = build_parser().parse_args(["--annotations", "a.txt", "--objectness-prior", "0.01", "--box-loss", "ciou"])
+    config = config_from_args(args)
+    assert (config.objectness_prior, config.box_loss) == (0.01, "ciou")
     config.validate()
 
 
@@ -153,6 +158,8 @@ def test_train_flags_reach_the_config():
         (dict(lr_schedule="step"), "lr_schedule must be one of"),
         (dict(ema=1.0), "EMA decay must be in"),
         (dict(warmup_epochs=20), "warmup_epochs must be in"),
+        (dict(objectness_prior=1.0), "objectness_prior must be in"),
+        (dict(box_loss="giou"), "box_loss must be one of"),
     ],
 )
 def test_bad_recipe_settings_are_refused_by_name(change, message):
@@ -186,3 +193,76 @@ def test_resume_restores_the_average_and_the_step_that_drives_the_schedule(tmp_p
     assert int(keras.ops.convert_to_numpy(resumed.optimizer.iterations)) == 4  # the schedule continues at step 4
     for saved, loaded in zip(saved_averages, resumed.optimizer._model_variables_moving_average):
         np.testing.assert_array_equal(saved, keras.ops.convert_to_numpy(loaded))
+
+
+def _objectness_biases(weights_by_layer, num_classes):
+    """{output layer: its objectness biases (one per anchor)}."""
+    return {name: biases[4 :: num_classes + 5] for name, (_, biases) in weights_by_layer.items()}
+
+
+def _output_layers(body):
+    from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX
+
+    return {layer.name: layer.get_weights() for layer in body.layers if layer.name.startswith(OUTPUT_PREFIX)}
+
+
+def test_objectness_prior_sets_only_the_objectness_biases():
+    from keras_yolo_mgpu.model.yolo3 import build_body, set_objectness_prior
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+
+    body = build_body(get_anchors(default_anchors_path(True)), 3)
+    before = _output_layers(body)
+    changed = set_objectness_prior(body, 3, 0.01, layer_names={"yolo_output_1"})
+    after = _output_layers(body)
+    assert changed == ["yolo_output_1"] and sorted(after) == ["yolo_output_0", "yolo_output_1"]
+    np.testing.assert_array_equal(after["yolo_output_0"][1], before["yolo_output_0"][1])
+    kernel, biases = after["yolo_output_1"]
+    np.testing.assert_array_equal(kernel, before["yolo_output_1"][0])
+    # 3 anchors x (5 + 3) channels; objectness is channel 4 of each anchor's block.
+    objectness = np.zeros(24, bool)
+    objectness[[4, 12, 20]] = True
+    np.testing.assert_allclose(1 / (1 + np.exp(-biases[objectness])), 0.01, rtol=1e-5)
+    np.testing.assert_array_equal(biases[~objectness], before["yolo_output_1"][1][~objectness])
+    with pytest.raises(ValueError, match="objectness prior must be in"):
+        set_objectness_prior(body, 3, 0.0)
+
+
+def test_objectness_prior_leaves_loaded_output_convs_alone(tmp_path):
+    """The prior applies to a fresh build and to the new output convs of another class count, not to loaded ones."""
+    from keras_yolo_mgpu.model.yolo3 import build_body
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.training.trainer import TrainConfig, _initial_weights
+
+    anchors = get_anchors(default_anchors_path(True))
+    keras.utils.set_random_seed(5)
+    trained = build_body(anchors, 2)
+    for layer in trained.layers:  # output biases that a prior would visibly change
+        if layer.name.startswith("yolo_output_"):
+            kernel, biases = layer.get_weights()
+            layer.set_weights([kernel, np.full_like(biases, 0.25)])
+    path = str(tmp_path / "trained.weights.h5")
+    trained.save_weights(path)
+    prior = float(np.log(0.01 / 0.99))
+
+    def start(num_classes, weights):
+        config = TrainConfig(annotations="a.txt", classes="c.txt", seed=3, objectness_prior=0.01, weights=weights)
+        body = build_body(anchors, num_classes)
+        body.set_weights(_initial_weights(config, anchors, num_classes))
+        return _objectness_biases(_output_layers(body), num_classes)
+
+    for biases in start(2, None).values():  # fresh build
+        np.testing.assert_allclose(biases, prior, rtol=1e-6)
+    for biases in start(2, path).values():  # loaded: what was learned stays
+        np.testing.assert_array_equal(biases, 0.25)
+    for biases in start(4, path).values():  # another class count: new output convs, prior
+        np.testing.assert_allclose(biases, prior, rtol=1e-6)
+
+
+def test_box_loss_option_reaches_the_loss_layer():
+    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+
+    anchors = get_anchors(default_anchors_path(True))
+    for box_loss, expected in ((None, "yolov3"), ("ciou", "ciou")):
+        _, train_model = create_model((64, 64), anchors, 2, freeze_body=0, box_loss=box_loss)
+        assert train_model.get_layer("yolo_loss").get_config()["box_loss"] == expected

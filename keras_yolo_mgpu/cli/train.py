@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 
 logger = logging.getLogger("train")
 
@@ -178,6 +179,21 @@ def add_recipe_args(group) -> None:
     )
     group.add_argument(
         "--mosaic", type=cli.unit_float, default=0.0, metavar="P", help="probability of a 4-image mosaic per sample"
+    )
+    group.add_argument(
+        "--objectness-prior",
+        type=cli.unit_float,
+        default=0.0,
+        metavar="P",
+        help="output convolutions not loaded from --weights start every cell at objectness P (e.g. 0.01; "
+        "default: 0 = keras-yolo3's zero bias, i.e. 0.5)",
+    )
+    group.add_argument(
+        "--box-loss",
+        choices=BOX_LOSSES,
+        default=None,
+        help="box regression: keras-yolo3's xy cross-entropy + wh squared error, or CIoU "
+        "(default: the model's: yolov3 for YOLOv3, ciou for YOLOv4)",
     )
 
 

@@ -18,6 +18,8 @@ import dataclasses
 import importlib
 
 MODEL_NAMES = ("yolov3", "yolov3-tiny", "yolov4", "yolov4-tiny")
+#: Box regression terms of the loss (`model/loss.py`); each model has its default below.
+BOX_LOSSES = ("yolov3", "ciou")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,10 +13,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 from keras_yolo_mgpu.model.boxes import batched_box_iou, box_ciou, num_output_layers, resolve_masks, yolo_head
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
-BOX_LOSSES = ("yolov3", "ciou")
 #: yolov4.cfg's `iou_normalizer`: the weight of each positive's 1 - CIoU.
 CIOU_NORMALIZER = 0.07
 

@@ -15,6 +15,7 @@ original's and Keras 2 weight files load in order (see `checkpoints.py`).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import keras
@@ -224,6 +225,40 @@ def build_body(
     num_layers = num_output_layers(len(anchors))
     image = keras.Input(shape=(*input_shape, 3), name="image")
     return builder(image, len(anchors) // num_layers, num_classes, sync_bn=sync_bn)
+
+
+def set_objectness_prior(body: keras.Model, num_classes: int, probability: float, layer_names=None) -> list[str]:
+    """Sets the objectness biases of output convolutions so every cell starts at `probability`.
+
+    A fresh output convolution has bias 0: every anchor of every cell starts
+    at objectness sigmoid(0) = 0.5, and the first steps of training from
+    scratch are spent pushing thousands of background cells down. Starting
+    them at a small prior (RetinaNet's and YOLOv5's 0.01) avoids that.
+    Each output's channels are `A` blocks of `(x, y, w, h, objectness,
+    classes...)`, so the objectness biases are every `(5 + C)`-th from 4.
+
+    Args:
+        body: a network built by `build_body`.
+        num_classes: C.
+        probability: in (0, 1); the bias becomes log(p / (1 - p)).
+        layer_names: output convolutions to change (default: all of them).
+
+    Returns:
+        The names of the layers changed.
+    """
+    if not 0.0 < probability < 1.0:
+        raise ValueError(f"objectness prior must be in (0, 1). Received: {probability}")
+    bias = math.log(probability / (1.0 - probability))
+    changed = []
+    for layer in body.layers:
+        if not layer.name.startswith(OUTPUT_PREFIX) or (layer_names is not None and layer.name not in layer_names):
+            continue
+        kernel, biases = layer.get_weights()
+        biases = biases.copy()
+        biases[4 :: num_classes + 5] = bias
+        layer.set_weights([kernel, biases])
+        changed.append(layer.name)
+    return changed
 
 
 def create_model(

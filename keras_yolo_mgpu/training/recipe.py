@@ -12,7 +12,8 @@ run at the end of an epoch:
     RunStateCheckpoint          saves the *trained* weights and the optimizer for --resume
 
 Defaults are keras-yolo3's recipe: no mAP, `val_loss` monitored, constant
-rate with ReduceLROnPlateau, no warm-up, no EMA, one input size, no mosaic.
+rate with ReduceLROnPlateau, no warm-up, no EMA, one input size, no mosaic,
+zero objectness bias, the model's own box loss.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import keras
 
 from keras_yolo_mgpu.data.multiscale import check_size_range, first_sizes_message
+from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 from keras_yolo_mgpu.training import ema as ema_module
 from keras_yolo_mgpu.training.evaluation_callback import MAP50_KEY, MAP_KEY, MeanAPEvaluation, OnEvaluatedEpochs
 from keras_yolo_mgpu.training.schedules import SCHEDULES, LinearWarmup, PlateauAfterWarmup, StageSchedule
@@ -49,6 +51,12 @@ def validate_recipe(config) -> None:
     ema_module.make_ema_kwargs(config.ema)  # validates the decay
     if not 0.0 <= config.mosaic <= 1.0:
         raise ValueError(f"mosaic must be a probability in [0, 1]. Received: mosaic={config.mosaic}")
+    if not 0.0 <= config.objectness_prior < 1.0:
+        raise ValueError(
+            f"objectness_prior must be in [0, 1) (0: keras-yolo3's zero bias). Received: {config.objectness_prior}"
+        )
+    if config.box_loss is not None and config.box_loss not in BOX_LOSSES:
+        raise ValueError(f"box_loss must be one of {BOX_LOSSES}. Received: box_loss={config.box_loss!r}")
     if config.multi_scale is not None:
         check_size_range(config.multi_scale)
         if config.jit:

@@ -102,6 +102,12 @@ class TrainConfig:
     ema: float = 0.0
     multi_scale: tuple[int, int] | None = None
     mosaic: float = 0.0
+    # Objectness probability the output convolutions start from where they
+    # are not loaded from `weights` (model.yolo3.set_objectness_prior); 0
+    # keeps keras-yolo3's zero bias (every cell starts at 0.5).
+    objectness_prior: float = 0.0
+    # "yolov3" or "ciou" (model.architectures.BOX_LOSSES); None: the model's own.
+    box_loss: str | None = None
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -352,6 +358,13 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
                 ", ".join(kept[:5]),
                 "" if len(kept) <= 5 else f" and {len(kept) - 5} more",
             )
+    if config.objectness_prior:
+        from keras_yolo_mgpu.model.yolo3 import set_objectness_prior
+
+        # Only output convolutions that start from their initialiser: the
+        # loaded ones keep what they learned.
+        fresh = None if not config.weights else {s.layer for s in report.skipped}
+        set_objectness_prior(template, num_classes, config.objectness_prior, layer_names=fresh)
     weights = template.get_weights()
     del template
     return weights
@@ -527,6 +540,7 @@ class _TrainingRun:
                 max_true_boxes=MAX_BOXES if config.jit else None,
                 masks=self.masks,
                 model=self.kind,
+                box_loss=config.box_loss,
             )
             if initial_weights is not None:
                 self.body.set_weights(initial_weights)
