@@ -8,6 +8,7 @@ template weights must agree to 1e-5.
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes
 from keras_yolo_mgpu.parallel.align import floatx_policy, max_difference, replicate, train_steps
@@ -235,3 +236,27 @@ def test_asking_for_more_gpus_than_visible_fails_with_count():
 
     with pytest.raises(ValueError, match="TensorFlow sees 0"):
         select_devices(4)
+
+
+def test_successive_strategies_all_reduce_different_shapes_with_collective_ops(logical_cpus):
+    """A second MirroredStrategy in the process does not collide with the first one's collective keys.
+
+    TensorFlow's default cross-device ops (collective ops: what GPUs use, for
+    gradients and sync BN) are forced here on logical CPUs. With TF's own
+    numbering both strategies use instance 100 and the second aborts with
+    "Shape mismatch in the collective instance 100" (issue #14).
+    """
+    from keras_yolo_mgpu.parallel.devices import mirrored_strategy
+
+    def all_reduce_ones(size):
+        strategy = mirrored_strategy(logical_cpus[:2])
+
+        @tf.function
+        def step():
+            return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.ones([size])))
+
+        return [value.numpy() for value in strategy.experimental_local_results(step())]
+
+    for size in (3, 5, 3):
+        for result in all_reduce_ones(size):
+            np.testing.assert_array_equal(result, np.full(size, 2.0))

@@ -12,6 +12,7 @@ global batch exactly once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -114,4 +115,41 @@ def make_strategy(devices: Sequence[str], kind: str = "mirrored") -> tf.distribu
     if not all("GPU" in d.upper() for d in devices):
         # NCCL only runs on GPUs; logical CPU devices reduce on one device.
         cross_device_ops = tf.distribute.ReductionToOneDevice()
-    return tf.distribute.MirroredStrategy(devices=list(devices), cross_device_ops=cross_device_ops)
+    return mirrored_strategy(devices, cross_device_ops)
+
+
+# Spacing of the collective group keys of successive strategies: a strategy
+# takes one group key per device set it reduces over.
+_COLLECTIVE_KEY_STEP = 10_000
+_collective_key_bases = itertools.count(1)
+
+
+class _MirroredStrategyWithOwnKeys(tf.distribute.MirroredStrategy):
+    """MirroredStrategy whose collective ops use keys no earlier strategy of this process used.
+
+    TensorFlow numbers every MirroredStrategy's collective groups from 1 and
+    their instances from 100 (`_collective_key_base`, 0 unless a test sets
+    it; TF 2.21). The runtime remembers each instance's shape, so a second
+    strategy in the same process (stage 2 of a script, a second `train()` in
+    a notebook, a test suite) that all-reduces another shape under the same
+    keys aborts with "Shape mismatch in the collective instance 100". That
+    is what broke the float64 replica tests on 4 logical GPUs of one H100
+    (issue #14): on GPUs the gradients and sync BN's statistics go through
+    collective ops. A fresh key base per strategy keeps them apart.
+    """
+
+    def __init__(self, devices, cross_device_ops=None):
+        # Read by MirroredExtended.__init__ (from super().__init__) to number its keys.
+        self._collective_key_base = next(_collective_key_bases) * _COLLECTIVE_KEY_STEP
+        super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+
+
+def mirrored_strategy(devices: Sequence[str], cross_device_ops=None) -> tf.distribute.MirroredStrategy:
+    """`tf.distribute.MirroredStrategy(devices, cross_device_ops)` with collective keys of its own.
+
+    Args:
+        devices: two or more device names.
+        cross_device_ops: None: TensorFlow's default (collective ops, NCCL on
+            physical GPUs).
+    """
+    return _MirroredStrategyWithOwnKeys(list(devices), cross_device_ops)
