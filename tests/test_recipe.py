@@ -144,9 +144,11 @@ def test_train_flags_reach_the_config():
     )
     assert (config.objectness_prior, config.box_loss) == (0.0, None)  # keras-yolo3's init, the model's loss
     config.validate()
-    args = build_parser().parse_args(["--annotations", "a.txt", "--objectness-prior", "0.01", "--box-loss", "ciou"])
+    args = build_parser().parse_args(
+        ["--annotations", "a.txt", "--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "2"]
+    )
     config = config_from_args(args)
-    assert (config.objectness_prior, config.box_loss) == (0.01, "ciou")
+    assert (config.objectness_prior, config.box_loss, config.ciou_weight) == (0.01, "ciou", 2.0)
     config.validate()
 
 
@@ -160,6 +162,7 @@ def test_train_flags_reach_the_config():
         (dict(warmup_epochs=20), "warmup_epochs must be in"),
         (dict(objectness_prior=1.0), "objectness_prior must be in"),
         (dict(box_loss="giou"), "box_loss must be one of"),
+        (dict(ciou_weight=0.0), "ciou_weight must be > 0"),
     ],
 )
 def test_bad_recipe_settings_are_refused_by_name(change, message):
@@ -263,6 +266,17 @@ def test_box_loss_option_reaches_the_loss_layer():
     from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 
     anchors = get_anchors(default_anchors_path(True))
-    for box_loss, expected in ((None, "yolov3"), ("ciou", "ciou")):
-        _, train_model = create_model((64, 64), anchors, 2, freeze_body=0, box_loss=box_loss)
-        assert train_model.get_layer("yolo_loss").get_config()["box_loss"] == expected
+    cases = [
+        (dict(), "yolov3", None),
+        (dict(box_loss="ciou"), "ciou", 1.0),  # YOLOv3's CIoU weight: that of keras-yolo3's box terms
+        (dict(box_loss="ciou", ciou_weight=0.5), "ciou", 0.5),
+        (dict(model="yolov4-tiny"), "ciou", 0.07),  # yolov4.cfg's iou_normalizer
+    ]
+    for options, box_loss, weight in cases:
+        _, train_model = create_model((64, 64), anchors, 2, freeze_body=0, **options)
+        config = train_model.get_layer("yolo_loss").get_config()
+        assert config["box_loss"] == box_loss, options
+        if weight is not None:
+            assert config["iou_normalizer"] == weight, options
+    with pytest.raises(ValueError, match="CIoU box loss only"):
+        create_model((64, 64), anchors, 2, freeze_body=0, ciou_weight=0.5)

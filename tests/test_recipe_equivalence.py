@@ -43,7 +43,7 @@ OPTIONS = {
 ALL_TOGETHER = [
     *("--eval-every", "1", "--monitor", "val_mAP", "--lr-schedule", "cosine", "--warmup-epochs", "1"),
     *("--ema", "0.8", "--multi-scale", "32,96", "--mosaic", "0.5", "--steps-per-epoch", "6"),
-    *("--objectness-prior", "0.01", "--box-loss", "ciou"),
+    *("--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "1.5"),
 ]
 NEEDS_VALIDATION = {"eval_every_monitor_map"}
 

@@ -8,7 +8,7 @@
    with every visible GPU, or, without a GPU, on 2 simulated devices (the
    CPU split in two), so the multi-GPU code path runs on any machine, with
    the best measured recipe (`RECIPE`: validation mAP every epoch, the best
-   weights by it, EMA of the weights).
+   weights by it, EMA of the weights, the objectness prior, one stage).
 3. Evaluates mAP@[.5:.95] and mAP@0.5 (COCO protocol) of the best weights
    on the validation split.
 4. Runs the detector on a generated video clip.
@@ -37,20 +37,21 @@ from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 logger = logging.getLogger(__name__)
 
-# The recipe that reaches mAP@0.5 >= 0.8 from scratch in about 10 minutes
-# on a 2-core CPU (BENCHMARKS.md, "Demo"): many distinct synthetic images
-# seen a few times each generalise better than a few hundred seen often
-# (600 images x 30 epochs overfit: val loss 18 vs train 7, mAP@0.5 0.55),
-# and a 10x learning-rate drop for the last quarter of training matters
-# (mAP@0.5 0.67 after epoch 6, 0.94 after two more epochs at lr / 10). The
-# drop uses train()'s two stages: stage 1 with nothing frozen at `lr`,
-# stage 2 at `lr / 10`.
+# The data and schedule that reach mAP@0.5 >= 0.8 from scratch in about 10
+# minutes on a 2-core CPU (BENCHMARKS.md, "Demo"): many distinct synthetic
+# images seen a few times each generalise better than a few hundred seen
+# often (600 images x 30 epochs overfit: val loss 18 vs train 7, mAP@0.5
+# 0.55). Without EMA a 10x learning-rate drop for the last quarter mattered
+# (mAP@0.5 0.67 after epoch 6, 0.94 after two more epochs at lr / 10); with
+# the EMA of `RECIPE` one stage at `lr` is better (`drop_epoch` None; the
+# recipe table's `no_drop` row). A `drop_epoch` uses train()'s two stages:
+# stage 1 with nothing frozen at `lr`, stage 2 at `lr / 10`.
 DEFAULTS = dict(
     num_train=2400,
     num_val=150,
     image_size=128,
     epochs=8,
-    drop_epoch=6,
+    drop_epoch=None,
     batch_size=16,
     lr=2e-3,
     max_objects=4,
@@ -58,11 +59,10 @@ DEFAULTS = dict(
 # The training recipe of `make demo` (TrainConfig's recipe fields): the best
 # row of BENCHMARKS.md's recipe table (`scripts/recipe_table.py`, same data,
 # epochs and seed): validation mAP every epoch, best.weights.h5 by val_mAP,
-# EMA 0.99 on keras-yolo3's schedule (mAP@[.5:.95] 0.475, mAP@.5 0.924; the
-# baseline 0.472 / 0.894). Cosine with warm-up, multi-scale and mosaic cost
-# mAP at the demo's 8 epochs. With `lr_schedule="cosine"` the rate decays over
-# one stage and `drop_epoch` is not used.
-RECIPE: dict = dict(eval_every=1, monitor="val_mAP", ema=0.99)
+# EMA 0.99, the objectness prior 0.01, one stage (`no_drop`). Cosine with
+# warm-up, multi-scale, mosaic and the CIoU box loss cost mAP at the demo's
+# 8 epochs. With `lr_schedule="cosine"` the rate decays over one stage.
+RECIPE: dict = dict(eval_every=1, monitor="val_mAP", ema=0.99, objectness_prior=0.01)
 # A smoke run: every stage, tiny sizes (tests/test_demo.py).
 QUICK = dict(num_train=24, num_val=8, image_size=64, epochs=1, drop_epoch=None, batch_size=8, lr=1e-3, max_objects=3)
 
@@ -402,9 +402,11 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _add_override(parser: argparse.ArgumentParser, flag: str, what: str, key: str, *, extra_default: str = "") -> None:
+def _add_override(parser: argparse.ArgumentParser, flag: str, what: str, key: str, *, default_text: str = "") -> None:
     """A positive-int flag that overrides `DEFAULTS[key]` (None: keep the default, or --quick's)."""
-    parser.add_argument(flag, type=positive_int, default=None, help=f"{what} (default: {DEFAULTS[key]}{extra_default})")
+    parser.add_argument(
+        flag, type=positive_int, default=None, help=f"{what} (default: {default_text or DEFAULTS[key]})"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -413,11 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="a fast smoke run of every stage (no learning result)")
     _add_override(parser, "--epochs", "training epochs", "epochs")
     _add_override(
-        parser,
-        "--drop-epoch",
-        "epochs before the learning rate drops 10x",
-        "drop_epoch",
-        extra_default=", or 3/4 of --epochs",
+        parser, "--drop-epoch", "epochs before the learning rate drops 10x", "drop_epoch", default_text="no drop"
     )
     _add_override(parser, "--num-train", "training images", "num_train")
     _add_override(parser, "--num-val", "validation images", "num_val")
@@ -448,8 +446,7 @@ def run(args) -> int:
         num_val=pick("num_val", args.num_val),
         image_size=pick("image_size", args.input_size),
         epochs=pick("epochs", args.epochs),
-        drop_epoch=args.drop_epoch
-        or (base["drop_epoch"] if args.epochs is None else max(1, round(0.75 * args.epochs))),
+        drop_epoch=pick("drop_epoch", args.drop_epoch),
         batch_size=pick("batch_size", args.batch_size),
         lr=pick("lr", args.lr),
         max_objects=base["max_objects"],

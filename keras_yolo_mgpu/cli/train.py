@@ -195,6 +195,14 @@ def add_recipe_args(group) -> None:
         help="box regression: keras-yolo3's xy cross-entropy + wh squared error, or CIoU "
         "(default: the model's: yolov3 for YOLOv3, ciou for YOLOv4)",
     )
+    group.add_argument(
+        "--ciou-weight",
+        type=float,
+        default=None,
+        metavar="W",
+        help="weight of the CIoU box term (default: the model's: 0.07 for YOLOv4 as yolov4.cfg's iou_normalizer, "
+        "1.0 for YOLOv3 with --box-loss ciou)",
+    )
 
 
 # Command-line names whose TrainConfig field differs, and how to read them;

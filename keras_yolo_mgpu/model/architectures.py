@@ -20,6 +20,8 @@ import importlib
 MODEL_NAMES = ("yolov3", "yolov3-tiny", "yolov4", "yolov4-tiny")
 #: Box regression terms of the loss (`model/loss.py`); each model has its default below.
 BOX_LOSSES = ("yolov3", "ciou")
+#: yolov4.cfg's `iou_normalizer`: the weight of each positive's 1 - CIoU.
+YOLOV4_CIOU_WEIGHT = 0.07
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,10 @@ class Architecture:
         box_loss: `"yolov3"` (keras-yolo3's xy BCE + wh squared error) or `"ciou"`.
         ignore_thresh: the loss's default ignore threshold (the cfgs': 0.5
             for YOLOv3 as in keras-yolo3, 0.7 for YOLOv4).
+        ciou_weight: weight of each positive's 1 - CIoU when the box loss is
+            CIoU: yolov4.cfg's `iou_normalizer` 0.07 for YOLOv4; 1.0 for
+            YOLOv3 (`--box-loss ciou`), the weight keras-yolo3's box terms
+            have in the same loss.
     """
 
     name: str
@@ -44,6 +50,7 @@ class Architecture:
     scale_x_y: tuple[float, ...]
     box_loss: str
     ignore_thresh: float
+    ciou_weight: float = 1.0
 
     @property
     def tiny(self) -> bool:
@@ -65,9 +72,18 @@ _ARCHITECTURES = {
     "yolov3-tiny": Architecture(
         "yolov3-tiny", "model.yolo3:tiny_yolo_body", "tiny_yolo_anchors.txt", 6, (1.0, 1.0), "yolov3", 0.5
     ),
-    "yolov4": Architecture("yolov4", "model.yolo4:yolo4_body", "yolo4_anchors.txt", 9, (1.05, 1.1, 1.2), "ciou", 0.7),
+    "yolov4": Architecture(
+        "yolov4", "model.yolo4:yolo4_body", "yolo4_anchors.txt", 9, (1.05, 1.1, 1.2), "ciou", 0.7, YOLOV4_CIOU_WEIGHT
+    ),
     "yolov4-tiny": Architecture(
-        "yolov4-tiny", "model.yolo4:yolo4_tiny_body", "yolo4_tiny_anchors.txt", 6, (1.05, 1.05), "ciou", 0.7
+        "yolov4-tiny",
+        "model.yolo4:yolo4_tiny_body",
+        "yolo4_tiny_anchors.txt",
+        6,
+        (1.05, 1.05),
+        "ciou",
+        0.7,
+        YOLOV4_CIOU_WEIGHT,
     ),
 }
 

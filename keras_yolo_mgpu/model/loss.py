@@ -13,12 +13,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_yolo_mgpu.model.architectures import BOX_LOSSES
+from keras_yolo_mgpu.model.architectures import BOX_LOSSES, YOLOV4_CIOU_WEIGHT
 from keras_yolo_mgpu.model.boxes import batched_box_iou, box_ciou, num_output_layers, resolve_masks, yolo_head
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
-#: yolov4.cfg's `iou_normalizer`: the weight of each positive's 1 - CIoU.
-CIOU_NORMALIZER = 0.07
+CIOU_NORMALIZER = YOLOV4_CIOU_WEIGHT  # the layer's default, yolov4.cfg's
 
 
 def _true_boxes_per_sample(y_true_layer, object_mask):

@@ -275,6 +275,7 @@ def create_model(
     masks=None,
     model: str | None = None,
     box_loss: str | None = None,
+    ciou_weight: float | None = None,
 ):
     """Builds the network and the training model that outputs its loss.
 
@@ -301,6 +302,8 @@ def create_model(
         model: one of `architectures.MODEL_NAMES`; None picks YOLOv3 or tiny
             YOLOv3 by anchor count.
         box_loss: "yolov3" or "ciou" (default: the model's, CIoU for YOLOv4).
+        ciou_weight: weight of the CIoU term (default: the model's,
+            `Architecture.ciou_weight`); only with the CIoU box loss.
 
     Returns:
         `(body, train_model)`. `body` maps images (N, H, W, 3) to the raw
@@ -335,6 +338,13 @@ def create_model(
         )
         for layer, stride in enumerate(output_strides(num_layers))
     ]
+    box_loss = box_loss or architecture.box_loss
+    if box_loss == "ciou":
+        ciou = {"iou_normalizer": architecture.ciou_weight if ciou_weight is None else ciou_weight}
+    elif ciou_weight is not None:
+        raise ValueError(f"ciou_weight applies to the CIoU box loss only; this model's box loss is {box_loss!r}")
+    else:
+        ciou = {}  # keeps the YOLOv3 loss layer's configuration exactly as before
     loss = YoloLoss(
         anchors,
         num_classes,
@@ -343,8 +353,9 @@ def create_model(
         masks=masks,
         # None keeps the YOLOv3 loss layer's configuration exactly as before.
         scale_x_y=architecture.decode_scale_x_y,
-        box_loss=box_loss or architecture.box_loss,
+        box_loss=box_loss,
         name="yolo_loss",
+        **ciou,
     )([*body.outputs, *y_true])
     train_model = keras.Model([*body.inputs, *y_true], loss, name="yolo_train")
     return body, train_model

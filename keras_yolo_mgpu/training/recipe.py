@@ -57,6 +57,8 @@ def validate_recipe(config) -> None:
         )
     if config.box_loss is not None and config.box_loss not in BOX_LOSSES:
         raise ValueError(f"box_loss must be one of {BOX_LOSSES}. Received: box_loss={config.box_loss!r}")
+    if config.ciou_weight is not None and not config.ciou_weight > 0:
+        raise ValueError(f"ciou_weight must be > 0. Received: ciou_weight={config.ciou_weight}")
     if config.multi_scale is not None:
         check_size_range(config.multi_scale)
         if config.jit:

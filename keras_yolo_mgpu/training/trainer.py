@@ -108,6 +108,8 @@ class TrainConfig:
     objectness_prior: float = 0.0
     # "yolov3" or "ciou" (model.architectures.BOX_LOSSES); None: the model's own.
     box_loss: str | None = None
+    # Weight of the CIoU term; None: the model's (Architecture.ciou_weight).
+    ciou_weight: float | None = None
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -541,6 +543,7 @@ class _TrainingRun:
                 masks=self.masks,
                 model=self.kind,
                 box_loss=config.box_loss,
+                ciou_weight=config.ciou_weight,
             )
             if initial_weights is not None:
                 self.body.set_weights(initial_weights)
