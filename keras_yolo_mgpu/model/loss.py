@@ -17,8 +17,6 @@ from keras_yolo_mgpu.model.architectures import BOX_LOSSES, YOLOV4_CIOU_WEIGHT
 from keras_yolo_mgpu.model.boxes import batched_box_iou, box_ciou, num_output_layers, resolve_masks, yolo_head
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
-CIOU_NORMALIZER = YOLOV4_CIOU_WEIGHT  # the layer's default, yolov4.cfg's
-
 
 def _true_boxes_per_sample(y_true_layer, object_mask):
     """Gathers each sample's true boxes of one scale into a padded tensor.
@@ -141,7 +139,7 @@ class YoloLoss(keras.layers.Layer):
         masks=None,
         scale_x_y=None,
         box_loss: str = "yolov3",
-        iou_normalizer: float = CIOU_NORMALIZER,
+        iou_normalizer: float = YOLOV4_CIOU_WEIGHT,
         **kwargs,
     ):
         kwargs.setdefault("dtype", "float32")
