@@ -130,7 +130,7 @@ class _MirroredStrategyWithOwnKeys(tf.distribute.MirroredStrategy):
     TensorFlow numbers every MirroredStrategy's collective groups from 1 and
     their instances from 100 (`_collective_key_base`, 0 unless a test sets
     it; TF 2.21). The runtime remembers each instance's shape, so a second
-    strategy in the same process (stage 2 of a script, a second `train()` in
+    strategy in the same process (a second run in a script, a second `train()` in
     a notebook, a test suite) that all-reduces another shape under the same
     keys aborts with "Shape mismatch in the collective instance 100". That
     is what broke the float64 replica tests on 4 logical GPUs of one H100
