@@ -3,15 +3,15 @@
 
 Generates the demo's data once (`make demo`'s: same images, anchors, seed),
 then trains tiny YOLOv3 from scratch on the demo's devices (every GPU, else 2
-simulated devices) with the demo's epochs and batch at Adam rate `TABLE_LR`
-(unless the row sets its own), once per row; each row adds one option to the
-row above (a row in `BASE_ROW` starts again from the row it names, e.g.
-`ema_plateau`: an alternative measured once the cumulative rows showed which
-option costs mAP at the demo's length; the rows after it build on it). Each
-row's weights (best.weights.h5
-when the row monitors val_mAP, else the final weights) are scored with the
-project's evaluator on the validation split. Writes `<out>/recipe_table.json`
-after every row (an interrupted run keeps the rows it finished) and prints
+simulated devices) with the demo's epochs and batch and `TABLE_SETTINGS`'s
+rate and schedule (unless the row sets its own), once per row; each row adds
+one option to the row above (a row in `BASE_ROW` starts again from the row
+it names, e.g. `ema_plateau`: an alternative measured once the cumulative
+rows showed which option costs mAP at the demo's length; the rows after it
+build on it). Each row's weights (best.weights.h5 when the row monitors
+val_mAP, else the final weights) are scored with the project's evaluator on
+the validation split. Writes `<out>/recipe_table.json` after every row (an
+interrupted run keeps the rows it finished) and prints
 the Markdown table. Usage:
 
     .venv/bin/python scripts/recipe_table.py [--out recipe_table] [--rows baseline,eval_map,...]
@@ -49,15 +49,11 @@ ROWS = [
 ]  # fmt: skip
 # Rows that build on a named row instead of the row above.
 BASE_ROW = {"ema_plateau": "eval_map", "lr3": "no_drop"}
-# Row options that are demo settings (`demo.DEFAULTS`), not TrainConfig fields.
-DEMO_SETTINGS = ("drop_epoch", "lr")
-# The table's Adam rate unless a row says otherwise (its "lr" entry): the
-# demo's when the table began; the demo now runs at the best row's.
-TABLE_LR = 2e-3
-# The table's schedule unless a row says otherwise (its "drop_epoch" entry):
-# keras-yolo3's two stages, the second at lr / 10, as the demo had before
-# this table.
-TABLE_DROP_EPOCH = 6
+# Row options that are demo settings, not TrainConfig fields, and the
+# table's value of each unless a row sets its own: the demo's when the table
+# began (keras-yolo3's two stages, the second at lr / 10 from epoch 7; Adam
+# at 2e-3); the demo now runs with the best row's.
+TABLE_SETTINGS = {"drop_epoch": 6, "lr": 2e-3}
 
 
 def _history_share(history_csv: Path) -> dict:
@@ -126,7 +122,8 @@ def main(argv=None) -> int:
         log_dir = out / name
         if log_dir.exists():
             raise SystemExit(f"{log_dir} exists: remove it to run row {name!r} again")
-        train_options = {key: value for key, value in recipe.items() if key not in DEMO_SETTINGS}
+        train_options = {key: value for key, value in recipe.items() if key not in TABLE_SETTINGS}
+        row_settings = {key: recipe.get(key, default) for key, default in TABLE_SETTINGS.items()}
         config = demo.demo_train_config(
             data,
             out / "anchors.txt",
@@ -134,9 +131,9 @@ def main(argv=None) -> int:
             recipe=train_options,
             image_size=settings["image_size"],
             epochs=settings["epochs"],
-            drop_epoch=recipe.get("drop_epoch", TABLE_DROP_EPOCH),
+            drop_epoch=row_settings["drop_epoch"],
             global_batch=global_batch,
-            lr=recipe.get("lr", TABLE_LR),
+            lr=row_settings["lr"],
             seed=0,
             gpus=gpus,
             simulate=simulate,
