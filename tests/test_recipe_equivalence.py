@@ -22,6 +22,8 @@ together, which also covers the start options (--objectness-prior) and the
 CIoU box loss.
 """
 
+import shutil
+
 import keras
 import numpy as np
 import pytest
@@ -94,6 +96,8 @@ def _train(dataset, start_weights, log_dir, gpus, options, *, validation, epochs
     """train.py's main() in this process; returns ([final, best, last weights], history).
 
     `start_weights` None: the run builds its own start weights from --seed.
+    The run folder is deleted once read: its float64 checkpoints take ~270 MB
+    and the module's 20 runs share pytest's one module-lifetime folder.
     """
     from keras_yolo_mgpu.cli.train import main
     from keras_yolo_mgpu.training.callbacks import read_history
@@ -112,7 +116,9 @@ def _train(dataset, start_weights, log_dir, gpus, options, *, validation, epochs
         argv += ["--gpus", str(gpus), "--simulate-devices"]
     assert main(argv) == 0
     files = ("trained_weights_final.weights.h5", "best.weights.h5", "last.weights.h5")
-    return [_weights(log_dir / name) for name in files], read_history(str(log_dir / "history.csv"))
+    run = [_weights(log_dir / name) for name in files], read_history(str(log_dir / "history.csv"))
+    shutil.rmtree(log_dir)
+    return run
 
 
 def _max_difference(first, second):
