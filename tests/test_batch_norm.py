@@ -69,3 +69,71 @@ def test_weight_files_interchange_with_keras_batch_normalization(tmp_path):
         np.testing.assert_array_equal(a, b)
     clone = keras.layers.deserialize(keras.layers.serialize(BatchNormalization(fused=False, momentum=0.9)))
     assert isinstance(clone, BatchNormalization) and clone.fused is False and clone.momentum == 0.9
+
+
+def _replicated_step(layer_class, x, upstream, devices):
+    """_step's results on a MirroredStrategy over `devices`, the batch split evenly between the replicas.
+
+    Per-replica outputs and input gradients are concatenated back into the
+    batch's order; gamma/beta gradients are summed over the replicas (what
+    the optimizer's all-reduce does). Also returns whether every replica
+    took the all-reduced-statistics path.
+    """
+    from keras_yolo_mgpu.parallel.devices import make_strategy
+
+    strategy = make_strategy(devices)
+    replicas = len(devices)
+    with strategy.scope():
+        layer = layer_class(synchronized=True)
+        layer.build(x.shape)
+        channels = x.shape[-1]
+        layer.gamma.assign(np.linspace(0.5, 1.5, channels))
+        layer.beta.assign(np.linspace(-0.3, 0.3, channels))
+        layer.moving_mean.assign(np.linspace(-1.0, 1.0, channels))
+        layer.moving_variance.assign(np.linspace(0.5, 2.0, channels))
+    x_shards, upstream_shards = np.split(x.numpy(), replicas), np.split(upstream.numpy(), replicas)
+    inputs = strategy.experimental_distribute_values_from_function(
+        lambda context: (x_shards[context.replica_id_in_sync_group], upstream_shards[context.replica_id_in_sync_group])
+    )
+    global_path = []
+
+    @tf.function
+    def step(shards):
+        def replica(shard):
+            x_shard, upstream_shard = shard
+            if isinstance(layer, BatchNormalization):
+                global_path.append(layer._statistics_are_global())
+            with tf.GradientTape() as tape:
+                tape.watch(x_shard)
+                y = layer(x_shard, training=True)
+                loss = tf.reduce_sum(y * upstream_shard)
+            return (y, *tape.gradient(loss, [x_shard, layer.gamma, layer.beta]))
+
+        return strategy.run(replica, args=(shards,))
+
+    y, dx, dgamma, dbeta = (strategy.experimental_local_results(t) for t in step(inputs))
+    results = [np.concatenate([t.numpy() for t in y]), np.concatenate([t.numpy() for t in dx])]
+    results += [np.sum([t.numpy() for t in dgamma], 0), np.sum([t.numpy() for t in dbeta], 0)]
+    results += [layer.moving_mean.numpy(), layer.moving_variance.numpy()]
+    return results, global_path
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_synchronized_fused_step_equals_one_device_on_the_global_batch(logical_cpus, replicas):
+    """Fused with all-reduced statistics on N replicas = Keras's layer on one device, on the whole batch."""
+    rng = np.random.default_rng(2)
+    shape = (8, 7, 5, 6)
+    x = tf.constant(rng.normal(1.0, 2.0, shape).astype(np.float32))
+    upstream = tf.constant(rng.normal(0.0, 1.0, shape).astype(np.float32))
+    fused, global_path = _replicated_step(BatchNormalization, x, upstream, logical_cpus[:replicas])
+    assert global_path == [True] * replicas
+    keras_synchronized, _ = _replicated_step(keras.layers.BatchNormalization, x, upstream, logical_cpus[:replicas])
+    one_device = _step(keras.layers.BatchNormalization(), x, upstream)
+    names = ["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance"]
+    for name, got, synchronized, want in zip(names, fused, keras_synchronized, one_device):
+        scale = max(float(np.abs(want).max()), 1e-6)
+        assert float(np.abs(got - want).max()) <= 2e-6 * scale, name
+        assert float(np.abs(synchronized - want).max()) <= 2e-6 * scale, name  # the reference is itself right
+    # Local statistics would give a visibly different step (the check can fail).
+    local = _step(keras.layers.BatchNormalization(), x[: shape[0] // replicas], upstream[: shape[0] // replicas])
+    assert float(np.abs(local[1] - one_device[1][: shape[0] // replicas]).max()) > 1e-3

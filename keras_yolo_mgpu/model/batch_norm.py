@@ -14,9 +14,26 @@ variance (the kernel returns the Bessel-corrected one; it is scaled back),
 gradients through the batch statistics. Layers built with it store the same
 variables under the same class name, so Keras 3 weight files load either
 way. It falls back to Keras's own path where the kernel does not apply:
-inference, float64 (the equivalence tests), masks, renormalisation, inputs
-that are not 4-D channels-last, and synchronized statistics over several
-replicas.
+inference, float64 (the equivalence tests), masks, renormalisation and
+inputs that are not 4-D channels-last.
+
+Synchronized statistics over several replicas (`synchronized=True` inside a
+MirroredStrategy replica function, the default of multi-device training)
+need the statistics of the global batch. Keras all-reduces three moment
+tensors (sum, sum of squares and a count built from a ones tensor the size
+of the input), normalises with separate ops and differentiates through
+all of it. Here the per-channel sums and the count go through one
+all-reduce, the normalisation is the fused kernel in inference mode with
+the global statistics, and the backward pass is written out: the fused
+gradient kernel gives the local `dy * gamma / sigma`, `sum dy` and
+`sum dy * x_hat`; the two sums are all-reduced in one call and the
+statistics' share of the input gradient is added,
+
+    dx = gamma / sigma * (dy - mean_global(dy) - x_hat * mean_global(dy * x_hat)),
+
+the textbook batch-normalization gradient with means over the global batch.
+The gamma and beta gradients stay local sums; the optimizer's all-reduce of
+gradients adds the replicas' shares, as for every other weight.
 """
 
 from __future__ import annotations
@@ -48,11 +65,18 @@ class BatchNormalization(keras.layers.BatchNormalization):
             return False
         if keras.backend.backend() != "tensorflow" or len(inputs.shape) != 4 or self.axis not in (-1, 3):
             return False
-        if keras.backend.standardize_dtype(inputs.dtype) not in _FUSED_DTYPES:
+        return keras.backend.standardize_dtype(inputs.dtype) in _FUSED_DTYPES
+
+    def _statistics_are_global(self) -> bool:
+        """Whether this call all-reduces its statistics: synchronized, in a replica function of >1 replicas.
+
+        Outside a replica function (the cross-replica context) Keras uses the
+        local statistics too.
+        """
+        if not self.synchronized:
             return False
-        # Synchronized statistics over several replicas need Keras's
-        # all-reduced moments; with one replica they are the local ones.
-        return not self.synchronized or tf.distribute.get_strategy().num_replicas_in_sync == 1
+        context = tf.distribute.get_replica_context()
+        return context is not None and context.num_replicas_in_sync > 1
 
     def call(self, inputs, training=None, mask=None):
         """(N, H, W, C) -> (N, H, W, C) in the layer's compute dtype."""
@@ -63,13 +87,17 @@ class BatchNormalization(keras.layers.BatchNormalization):
         # go in as they are (the kernel computes in float32 internally).
         gamma = tf.cast(self.gamma, tf.float32) if self.scale else tf.ones([channels], tf.float32)
         beta = tf.cast(self.beta, tf.float32) if self.center else tf.zeros([channels], tf.float32)
-        outputs, mean, corrected_variance = tf.compat.v1.nn.fused_batch_norm(
-            inputs, gamma, beta, epsilon=self.epsilon, data_format="NHWC", is_training=True
-        )
-        # The kernel returns variance * n / (n - 1) (n - 1 floored at 1);
-        # Keras's moving variance follows the biased batch variance.
-        count = tf.cast(tf.size(inputs) // channels, tf.float32)
-        variance = corrected_variance * (tf.maximum(count - 1.0, 1.0) / count)
+        if self._statistics_are_global():
+            mean, variance, count = _global_moments(inputs)
+            outputs = _normalize_by_global_moments(inputs, gamma, beta, mean, variance, count, self.epsilon)
+        else:
+            outputs, mean, corrected_variance = tf.compat.v1.nn.fused_batch_norm(
+                inputs, gamma, beta, epsilon=self.epsilon, data_format="NHWC", is_training=True
+            )
+            # The kernel returns variance * n / (n - 1) (n - 1 floored at 1);
+            # Keras's moving variance follows the biased batch variance.
+            count = tf.cast(tf.size(inputs) // channels, tf.float32)
+            variance = corrected_variance * (tf.maximum(count - 1.0, 1.0) / count)
         self.moving_mean.assign(self.moving_mean * self.momentum + mean * (1.0 - self.momentum))
         self.moving_variance.assign(self.moving_variance * self.momentum + variance * (1.0 - self.momentum))
         return tf.cast(outputs, self.compute_dtype)
@@ -78,3 +106,80 @@ class BatchNormalization(keras.layers.BatchNormalization):
         config = super().get_config()
         config["fused"] = self.fused
         return config
+
+
+def _all_reduce_sum(values: tf.Tensor) -> tf.Tensor:
+    """Sum of a 1-D float32 tensor over the replicas of the current replica function."""
+    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+
+def _global_moments(inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Mean and biased variance (C,) of (N, H, W, C) inputs over every replica's batch, and the count.
+
+    Keras's formula (`var = E[x^2] - E[x]^2`, floored at 0) with one
+    all-reduce of [sum (C), sum of squares (C), count (1)]. No gradient flows
+    through these: `_normalize_by_global_moments` accounts for them.
+    """
+    channels = inputs.shape[-1]
+    x = tf.stop_gradient(tf.cast(inputs, tf.float32))
+    local_count = tf.cast(tf.size(x) // channels, tf.float32)[None]
+    totals = _all_reduce_sum(
+        tf.concat([tf.reduce_sum(x, [0, 1, 2]), tf.reduce_sum(tf.square(x), [0, 1, 2]), local_count], 0)
+    )
+    count = totals[-1]
+    mean = totals[:channels] / count
+    variance = tf.maximum(totals[channels:-1] / count - tf.square(mean), 0.0)
+    return mean, variance, count
+
+
+def _normalize_by_global_moments(inputs, gamma, beta, mean, variance, count, epsilon):
+    """(N, H, W, C) -> (N, H, W, C): `gamma * (x - mean) / sqrt(variance + eps) + beta`.
+
+    `mean`, `variance` (C,) are the global batch's (`_global_moments`,
+    `count` elements per channel over all replicas); the gradient with
+    respect to `inputs` includes their dependence on every replica's inputs
+    (the module docstring's formula), so they themselves get none.
+    """
+    # The kernels' floor on epsilon, as tf.compat.v1.nn.fused_batch_norm applies it.
+    epsilon = max(float(epsilon), 1.001e-5)
+
+    @tf.custom_gradient
+    def normalize(x, gamma, beta, mean, variance):
+        outputs = tf.raw_ops.FusedBatchNormV3(
+            x=x,
+            scale=gamma,
+            offset=beta,
+            mean=mean,
+            variance=variance,
+            epsilon=epsilon,
+            data_format="NHWC",
+            is_training=False,
+        )[0]
+
+        def gradient(upstream):
+            # Inference mode: dy * gamma / sigma, sum(dy * x_hat), sum(dy) with the given statistics.
+            local_dx, dgamma, dbeta = tf.raw_ops.FusedBatchNormGradV3(
+                y_backprop=upstream,
+                x=x,
+                scale=gamma,
+                reserve_space_1=mean,
+                reserve_space_2=variance,
+                reserve_space_3=tf.zeros([0], tf.float32),
+                epsilon=epsilon,
+                data_format="NHWC",
+                is_training=False,
+            )[:3]
+            channels = x.shape[-1]
+            totals = _all_reduce_sum(tf.concat([dbeta, dgamma], 0))
+            mean_dy, mean_dy_xhat = totals[:channels] / count, totals[channels:] / count
+            inv_sigma = tf.math.rsqrt(variance + epsilon)
+            # dx = local_dx - gamma/sigma * (mean_dy + x_hat * mean_dy_xhat), x_hat = (x - mean) / sigma,
+            # as local_dx + x * slope + intercept per channel (one pass over x).
+            slope = -gamma * tf.square(inv_sigma) * mean_dy_xhat
+            intercept = -gamma * inv_sigma * mean_dy - slope * mean
+            dx = tf.cast(local_dx, tf.float32) + (tf.cast(x, tf.float32) * slope + intercept)
+            return tf.cast(dx, x.dtype), dgamma, dbeta, tf.zeros_like(mean), tf.zeros_like(variance)
+
+        return outputs, gradient
+
+    return normalize(inputs, gamma, beta, tf.stop_gradient(mean), tf.stop_gradient(variance))
