@@ -27,6 +27,7 @@ from keras_yolo_mgpu.data.multiscale import check_size_range, first_sizes_messag
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 from keras_yolo_mgpu.training import ema as ema_module
 from keras_yolo_mgpu.training.evaluation_callback import MAP50_KEY, MAP_KEY, MeanAPEvaluation, OnEvaluatedEpochs
+from keras_yolo_mgpu.training.fused_adam import FusedAdam
 from keras_yolo_mgpu.training.schedules import SCHEDULES, LinearWarmup, PlateauAfterWarmup, StageSchedule
 
 logger = logging.getLogger(__name__)
@@ -75,14 +76,14 @@ def monitor_and_mode(config, has_validation: bool) -> tuple[str, str]:
 
 
 def make_optimizer(config, base_rate: float, first_epoch: int, steps_per_epoch: int):
-    """The stage's optimizer: Adam or SGD, with the schedule and the EMA."""
+    """The stage's optimizer: Adam (the fused kernel, `fused_adam.py`) or SGD, with the schedule and the EMA."""
     rate = base_rate
     if config.lr_schedule == "cosine":
         rate = StageSchedule(base_rate, first_epoch, steps_per_epoch, config.epochs, config.warmup_epochs, cosine=True)
     kwargs = ema_module.make_ema_kwargs(config.ema)
     if config.optimizer == "sgd":
         return keras.optimizers.SGD(learning_rate=rate, momentum=0.9, **kwargs)
-    return keras.optimizers.Adam(learning_rate=rate, **kwargs)
+    return FusedAdam(learning_rate=rate, **kwargs)
 
 
 class RecipeCallbacks:
