@@ -32,3 +32,18 @@ def test_unknown_variant_is_refused(capsys):
         status = exit_.code
     assert status == 2
     assert "unknown variant" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_adam_with_ema_against_keras_adam_on_two_replicas(capsys):
+    argv = ["--tiny", "--input-size", "64", "--num-classes", "2", "--batch-size", "4", "--steps", "1"]
+    argv += ["--warmup-steps", "1", "--gpus", "2", "--simulate-devices", "--optimizer", "adam", "--ema", "0.9"]
+    assert bench_train.main([*argv, "--variants", "keras-adam"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["replicas"] == 2 and result["optimizer"] == "adam" and result["ema"] == 0.9
+    assert result["images_per_sec"] > 0 and result["keras-adam_images_per_sec"] > 0
+
+
+def test_keras_adam_variant_needs_adam(capsys):
+    assert bench_train.main(["--tiny", "--variants", "keras-adam"]) == 1
+    assert "--optimizer adam" in capsys.readouterr().err

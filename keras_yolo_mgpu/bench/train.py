@@ -25,11 +25,28 @@ REFERENCES = ("keras-yolo3",)
 #: Variants of our step, each timed as its own side: what it changes.
 VARIANTS = {
     "keras-bn": "Keras 3's own BatchNormalization training path instead of the fused kernel",
+    "keras-adam": "Keras 3's own Adam update instead of the fused kernel (needs optimizer='adam')",
     "static-mask": "ignore mask from a static top-k gather of at most 20 true boxes (max_true_boxes=20)",
     "xla": "jit_compile=True (XLA) with the static ignore mask",
 }
 #: The pipeline's bound on boxes per image; what `max_true_boxes` is set to.
 MAX_BOXES = 20
+OPTIMIZERS = ("sgd", "adam")
+#: The timed steps' learning rate: small, so that weights stay near their start.
+_RATE = 1e-4
+
+
+def _our_optimizer(options, keras_adam=False):
+    """The optimizer of our side: plain SGD, or train.py's Adam (`FusedAdam`); with the EMA if asked."""
+    import keras
+
+    from keras_yolo_mgpu.training.ema import make_ema_kwargs
+    from keras_yolo_mgpu.training.fused_adam import FusedAdam
+
+    kwargs = make_ema_kwargs(options["ema"])
+    if options["optimizer"] == "adam":
+        return (keras.optimizers.Adam if keras_adam else FusedAdam)(_RATE, **kwargs)
+    return keras.optimizers.SGD(_RATE, **kwargs)
 
 
 def synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
@@ -126,11 +143,11 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
                 if isinstance(layer, BatchNormalization):
                     layer.fused = False
         model = engine.wrap(train_model)
-        model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=totalloss, jit_compile=jit)
+        model.compile(optimizer=_our_optimizer(options, name == "keras-adam"), loss=totalloss, jit_compile=jit)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
     parts = None
     if options["breakdown"]:
-        optimizer = keras.optimizers.SGD(1e-4)
+        optimizer = _our_optimizer(options, name == "keras-adam")
         optimizer.build(train_model.trainable_variables)
         num_classes = options["num_classes"]
         parts = StepParts(
@@ -160,12 +177,14 @@ def _build_reference(options, anchors, x, y, global_batch):
     tf_keras = reference_model.tf_keras
     body = reference_model.build_body(options["tiny"], options["num_classes"], seed=None)
     model = reference_model.create_training_model(body, options["input_size"], anchors, options["num_classes"])
-    model.compile(optimizer=tf_keras.optimizers.SGD(1e-4), loss={"yolo_loss": lambda y_true, y_pred: y_pred})
+    # keras-yolo3 trains with Adam (Keras 2's: TensorFlow's fused kernel), without an EMA.
+    reference_optimizer = tf_keras.optimizers.Adam if options["optimizer"] == "adam" else tf_keras.optimizers.SGD
+    model.compile(optimizer=reference_optimizer(_RATE), loss={"yolo_loss": lambda y_true, y_pred: y_pred})
     inputs = tuple(x[key] for key in ("image", *sorted(k for k in x if k.startswith("y_true_"))))
     dataset = tf.data.Dataset.from_tensors((inputs, y)).repeat().prefetch(2)
     parts = None
     if options["breakdown"]:
-        optimizer = tf_keras.optimizers.SGD(1e-4)
+        optimizer = reference_optimizer(_RATE)
         num_classes = options["num_classes"]
         parts = StepParts(
             body,
@@ -216,6 +235,8 @@ def run_train_benchmark(
     sync_bn: bool = True,
     mixed_precision: bool = False,
     jit: bool = False,
+    optimizer: str = "sgd",
+    ema: float | None = None,
     reference: str | None = None,
     variants: tuple[str, ...] = (),
     breakdown: bool = False,
@@ -232,6 +253,9 @@ def run_train_benchmark(
             alias of yolov3-tiny; default yolov3.
         simulated_gpu_memory_mb: with `simulate` on a GPU, the memory of each logical GPU.
         jit: XLA (`jit_compile=True`) with the static ignore mask.
+        optimizer: "sgd" (plain, the default) or "adam" (train.py's, `FusedAdam`;
+            keras-yolo3's side then uses Keras 2's Adam).
+        ema: an EMA of the weights with this decay on our sides (train.py's `--ema`).
         reference: "keras-yolo3" also times keras-yolo3's step (one device, float32).
         variants: names from `VARIANTS`, each timed as another side.
         breakdown: also time the parts of a step (one device).
@@ -250,6 +274,10 @@ def run_train_benchmark(
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}")
+    if "keras-adam" in variants and optimizer != "adam":
+        raise ValueError("variant keras-adam compares Adam updates: add optimizer='adam' (--optimizer adam)")
     if reference not in (None, *REFERENCES):
         raise ValueError(f"reference must be one of {REFERENCES}. Received: reference={reference!r}")
     if simulate and simulated_gpu_memory_mb:
@@ -289,6 +317,8 @@ def run_train_benchmark(
         freeze_body=freeze_body,
         jit=jit,
         breakdown=breakdown,
+        optimizer=optimizer,
+        ema=ema,
     )
     sides = [_build_ours("ours", options, engine, anchors, x, y, global_batch)]
     if reference:
@@ -315,6 +345,8 @@ def run_train_benchmark(
         "global_batch": global_batch,
         "mixed_precision": mixed_precision,
         "jit": jit,
+        "optimizer": optimizer,
+        "ema": ema,
         "steps_per_round": steps,
         "rounds": rounds,
     }

@@ -105,10 +105,12 @@ def build_diff_parser() -> cli.ArgumentParser:
 def _make_optimizer(name: str, learning_rate: float):
     import keras
 
+    from keras_yolo_mgpu.training.fused_adam import FusedAdam
+
     if name == "momentum":
         return keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate=learning_rate)
+        return FusedAdam(learning_rate=learning_rate)  # train.py's Adam
     return keras.optimizers.SGD(learning_rate=learning_rate)
 
 

@@ -2,6 +2,8 @@
 
     python -m keras_yolo_mgpu.bench train --tiny --input-size 416 --num-classes 20 --batch-size 8 \\
         --reference keras-yolo3 [--variants keras-bn,static-mask,xla] [--breakdown]
+    python -m keras_yolo_mgpu.bench train --tiny --input-size 128 --gpus 2 --simulate-devices \\
+        --optimizer adam --ema 0.99 --variants keras-adam,keras-bn --rounds 3
 
 Prints one line per round (or per step with one round and one side), a
 table of the step's parts with `--breakdown`, then a JSON object as the last
@@ -32,7 +34,7 @@ def _variant_list(text: str) -> list[str]:
 
 
 def build_parser() -> cli.ArgumentParser:
-    from keras_yolo_mgpu.bench.train import REFERENCES, VARIANTS
+    from keras_yolo_mgpu.bench.train import OPTIMIZERS, REFERENCES, VARIANTS
 
     parser = cli.ArgumentParser(
         prog="python -m keras_yolo_mgpu.bench train", description="Training images/sec on N devices."
@@ -56,6 +58,10 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--parallel", choices=("strategy", "multi_gpu_model"), default="strategy")
     parser.add_argument("--mixed-precision", action="store_true", help="mixed_float16 (ours only)")
     parser.add_argument("--jit", action="store_true", help="XLA (jit_compile=True) with the static ignore mask")
+    parser.add_argument(
+        "--optimizer", choices=OPTIMIZERS, default="sgd", help="sgd (plain, default) or adam (train.py's)"
+    )
+    parser.add_argument("--ema", type=float, default=None, metavar="DECAY", help="weights' EMA (train.py's --ema)")
     parser.add_argument("--reference", choices=REFERENCES, default=None, help="also time keras-yolo3's step")
     parser.add_argument(
         "--variants", type=_variant_list, default=[], help=f"comma-separated variants of ours: {', '.join(VARIANTS)}"
