@@ -8,14 +8,19 @@ import tensorflow as tf
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 
 
-def _step(layer, x, upstream):
-    """Output, gradients (x, gamma, beta) and moving statistics after one training call."""
-    layer.build(x.shape)
-    channels = x.shape[-1]
+def _build_with_parameters(layer, shape):
+    """Builds `layer` for inputs of `shape` with distinct, non-trivial gamma, beta and moving statistics."""
+    layer.build(shape)
+    channels = shape[-1]
     layer.gamma.assign(np.linspace(0.5, 1.5, channels))
     layer.beta.assign(np.linspace(-0.3, 0.3, channels))
     layer.moving_mean.assign(np.linspace(-1.0, 1.0, channels))
     layer.moving_variance.assign(np.linspace(0.5, 2.0, channels))
+
+
+def _step(layer, x, upstream):
+    """Output, gradients (x, gamma, beta) and moving statistics after one training call."""
+    _build_with_parameters(layer, x.shape)
     with tf.GradientTape() as tape:
         tape.watch(x)
         y = layer(x, training=True)
@@ -85,12 +90,7 @@ def _replicated_step(layer_class, x, upstream, devices):
     replicas = len(devices)
     with strategy.scope():
         layer = layer_class(synchronized=True)
-        layer.build(x.shape)
-        channels = x.shape[-1]
-        layer.gamma.assign(np.linspace(0.5, 1.5, channels))
-        layer.beta.assign(np.linspace(-0.3, 0.3, channels))
-        layer.moving_mean.assign(np.linspace(-1.0, 1.0, channels))
-        layer.moving_variance.assign(np.linspace(0.5, 2.0, channels))
+        _build_with_parameters(layer, x.shape)
     x_shards, upstream_shards = np.split(x.numpy(), replicas), np.split(upstream.numpy(), replicas)
     inputs = strategy.experimental_distribute_values_from_function(
         lambda context: (x_shards[context.replica_id_in_sync_group], upstream_shards[context.replica_id_in_sync_group])
