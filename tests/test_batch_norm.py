@@ -137,3 +137,12 @@ def test_synchronized_fused_step_equals_one_device_on_the_global_batch(logical_c
     # Local statistics would give a visibly different step (the check can fail).
     local = _step(keras.layers.BatchNormalization(), x[: shape[0] // replicas], upstream[: shape[0] // replicas])
     assert float(np.abs(local[1] - one_device[1][: shape[0] // replicas]).max()) > 1e-3
+
+
+def test_synchronized_fused_step_on_an_empty_global_batch_is_finite(logical_cpus):
+    """Replicas that all got empty batches: zero statistics as Keras's divide_no_nan gives, no NaN."""
+    empty = tf.zeros((0, 3, 3, 2))
+    results, global_path = _replicated_step(BatchNormalization, empty, empty, logical_cpus[:2])
+    assert global_path == [True, True]
+    for result in results:
+        assert np.isfinite(result).all()

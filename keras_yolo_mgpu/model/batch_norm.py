@@ -127,8 +127,9 @@ def _global_moments(inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]
         tf.concat([tf.reduce_sum(x, [0, 1, 2]), tf.reduce_sum(tf.square(x), [0, 1, 2]), local_count], 0)
     )
     count = totals[-1]
-    mean = totals[:channels] / count
-    variance = tf.maximum(totals[channels:-1] / count - tf.square(mean), 0.0)
+    # divide_no_nan as Keras: replicas that all got empty batches give zero statistics, not NaN.
+    mean = tf.math.divide_no_nan(totals[:channels], count)
+    variance = tf.maximum(tf.math.divide_no_nan(totals[channels:-1], count) - tf.square(mean), 0.0)
     return mean, variance, count
 
 
@@ -171,7 +172,10 @@ def _normalize_by_global_moments(inputs, gamma, beta, mean, variance, count, eps
             )[:3]
             channels = x.shape[-1]
             totals = _all_reduce_sum(tf.concat([dbeta, dgamma], 0))
-            mean_dy, mean_dy_xhat = totals[:channels] / count, totals[channels:] / count
+            mean_dy, mean_dy_xhat = (
+                tf.math.divide_no_nan(totals[:channels], count),
+                tf.math.divide_no_nan(totals[channels:], count),
+            )
             inv_sigma = tf.math.rsqrt(variance + epsilon)
             # dx = local_dx - gamma/sigma * (mean_dy + x_hat * mean_dy_xhat), x_hat = (x - mean) / sigma,
             # as local_dx + x * slope + intercept per channel (one pass over x).
