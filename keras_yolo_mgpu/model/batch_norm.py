@@ -186,4 +186,4 @@ def _normalize_by_global_moments(inputs, gamma, beta, mean, variance, count, eps
 
         return outputs, gradient
 
-    return normalize(inputs, gamma, beta, tf.stop_gradient(mean), tf.stop_gradient(variance))
+    return normalize(inputs, gamma, beta, mean, variance)
