@@ -50,6 +50,18 @@ def test_layer_differences_group_by_layer_and_judge():
     assert LayerDifference("frozen", 1e-12, 0.0).ratio == float("inf")
 
 
+def test_batches_carry_the_targets_train_py_builds_for_the_iou_thresh(dataset):
+    def object_cells(*extra):
+        args = align_cli.build_parser().parse_args(_align_flags(dataset, *extra))
+        _, anchors, _ = align_cli._classes_anchors_and_kind(args)
+        batches = align_cli._load_batches(args, anchors, 4, "yolov3-tiny")
+        return sum(float(x[key][..., 4].sum()) for x, _ in batches for key in x if key.startswith("y_true"))
+
+    best_only = object_cells()
+    assert object_cells("--iou-thresh", "1") == best_only > 0
+    assert object_cells("--iou-thresh", "0.213") > best_only
+
+
 @pytest.mark.slow
 def test_replicas_with_sync_bn_align_in_float64(dataset, logical_cpus):
     args = align_cli.build_parser().parse_args(_align_flags(dataset))

@@ -100,6 +100,21 @@ def test_targets_equal_preprocess_true_boxes_on_random_boxes(anchors, shape):
         np.testing.assert_array_equal(g.numpy(), e)
 
 
+@pytest.mark.parametrize("iou_thresh", [0.213, 0.5])
+@pytest.mark.parametrize("anchors", [FULL_ANCHORS, TINY_ANCHORS], ids=["full", "tiny"])
+def test_targets_with_iou_thresh_equal_preprocess_true_boxes(anchors, iou_thresh):
+    rng = np.random.default_rng(len(anchors))
+    shape = (320, 480)
+    boxes = _random_boxes(rng, 8, 40, shape, num_classes=5, min_size=8)
+    boxes[0, 1] = boxes[0, 0] + [0.2, 0.2, 0.2, 0.2, 1]  # a later box in the same cells, other class
+    boxes[0, 1, 4] = (boxes[0, 0, 4] + 1) % 5
+    expected = preprocess_true_boxes(boxes, shape, anchors, 5, iou_thresh=iou_thresh)
+    for e, g in zip(expected, build_targets(boxes, shape, anchors, 5, iou_thresh=iou_thresh), strict=True):
+        np.testing.assert_array_equal(g.numpy(), e)  # bitwise
+    best_only = preprocess_true_boxes(boxes, shape, anchors, 5)
+    assert sum(e[..., 4].sum() for e in expected) > sum(e[..., 4].sum() for e in best_only)
+
+
 def test_targets_last_box_wins_and_class_bits_accumulate():
     # Centres (105, 106) and (106, 106): cell (13, 13) of the stride-8 grid, anchor 0 for both.
     boxes = np.array([[[100, 100, 111, 113, 0], [101, 101, 112, 112, 1], [0, 0, 0, 0, 0]]], np.float32)

@@ -65,7 +65,7 @@ def numpy_loss(outputs, y_true, anchors, num_classes, ignore_thresh=0.5, masks=N
     return per_sample
 
 
-def _random_case(anchors, input_hw, num_classes, batch, seed, boxes_per_image=6, masks=None):
+def _random_case(anchors, input_hw, num_classes, batch, seed, boxes_per_image=6, masks=None, iou_thresh=None):
     rng = np.random.default_rng(seed)
     num_layers = len(anchors) // 3
     h, w = input_hw
@@ -76,7 +76,7 @@ def _random_case(anchors, input_hw, num_classes, batch, seed, boxes_per_image=6,
             bw, bh = rng.uniform(6, w * 0.9), rng.uniform(6, h * 0.9)
             x1, y1 = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
             boxes[b, t] = [x1, y1, x1 + bw, y1 + bh, rng.integers(num_classes)]
-    y_true = preprocess_true_boxes(boxes, input_hw, anchors, num_classes, masks=masks)
+    y_true = preprocess_true_boxes(boxes, input_hw, anchors, num_classes, masks=masks, iou_thresh=iou_thresh)
     outputs = [
         rng.normal(0, 1.5, (batch, h // s, w // s, 3 * (5 + num_classes))).astype(np.float32)
         for s in (32, 16, 8)[:num_layers]
@@ -187,6 +187,22 @@ def test_static_ignore_mask_equals_ragged_and_compiles_with_xla(anchors, input_h
     # Too small a K misses boxes and changes the loss: the bound matters.
     fewer = yolo_loss([*outputs, *y_true], anchors, 2, max_true_boxes=1).numpy()
     assert not np.allclose(fewer, ragged, rtol=1e-6)
+
+
+def test_xla_bound_on_true_boxes_holds_with_darknet_multi_anchor_targets():
+    """train.py's max_true_boxes under --jit covers every cell --iou-thresh fills (a box fills up to 3 per scale)."""
+    from keras_yolo_mgpu.model.boxes import resolve_masks
+    from keras_yolo_mgpu.training.trainer import MAX_BOXES, _target_cells_bound
+
+    case = dict(batch=2, seed=3, boxes_per_image=MAX_BOXES, iou_thresh=0.213)
+    outputs, y_true = _random_case(TINY_ANCHORS, (256, 256), 2, **case)
+    cells = max(int(y[b, ..., 4].sum()) for y in y_true for b in range(2))
+    assert cells > MAX_BOXES  # the best-anchor bound would drop true boxes here
+    bound = _target_cells_bound(0.213, resolve_masks(None, 6))
+    assert bound >= cells and _target_cells_bound(None, resolve_masks(None, 6)) == MAX_BOXES
+    ragged = yolo_loss([*outputs, *y_true], TINY_ANCHORS, 2).numpy()
+    static = yolo_loss([*outputs, *y_true], TINY_ANCHORS, 2, max_true_boxes=bound).numpy()
+    np.testing.assert_allclose(static, ragged, rtol=1e-6)
 
 
 def test_keras_yolo3_reference_loss_is_the_original_scalar():

@@ -146,10 +146,40 @@ def test_train_flags_reach_the_config():
     config.validate()
     args = build_parser().parse_args(
         ["--annotations", "a.txt", "--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "2"]
+        + ["--iou-thresh", "0.213"]
     )
     config = config_from_args(args)
     assert (config.objectness_prior, config.box_loss, config.ciou_weight) == (0.01, "ciou", 2.0)
+    assert config.iou_thresh == 0.213
     config.validate()
+
+
+@pytest.mark.parametrize(
+    "model, flag, expected",
+    [
+        ("yolov3-tiny", None, None),  # keras-yolo3: the best anchor only
+        ("yolov3-tiny", 0.3, 0.3),
+        ("yolov4", None, 0.213),  # yolov4.cfg's iou_thresh
+        ("yolov4", 1.0, None),  # Darknet's "off"
+        ("yolov4-tiny", None, None),  # yolov4-tiny.cfg sets none
+    ],
+)
+def test_iou_thresh_defaults_to_the_models_cfg(model, flag, expected):
+    from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
+
+    assert resolve_iou_thresh(flag, model) == expected
+
+
+def test_a_run_saved_before_iou_thresh_resumes_with_the_best_anchor_only():
+    import json
+
+    from keras_yolo_mgpu.training.trainer import TrainConfig
+
+    config = TrainConfig(annotations="a.txt", classes="c.txt", model="yolov4")
+    assert TrainConfig.from_json(config.to_json()).iou_thresh is None  # saved: the model's default, kept
+    older = json.loads(config.to_json())
+    del older["iou_thresh"]
+    assert TrainConfig.from_json(json.dumps(older)).iou_thresh == 1.0
 
 
 @pytest.mark.parametrize(
@@ -163,6 +193,7 @@ def test_train_flags_reach_the_config():
         (dict(objectness_prior=1.0), "objectness_prior must be in"),
         (dict(box_loss="giou"), "box_loss must be one of"),
         (dict(ciou_weight=0.0), "ciou_weight must be > 0"),
+        (dict(iou_thresh=0.0), "iou_thresh must be in"),
     ],
 )
 def test_bad_recipe_settings_are_refused_by_name(change, message):

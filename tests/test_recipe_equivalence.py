@@ -18,8 +18,8 @@ difference in what the replicas compute.
 
 Runs are kept short (tracing a 4-replica float64 step dominates): one epoch
 for each option alone, both stages (one epoch each) with every option
-together, which also covers the start options (--objectness-prior) and the
-CIoU box loss.
+together, which also covers the start options (--objectness-prior), the
+CIoU box loss and Darknet's anchor assignment (--iou-thresh).
 """
 
 import shutil
@@ -39,13 +39,14 @@ OPTIONS = {
     "eval_every_monitor_map": ["--eval-every", "1", "--monitor", "val_mAP"],
     "multi_scale": ["--multi-scale", "32,96", "--steps-per-epoch", "12"],
     "mosaic": ["--mosaic", "0.5"],
+    "iou_thresh": ["--iou-thresh", "0.213"],
 }
 # With the initialisation options too: these runs start from a seeded fresh
 # build (no --weights), which the objectness prior then changes.
 ALL_TOGETHER = [
     *("--eval-every", "1", "--monitor", "val_mAP", "--lr-schedule", "cosine", "--warmup-epochs", "1"),
     *("--ema", "0.8", "--multi-scale", "32,96", "--mosaic", "0.5", "--steps-per-epoch", "6"),
-    *("--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "1.5"),
+    *("--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "1.5", "--iou-thresh", "0.213"),
 ]
 NEEDS_VALIDATION = {"eval_every_monitor_map"}
 
@@ -172,3 +173,12 @@ def test_the_tolerance_is_far_below_a_step(dataset, start_weights, tmp_path_fact
     """Training moves the weights by orders of magnitude more than TOLERANCE (the check can fail)."""
     files, _ = _reference("ema", dataset, start_weights, tmp_path_factory, OPTIONS["ema"], validation=False)
     assert _max_difference(files[0], _weights(start_weights)) > 1e3 * TOLERANCE
+
+
+@pytest.mark.slow
+def test_iou_thresh_changes_what_train_py_trains(dataset, start_weights, tmp_path_factory):
+    """--iou-thresh reaches the targets through train.py: its run differs from the best-anchor-only run."""
+    plain, _ = _reference("plain", dataset, start_weights, tmp_path_factory, [], validation=False)
+    option = OPTIONS["iou_thresh"]
+    files, _ = _reference("iou_thresh", dataset, start_weights, tmp_path_factory, option, validation=False)
+    assert _max_difference(files[0], plain[0]) > 1e3 * TOLERANCE

@@ -93,3 +93,84 @@ def test_bad_masks_are_refused_with_the_expected_layout():
         resolve_masks([[0, 1, 2]], 6)
     with pytest.raises(ValueError, match=r"in \[0, 6\)"):
         resolve_masks([[3, 4, 5], [1, 2, 6]], 6)
+
+
+# --- Darknet's iou_thresh: other anchors above the threshold learn the box too ---
+
+
+def _darknet_assignments(true_boxes, input_shape, anchors, masks, iou_thresh):
+    """{(layer, sample, j, i, mask_n)} the boxes train, transcribed from Darknet's yolo_layer.c.
+
+    forward_yolo_layer, per truth: best_n over all anchors by the IoU of the
+    truth and the anchor box both centred (`box_iou(pred, truth_shift)`,
+    strict `>` so the first maximum wins); the truth trains mask_n of best_n
+    when the layer's mask holds it, then every other n of the mask with
+    `iou > l.iou_thresh` (only when iou_thresh < 1), in the truth's cell
+    i = truth.x * l.w, j = truth.y * l.h. Truth x, y are keras-yolo3's
+    integer-divided centres relative to the input.
+    """
+    height, width = input_shape
+    grids = [(height // 32, width // 32), (height // 16, width // 16), (height // 8, width // 8)][: len(masks)]
+    slots = set()
+    for b, boxes in enumerate(true_boxes):
+        for x_min, y_min, x_max, y_max, _ in boxes:
+            w, h = x_max - x_min, y_max - y_min
+            if w <= 0:
+                continue
+            ious = []
+            for anchor_w, anchor_h in anchors:
+                overlap = min(w, anchor_w) * min(h, anchor_h)
+                ious.append(overlap / (w * h + anchor_w * anchor_h - overlap))
+            best_iou, best_n = 0.0, 0
+            for n, iou in enumerate(ious):
+                if iou > best_iou:
+                    best_iou, best_n = iou, n
+            x, y = ((x_min + x_max) // 2) / width, ((y_min + y_max) // 2) / height
+            for layer, (grid_h, grid_w) in enumerate(grids):
+                i, j = int(x * grid_w), int(y * grid_h)
+                if best_n in masks[layer]:
+                    slots.add((layer, b, j, i, masks[layer].index(best_n)))
+                for n in range(len(anchors)):
+                    if n in masks[layer] and n != best_n and iou_thresh < 1.0 and ious[n] > iou_thresh:
+                        slots.add((layer, b, j, i, masks[layer].index(n)))
+    return slots
+
+
+@pytest.mark.parametrize("iou_thresh", [0.213, 0.5])
+@pytest.mark.parametrize("anchors", [FULL_ANCHORS, TINY_ANCHORS], ids=["full", "tiny"])
+def test_iou_thresh_trains_the_anchors_darknet_assigns(anchors, iou_thresh):
+    rng = np.random.default_rng(7)
+    shape = (416, 416)
+    corners = rng.uniform(0, 300, (6, 8, 2))
+    sizes = rng.uniform(8, 300, (6, 8, 2))
+    boxes = np.concatenate([corners, np.minimum(corners + sizes, 415), rng.integers(0, 3, (6, 8, 1))], -1)
+    boxes = np.round(boxes).astype(np.float32)
+    boxes[1, 5:] = 0  # padding rows
+    masks = [[6, 7, 8], [3, 4, 5], [0, 1, 2]] if len(anchors) == 9 else [[3, 4, 5], [1, 2, 3]]
+    y_true = preprocess_true_boxes(boxes, shape, anchors, 3, masks=masks, iou_thresh=iou_thresh)
+    got = {(layer, *map(int, slot)) for layer, y in enumerate(y_true) for slot in zip(*np.nonzero(y[..., 4]))}
+    expected = _darknet_assignments(boxes, shape, anchors, masks, iou_thresh)
+    assert got == expected
+    best_only = _darknet_assignments(boxes, shape, anchors, masks, 1.0)
+    assert len(expected) > len(best_only)  # the threshold added anchors: the check can fail
+
+
+def test_iou_thresh_one_or_none_is_the_best_anchor_only():
+    rng = np.random.default_rng(3)
+    corners = rng.uniform(0, 300, (2, 6, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(8, 100, (2, 6, 2)), np.zeros((2, 6, 1))], -1)
+    boxes = boxes.astype(np.float32)
+    plain = preprocess_true_boxes(boxes, (416, 416), FULL_ANCHORS, 1)
+    for iou_thresh in (None, 1.0):
+        for a, b in zip(plain, preprocess_true_boxes(boxes, (416, 416), FULL_ANCHORS, 1, iou_thresh=iou_thresh)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_iou_thresh_gives_a_box_of_unmasked_best_anchor_its_near_anchors():
+    # (10,14) box: best anchor 0 (in no tiny mask, no target without the
+    # threshold); IoU with anchor 1 (23,27) = 140 / 621 = 0.225 > 0.213.
+    small = np.array([[[100, 100, 110, 114, 0]]], np.float32)
+    y_true = preprocess_true_boxes(small, (416, 416), TINY_ANCHORS, 1, iou_thresh=0.213)
+    assert y_true[0].sum() == 0
+    assert y_true[1][..., 4].sum() == 1 and y_true[1][0, 6, 6, 0, 4] == 1  # fine scale, anchor 1 is mask slot 0
+    assert all(t.sum() == 0 for t in preprocess_true_boxes(small, (416, 416), TINY_ANCHORS, 1, iou_thresh=0.23))

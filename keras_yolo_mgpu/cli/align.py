@@ -57,6 +57,7 @@ def build_parser() -> cli.ArgumentParser:
         "(train.py's sgd); adam: train.py's default",
     )
     recipe.add_argument("--lr", type=float, default=1e-4, help="learning rate")
+    cli.add_iou_thresh_arg(recipe)
     recipe.add_argument("--float64", action="store_true", help="compute in float64: the runs must then agree to 1e-9")
     recipe.add_argument(
         "--threshold",
@@ -114,12 +115,13 @@ def _make_optimizer(name: str, learning_rate: float):
     return keras.optimizers.SGD(learning_rate=learning_rate)
 
 
-def _load_batches(args, anchors, num_classes):
-    """The first `--steps` global batches of train.py's pipeline, as arrays in floatx."""
+def _load_batches(args, anchors, num_classes, kind):
+    """The first `--steps` global batches of train.py's pipeline for model `kind`, as arrays in floatx."""
     import keras
 
     from keras_yolo_mgpu.data.check import check_annotations
     from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
 
     report = check_annotations(args.annotations, num_classes)
     if report.problems:
@@ -136,6 +138,7 @@ def _load_batches(args, anchors, num_classes):
         augment=not args.no_augment,
         seed=args.seed,
         masks=args.masks,
+        iou_thresh=resolve_iou_thresh(args.iou_thresh, kind),  # the targets train.py builds for the model
     )
     dtype = keras.config.floatx()
     batches = []
@@ -168,7 +171,7 @@ def run_alignment(args, devices):
     class_names, anchors, kind = _classes_anchors_and_kind(args)
     kind = get_architecture(kind, len(anchors)).name
     with align.floatx_policy("float64" if args.float64 else "float32"):
-        batches = _load_batches(args, anchors, len(class_names))
+        batches = _load_batches(args, anchors, len(class_names), kind)
 
         def build(sync_bn):
             return create_model(

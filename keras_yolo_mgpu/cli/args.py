@@ -213,6 +213,19 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_iou_thresh_arg(parser: argparse.ArgumentParser) -> None:
+    """--iou-thresh: Darknet's anchor assignment for the training targets (train.py, align)."""
+    parser.add_argument(
+        "--iou-thresh",
+        type=unit_float,
+        default=None,
+        metavar="T",
+        help="Darknet's iou_thresh: each box also trains every other anchor of its scales with IoU > T "
+        "(e.g. 0.213 as yolov4.cfg; 1 = its best anchor only; default: the model's: 0.213 for YOLOv4, "
+        "best anchor only for the others)",
+    )
+
+
 def add_freeze_args(parser: argparse.ArgumentParser, *, default: int, help: str | None = None) -> None:
     """--freeze-body (`default`, what `help` says it freezes), --no-sync-bn: which layers train, and how."""
     parser.add_argument("--freeze-body", type=int, choices=(0, 1, 2), default=default, help=help)

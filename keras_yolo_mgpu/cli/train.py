@@ -203,6 +203,7 @@ def add_recipe_args(group) -> None:
         help="weight of the CIoU box term (default: the model's: 0.07 for YOLOv4 as yolov4.cfg's iou_normalizer, "
         "1.0 for YOLOv3 with --box-loss ciou)",
     )
+    cli.add_iou_thresh_arg(group)
 
 
 # Command-line names whose TrainConfig field differs, and how to read them;

@@ -98,7 +98,9 @@ def steps_per_epoch(num_samples: int, batch_size: int) -> int:
 # --- targets -----------------------------------------------------------------
 
 
-def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int, masks=None) -> list[tf.Tensor]:
+def build_targets(
+    boxes, input_shape: tuple[int, int], anchors, num_classes: int, masks=None, iou_thresh: float | None = None
+) -> list[tf.Tensor]:
     """`targets.preprocess_true_boxes` with vectorised TF ops (same numbers).
 
     Args:
@@ -110,6 +112,8 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
         num_classes: number of classes.
         masks: anchor indices per scale (default keras-yolo3's, see
             `boxes.resolve_masks`).
+        iou_thresh: Darknet's `iou_thresh`: a box also goes to every other
+            anchor of the masks with IoU above it (None: the best anchor only).
 
     Returns:
         One float32 tensor per output scale, coarsest first, of shape
@@ -153,32 +157,36 @@ def build_targets(boxes, input_shape: tuple[int, int], anchors, num_classes: int
     later = tf.range(num_boxes)[None, :] > tf.range(num_boxes)[:, None]
     values = tf.concat([rel_xywh, tf.ones_like(rel_xywh[..., :1])], axis=-1)  # (B, T, 5)
 
+    # numpy multiplies a float32 scalar by an int32 scalar in float64.
+    x64, y64 = tf.cast(rel_xywh[..., 0], tf.float64), tf.cast(rel_xywh[..., 1], tf.float64)
     y_true = []
     for layer, stride in enumerate(output_strides(num_layers)):
         grid_h, grid_w = height // stride, width // stride
-        mask = tf.constant(masks[layer], tf.int32)
-        in_mask = tf.equal(best_anchor[..., None], mask)  # (B, T, 3)
-        in_layer = tf.logical_and(valid, tf.reduce_any(in_mask, axis=-1))
-        k = tf.argmax(tf.cast(in_mask, tf.int32), axis=-1, output_type=tf.int32)
-        # numpy multiplies a float32 scalar by an int32 scalar in float64.
-        i = tf.cast(tf.floor(tf.cast(rel_xywh[..., 0], tf.float64) * tf.cast(grid_w, tf.float64)), tf.int32)
-        j = tf.cast(tf.floor(tf.cast(rel_xywh[..., 1], tf.float64) * tf.cast(grid_h, tf.float64)), tf.int32)
-        i = tf.clip_by_value(i, 0, grid_w - 1)  # only out-of-image boxes need it
-        j = tf.clip_by_value(j, 0, grid_h - 1)
-        indices = tf.stack([batch_ids, j, i, k], axis=-1)  # (B, T, 4)
-
-        # Last box wins: drop a box when a later box of the layer has its slot.
-        key = (j * grid_w + i) * 3 + k
-        same_slot = tf.logical_and(tf.equal(key[..., :, None], key[..., None, :]), in_layer[..., None, :])
-        overwritten = tf.reduce_any(tf.logical_and(same_slot, later), axis=-1)
-        winner = tf.logical_and(in_layer, tf.logical_not(overwritten))
-
-        shape = tf.stack([batch, grid_h, grid_w, 3, 5])
-        box_part = tf.scatter_nd(tf.boolean_mask(indices, winner), tf.boolean_mask(values, winner), shape)
-        one_hot = tf.one_hot(tf.boolean_mask(classes, in_layer), num_classes, dtype=tf.float32)
-        class_shape = tf.stack([batch, grid_h, grid_w, 3, num_classes])
-        class_part = tf.minimum(tf.scatter_nd(tf.boolean_mask(indices, in_layer), one_hot, class_shape), 1.0)
-        y_true.append(tf.concat([box_part, class_part], axis=-1))
+        i = tf.clip_by_value(tf.cast(tf.floor(x64 * tf.cast(grid_w, tf.float64)), tf.int32), 0, grid_w - 1)
+        j = tf.clip_by_value(tf.cast(tf.floor(y64 * tf.cast(grid_h, tf.float64)), tf.int32), 0, grid_h - 1)
+        cell = j * grid_w + i  # (B, T); the clips only matter for out-of-image boxes
+        indices = tf.stack([batch_ids, j, i], axis=-1)  # (B, T, 3)
+        box_parts, class_parts = [], []
+        for anchor in masks[layer]:  # one slot per anchor of the scale
+            assigned = tf.equal(best_anchor, anchor)
+            if iou_thresh is not None and iou_thresh < 1.0:
+                assigned = tf.logical_or(assigned, iou[..., anchor] > iou_thresh)
+            assigned = tf.logical_and(valid, assigned)  # (B, T)
+            # Last box wins: drop a box when a later box takes its cell at this anchor.
+            same_cell = tf.logical_and(tf.equal(cell[..., :, None], cell[..., None, :]), assigned[..., None, :])
+            overwritten = tf.reduce_any(tf.logical_and(same_cell, later), axis=-1)
+            winner = tf.logical_and(assigned, tf.logical_not(overwritten))
+            box_parts.append(
+                tf.scatter_nd(
+                    tf.boolean_mask(indices, winner),
+                    tf.boolean_mask(values, winner),
+                    tf.stack([batch, grid_h, grid_w, 5]),
+                )
+            )
+            one_hot = tf.one_hot(tf.boolean_mask(classes, assigned), num_classes, dtype=tf.float32)
+            class_shape = tf.stack([batch, grid_h, grid_w, num_classes])
+            class_parts.append(tf.minimum(tf.scatter_nd(tf.boolean_mask(indices, assigned), one_hot, class_shape), 1.0))
+        y_true.append(tf.concat([tf.stack(box_parts, axis=3), tf.stack(class_parts, axis=3)], axis=-1))
     return y_true
 
 
@@ -394,6 +402,7 @@ class DatasetBuilder:
     shard_index: int = 0
     multi_scale: tuple[int, int] | None = None
     mosaic: float = 0.0
+    iou_thresh: float | None = None
 
     def __post_init__(self):
         self._check_arguments()
@@ -434,6 +443,8 @@ class DatasetBuilder:
             raise ValueError("multi-scale and mosaic are for training datasets; validation keeps one size")
         if not 0.0 <= self.mosaic <= 1.0:
             raise ValueError(f"`mosaic` is a probability in [0, 1]. Received: mosaic={self.mosaic}")
+        if self.iou_thresh is not None and not 0.0 < self.iou_thresh <= 1.0:
+            raise ValueError(f"`iou_thresh` must be in (0, 1] (1: best anchor only). Received: {self.iou_thresh}")
         if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
             raise ValueError(f"`cache` must be None, 'ram' or a directory path. Received: cache={self.cache!r}")
         if self.start_position < 0 or (self.start_position and not self.training):
@@ -649,7 +660,8 @@ class DatasetBuilder:
         x = {"image": images}
         # Multi-scale batches come in several sizes: targets at the batch's own.
         input_shape = (tf.shape(images)[1], tf.shape(images)[2]) if self.multi_scale else self.input_shape
-        for layer, y_true in enumerate(build_targets(boxes, input_shape, self.anchors, self.num_classes, self.masks)):
+        targets = build_targets(boxes, input_shape, self.anchors, self.num_classes, self.masks, self.iou_thresh)
+        for layer, y_true in enumerate(targets):
             x[f"y_true_{layer}"] = y_true
         y = tf.zeros([self.shard_batch_size, 1], tf.float32)
         return (x, y, *weights)
@@ -713,6 +725,7 @@ def make_dataset(
     shard_index: int = 0,
     multi_scale: tuple[int, int] | None = None,
     mosaic: float = 0.0,
+    iou_thresh: float | None = None,
 ) -> tf.data.Dataset:
     """Builds the training or validation dataset (see the module docstring).
 
@@ -750,6 +763,9 @@ def make_dataset(
             (B, None, None, ...) and `input_shape` is not used.
         mosaic: training only: probability that an element is a mosaic of
             four images (`data.mosaic`).
+        iou_thresh: Darknet's `iou_thresh` for the targets: a box also goes
+            to every other anchor of the masks with IoU above it
+            (`build_targets`); None: its best anchor only (keras-yolo3).
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
@@ -771,6 +787,7 @@ def make_dataset(
         shard_index=shard_index,
         multi_scale=multi_scale,
         mosaic=mosaic,
+        iou_thresh=iou_thresh,
     ).build()
 
 

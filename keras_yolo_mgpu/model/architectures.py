@@ -1,14 +1,15 @@
 """The networks `--model` selects, and what each needs besides its body.
 
-| name          | body              | anchors file               | scale_x_y (coarse first) | box loss |
-|---------------|-------------------|----------------------------|--------------------------|----------|
-| `yolov3`      | `yolo_body`       | `yolo_anchors.txt`         | 1                        | `yolov3` |
-| `yolov3-tiny` | `tiny_yolo_body`  | `tiny_yolo_anchors.txt`    | 1                        | `yolov3` |
-| `yolov4`      | `yolo4_body`      | `yolo4_anchors.txt`        | 1.05, 1.1, 1.2           | `ciou`   |
-| `yolov4-tiny` | `yolo4_tiny_body` | `yolo4_tiny_anchors.txt`   | 1.05, 1.05               | `ciou`   |
+| name          | body              | anchors file               | scale_x_y (coarse first) | box loss | iou_thresh |
+|---------------|-------------------|----------------------------|--------------------------|----------|------------|
+| `yolov3`      | `yolo_body`       | `yolo_anchors.txt`         | 1                        | `yolov3` | -          |
+| `yolov3-tiny` | `tiny_yolo_body`  | `tiny_yolo_anchors.txt`    | 1                        | `yolov3` | -          |
+| `yolov4`      | `yolo4_body`      | `yolo4_anchors.txt`        | 1.05, 1.1, 1.2           | `ciou`   | 0.213      |
+| `yolov4-tiny` | `yolo4_tiny_body` | `yolo4_tiny_anchors.txt`   | 1.05, 1.05               | `ciou`   | -          |
 
-The scale_x_y values and the CIoU box loss are those of AlexeyAB's
-yolov4.cfg / yolov4-tiny.cfg. Every model shares the anchor masks, targets
+The scale_x_y values, the CIoU box loss and the anchor assignment's
+`iou_thresh` are those of AlexeyAB's yolov4.cfg / yolov4-tiny.cfg (`-`: the
+best anchor only, as keras-yolo3; yolov4-tiny.cfg sets no iou_thresh). Every model shares the anchor masks, targets
 and per-sample loss of `model/boxes.py` and `model/loss.py`.
 """
 
@@ -22,6 +23,8 @@ MODEL_NAMES = ("yolov3", "yolov3-tiny", "yolov4", "yolov4-tiny")
 BOX_LOSSES = ("yolov3", "ciou")
 #: yolov4.cfg's `iou_normalizer`: the weight of each positive's 1 - CIoU.
 YOLOV4_CIOU_WEIGHT = 0.07
+#: yolov4.cfg's `iou_thresh`: anchors above this IoU with a box also learn it.
+YOLOV4_IOU_THRESH = 0.213
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,9 @@ class Architecture:
             CIoU: yolov4.cfg's `iou_normalizer` 0.07 for YOLOv4; 1.0 for
             YOLOv3 (`--box-loss ciou`), the weight keras-yolo3's box terms
             have in the same loss.
+        iou_thresh: the targets' default Darknet `iou_thresh`: a box also
+            trains every other anchor of its masks with IoU above it
+            (`model.targets`); None: its best anchor only.
     """
 
     name: str
@@ -51,6 +57,7 @@ class Architecture:
     box_loss: str
     ignore_thresh: float
     ciou_weight: float = 1.0
+    iou_thresh: float | None = None
 
     @property
     def tiny(self) -> bool:
@@ -73,7 +80,15 @@ _ARCHITECTURES = {
         "yolov3-tiny", "model.yolo3:tiny_yolo_body", "tiny_yolo_anchors.txt", 6, (1.0, 1.0), "yolov3", 0.5
     ),
     "yolov4": Architecture(
-        "yolov4", "model.yolo4:yolo4_body", "yolo4_anchors.txt", 9, (1.05, 1.1, 1.2), "ciou", 0.7, YOLOV4_CIOU_WEIGHT
+        "yolov4",
+        "model.yolo4:yolo4_body",
+        "yolo4_anchors.txt",
+        9,
+        (1.05, 1.1, 1.2),
+        "ciou",
+        0.7,
+        YOLOV4_CIOU_WEIGHT,
+        YOLOV4_IOU_THRESH,
     ),
     "yolov4-tiny": Architecture(
         "yolov4-tiny",
@@ -105,6 +120,16 @@ def get_architecture(name: str | None = None, num_anchors: int | None = None) ->
             f"(default anchors: model_data/{architecture.anchors_file})"
         )
     return architecture
+
+
+def resolve_iou_thresh(requested: float | None, name: str) -> float | None:
+    """The targets' Darknet `iou_thresh`: `requested`, else model `name`'s.
+
+    Returns None where each box trains its best anchor only (no threshold,
+    or Darknet's "off", a threshold >= 1).
+    """
+    value = get_architecture(name).iou_thresh if requested is None else requested
+    return None if value is None or value >= 1.0 else value
 
 
 def model_name(model: str | None, tiny: bool = False) -> str | None:

@@ -12,8 +12,8 @@ import numpy as np
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
 
-def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, masks=None):
-    """Assigns each box to its best anchor's grid cell.
+def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, masks=None, iou_thresh=None):
+    """Assigns each box to its best anchor's grid cell (and, with `iou_thresh`, to other anchors).
 
     Args:
         true_boxes: (N, T, 5) x_min, y_min, x_max, y_max, class_id in input
@@ -23,6 +23,10 @@ def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, ma
         num_classes: number of classes.
         masks: anchor indices per scale (default keras-yolo3's, see
             `boxes.resolve_masks`).
+        iou_thresh: Darknet's `iou_thresh` (yolov4.cfg: 0.213): the box
+            also goes to every other anchor of the masks whose IoU with it
+            (both centred) is above this value, in the same cell of that
+            anchor's scale. None (or >= 1) is keras-yolo3's best anchor only.
 
     Returns:
         A list with one float32 array per output scale, coarsest first, of
@@ -71,15 +75,26 @@ def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, ma
         box_area = wh[..., 0] * wh[..., 1]
         iou = intersect_area / (box_area + anchor_area - intersect_area)  # (T', A)
         best_anchor = np.argmax(iou, axis=-1)
-        for t, n in zip(valid, best_anchor):
+        for t, best, box_iou in zip(valid, best_anchor, iou):
             for layer in range(num_layers):
-                if n not in masks[layer]:
-                    continue
-                i = np.floor(true_boxes[b, t, 0] * grid_shapes[layer][1]).astype(np.int32)
-                j = np.floor(true_boxes[b, t, 1] * grid_shapes[layer][0]).astype(np.int32)
-                k = masks[layer].index(n)
-                c = true_boxes[b, t, 4].astype(np.int32)
-                y_true[layer][b, j, i, k, 0:4] = true_boxes[b, t, 0:4]
-                y_true[layer][b, j, i, k, 4] = 1
-                y_true[layer][b, j, i, k, 5 + c] = 1
+                for n in _assigned_anchors(best, box_iou, masks[layer], iou_thresh):
+                    i = np.floor(true_boxes[b, t, 0] * grid_shapes[layer][1]).astype(np.int32)
+                    j = np.floor(true_boxes[b, t, 1] * grid_shapes[layer][0]).astype(np.int32)
+                    k = masks[layer].index(n)
+                    c = true_boxes[b, t, 4].astype(np.int32)
+                    y_true[layer][b, j, i, k, 0:4] = true_boxes[b, t, 0:4]
+                    y_true[layer][b, j, i, k, 4] = 1
+                    y_true[layer][b, j, i, k, 5 + c] = 1
     return y_true
+
+
+def _assigned_anchors(best: int, box_iou: np.ndarray, mask: list[int], iou_thresh) -> list[int]:
+    """The anchors of one scale's `mask` a box is assigned to.
+
+    keras-yolo3: its best anchor, if the mask holds it. Darknet with
+    `iou_thresh` < 1 (yolo_layer.c) also assigns every other anchor of the
+    mask whose IoU with the box is strictly above `iou_thresh`.
+    """
+    if iou_thresh is None or iou_thresh >= 1.0:
+        return [best] if best in mask else []
+    return [n for n in mask if n == best or box_iou[n] > iou_thresh]

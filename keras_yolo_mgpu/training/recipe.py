@@ -13,7 +13,7 @@ run at the end of an epoch:
 
 Defaults are keras-yolo3's recipe: no mAP, `val_loss` monitored, constant
 rate with ReduceLROnPlateau, no warm-up, no EMA, one input size, no mosaic,
-zero objectness bias, the model's own box loss.
+zero objectness bias, the model's own box loss and anchor assignment.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def validate_recipe(config) -> None:
         raise ValueError(f"box_loss must be one of {BOX_LOSSES}. Received: box_loss={config.box_loss!r}")
     if config.ciou_weight is not None and not config.ciou_weight > 0:
         raise ValueError(f"ciou_weight must be > 0. Received: ciou_weight={config.ciou_weight}")
+    if config.iou_thresh is not None and not 0.0 < config.iou_thresh <= 1.0:
+        raise ValueError(f"iou_thresh must be in (0, 1] (1: the best anchor only). Received: {config.iou_thresh}")
     if config.multi_scale is not None:
         check_size_range(config.multi_scale)
         if config.jit:

@@ -110,6 +110,10 @@ class TrainConfig:
     box_loss: str | None = None
     # Weight of the CIoU term; None: the model's (Architecture.ciou_weight).
     ciou_weight: float | None = None
+    # Darknet's `iou_thresh` for the targets: a box also trains every other
+    # anchor of its masks with IoU above it (model.targets); 1.0: its best
+    # anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
+    iou_thresh: float | None = None
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -156,6 +160,9 @@ class TrainConfig:
         for key in ("input_shape", "multi_scale"):
             if values.get(key) is not None:
                 values[key] = tuple(values[key])
+        # A run saved before --iou-thresh existed trained each box's best
+        # anchor only, whatever its model's default is now; resuming keeps that.
+        values.setdefault("iou_thresh", 1.0)
         return cls(**values)
 
 
@@ -166,6 +173,11 @@ class TrainResult:
     history: dict[str, list[float]] = field(default_factory=dict)
     epochs_run: int = 0
     replicas: int = 1
+
+
+def _target_cells_bound(iou_thresh: float | None, masks) -> int:
+    """The most target cells one image can fill at one scale: a box fills one per anchor it is assigned to."""
+    return MAX_BOXES if iou_thresh is None else MAX_BOXES * max(len(mask) for mask in masks)
 
 
 def _model_settings(config: TrainConfig):
@@ -499,10 +511,12 @@ class _TrainingRun:
 
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
+        from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
         from keras_yolo_mgpu.weights.metadata import make_metadata
 
         config = self.config
         self.class_names, self.anchors, self.masks, self.kind = _model_settings(config)
+        self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
         self.train_annotations, self.val_annotations = _load_annotations(config, len(self.class_names), self.run_dir)
@@ -537,9 +551,9 @@ class _TrainingRun:
                 num_classes,
                 freeze_body=freeze_body,
                 sync_bn=self.engine.sync_bn,
-                # XLA needs static shapes: gather at most MAX_BOXES true boxes per
-                # scale, exact because the pipeline keeps at most that many.
-                max_true_boxes=MAX_BOXES if config.jit else None,
+                # XLA needs static shapes: gather at most as many true boxes per
+                # scale as the pipeline's targets can hold, so the gather is exact.
+                max_true_boxes=_target_cells_bound(self.iou_thresh, self.masks) if config.jit else None,
                 masks=self.masks,
                 model=self.kind,
                 box_loss=config.box_loss,
@@ -593,7 +607,9 @@ class _TrainingRun:
         config = self.config
         # Both sets encode their targets alike: input size, anchors, classes, global batch, masks.
         encoding = (config.input_shape, self.anchors, len(self.class_names), batch)
-        shared = dict(seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES, masks=self.masks)
+        shared = dict(
+            seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES, masks=self.masks, iou_thresh=self.iou_thresh
+        )
         # Under MultiWorkerMirroredStrategy each worker reads only its share.
         train_ds = distribute_training_dataset(
             self.engine.strategy,
