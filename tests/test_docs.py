@@ -2,7 +2,8 @@
 
 * The docs speak of the project, not of how it was built: none of the words
   in `FORBIDDEN_WORDS` appears in README.md, BENCHMARKS.md or docs/**/*.md.
-* Every relative link in them resolves to a file of the repository.
+* Every relative link in them resolves to a file of the repository, and an
+  anchor into a Markdown page to one of its headings.
 * Every command line in their fenced code blocks that runs one of the
   project's commands (`python train.py ...`, `python -m keras_yolo_mgpu.X ...`,
   `yolo-train ...`, `python scripts/x.py ...`, `make target`) names flags the
@@ -131,14 +132,18 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|^\s*\[[^\]]+
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def relative_links(text: str) -> list[str]:
-    """Targets of the Markdown links and images in `text` that point into the repository (anchors removed)."""
+def relative_links(text: str) -> list[tuple[str, str]]:
+    """(file, anchor) of the Markdown links and images in `text` that stay in the repository.
+
+    `file` is "" for an anchor in the same page; `anchor` is "" when the link has none.
+    """
     targets = [a or b for a, b in LINK.findall(text)] + IMAGE.findall(text)
     kept = []
     for target in targets:
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("#"):
-            continue  # http:, https:, mailto:, or an anchor in the same page
-        kept.append(target.split("#", 1)[0])
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+            continue  # http:, https:, mailto:
+        file, _, anchor = target.partition("#")
+        kept.append((file, anchor))
     return kept
 
 
@@ -148,22 +153,52 @@ def _outside_code(text: str) -> str:
     return re.sub(r"`[^`\n]*`", "", text)
 
 
-def test_relative_links_parse():
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page (and explicit `<a id=...>` / `name=`)."""
+    anchors, seen = set(), {}
+    for heading in re.findall(
+        r"^#{1,6}\s+(.+?)\s*#*\s*$", re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.M | re.S), re.M
+    ):
+        slug = re.sub(r"[^\w\- ]", "", re.sub(r"<[^>]+>", "", heading).lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    anchors.update(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", text))
+    return anchors
+
+
+def test_links_and_anchors_parse():
     text = "[a](docs/x.md#part) [b](https://e.org) [c](#top) ![d](img/p.png)\n[e]: ../f.md\n`[g](no.md)`"
-    assert relative_links(_outside_code(text)) == ["docs/x.md", "../f.md", "img/p.png"]
+    assert relative_links(_outside_code(text)) == [
+        ("docs/x.md", "part"),
+        ("", "top"),
+        ("../f.md", ""),
+        ("img/p.png", ""),
+    ]
+    page = "# GPU (one H100)\n## `align`: check it\n## Float32, float64 and mixed precision\n## Notes\n## Notes\n"
+    assert heading_anchors(page) == {
+        "gpu-one-h100",
+        "align-check-it",
+        "float32-float64-and-mixed-precision",
+        "notes",
+        "notes-1",
+    }
 
 
 @pytest.mark.parametrize("path", DOC_FILES, ids=_doc_id)
 def test_relative_links_resolve(path):
+    text = path.read_text(encoding="utf-8")
     broken = []
-    for target in relative_links(_outside_code(path.read_text(encoding="utf-8"))):
-        resolved = (path.parent / target).resolve()
-        if resolved.exists():
-            continue
-        name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else target
-        if not _pending(name):
-            broken.append(target)
-    assert not broken, f"{_doc_id(path)}: links to missing files: {broken}"
+    for target, anchor in relative_links(_outside_code(text)):
+        resolved = (path.parent / target).resolve() if target else path
+        if not resolved.exists():
+            name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else target
+            if not _pending(name):
+                broken.append(target)
+        elif anchor and resolved.suffix == ".md":
+            if anchor not in heading_anchors(resolved.read_text(encoding="utf-8")):
+                broken.append(f"{target}#{anchor}")
+    assert not broken, f"{_doc_id(path)}: links to missing files or headings: {broken}"
 
 
 # -- commands -----------------------------------------------------------------
@@ -171,7 +206,7 @@ def test_relative_links_resolve(path):
 FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1", re.MULTILINE | re.DOTALL)
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 REDIRECTIONS = {">", ">>", "<", "2>", "2>&1", "&>"}
-PLACEHOLDER = re.compile(r"\.\.\.|<[A-Za-z_][^>]*>|\[|\$|…")
+PLACEHOLDER = re.compile(r"\.\.\.|<[A-Za-z_][^>]*>|\[|\{|\$|…")
 
 
 INLINE_COMMAND = re.compile(r"`((?:\.venv/bin/)?python3? [^`\n]+|make [\w -]+)`")
@@ -260,8 +295,10 @@ def _project_module_command(module: str, arguments: list[str]) -> Command | None
     if module.startswith("keras_yolo_mgpu.cli."):
         module = f"keras_yolo_mgpu.{name}"
     if module == "keras_yolo_mgpu.bench" and arguments and not arguments[0].startswith("-"):
-        sub = f"keras_yolo_mgpu.cli.bench_{arguments[0]}"
-        return Command(f"{module} {arguments[0]}", arguments[1:], module=sub)
+        sub = f"bench_{arguments[0]}"
+        if not (ROOT / "keras_yolo_mgpu" / "cli" / f"{sub}.py").exists():
+            return Command(f"{module} {arguments[0]}", [], source=ROOT / "keras_yolo_mgpu" / "cli" / f"{sub}.py")
+        return Command(f"{module} {arguments[0]}", arguments[1:], module=f"keras_yolo_mgpu.cli.{sub}")
     if module == "keras_yolo_mgpu.align" and arguments[:1] == ["diff"]:
         return Command("keras_yolo_mgpu.align diff", arguments[1:], module="keras_yolo_mgpu.cli.align:diff")
     cli_path = ROOT / "keras_yolo_mgpu" / "cli" / f"{name}.py"
@@ -310,10 +347,11 @@ def documented_commands() -> list[tuple[str, str, Command]]:
     return found
 
 
-def _parser(module: str) -> argparse.ArgumentParser:
+def _parser(module: str) -> argparse.ArgumentParser | None:
+    """The command's parser from its `build_parser()` (`module:diff` -> `build_diff_parser()`), if it has one."""
     name, _, variant = module.partition(":")
-    command_module = importlib.import_module(name)
-    return getattr(command_module, f"build_{variant}_parser" if variant else "build_parser")()
+    build = getattr(importlib.import_module(name), f"build_{variant}_parser" if variant else "build_parser", None)
+    return build() if build is not None else None
 
 
 def _flags(arguments: list[str]) -> list[str]:
@@ -323,7 +361,11 @@ def _flags(arguments: list[str]) -> list[str]:
 def check_command(command: Command) -> str | None:
     """None when the documented arguments fit the command, else what is wrong."""
     flags = _flags(command.arguments)
-    if command.module is None:
+    parser = _parser(command.module) if command.module is not None else None
+    if parser is None and command.module is not None:
+        # A command that builds its parser another way: its source must define the flags.
+        command.source = Path(importlib.import_module(command.module.partition(":")[0]).__file__)
+    if parser is None:
         if command.label == "make":
             targets = re.findall(r"^([\w.-]+):", command.source.read_text(encoding="utf-8"), re.MULTILINE)
             missing = [target for target in command.arguments if not target.startswith("-") and target not in targets]
@@ -333,7 +375,6 @@ def check_command(command: Command) -> str | None:
         text = command.source.read_text(encoding="utf-8")
         missing = [flag for flag in flags if f'"{flag}"' not in text and not _pending(flag)]
         return f"flags not defined in {command.source.relative_to(ROOT)}: {missing}" if missing else None
-    parser = _parser(command.module)
     known = {option for action in parser._actions for option in action.option_strings}
     if "-h" in flags or "--help" in flags:
         return None
