@@ -254,11 +254,13 @@ def simple_commands(line: str) -> list[list[str]]:
 
 
 def _strip_prefixes(tokens: list[str]) -> list[str]:
-    """Drops environment assignments, `nice -n N`, `time`, `/usr/bin/time -v` and `env` before a command."""
+    """Drops environment assignments, `nice -n N`, `timeout S`, `time`, `/usr/bin/time -v`, `env` before a command."""
     while tokens:
         head = tokens[0]
         if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", head) or head in ("env", "time"):
             tokens = tokens[1:]
+        elif head == "timeout":
+            tokens = tokens[2:]
         elif head == "nice":
             tokens = tokens[3:] if len(tokens) > 2 and tokens[1] == "-n" else tokens[1:]
         elif head.endswith("/time"):
@@ -289,24 +291,24 @@ class Command:
 
 def _project_module_command(module: str, arguments: list[str]) -> Command | None:
     """`python -m <module> ...` of the project, resolved to the module whose parser reads `arguments`."""
-    if not module.startswith("keras_yolo_mgpu"):
+    if module != "keras_yolo_mgpu" and not module.startswith("keras_yolo_mgpu."):
         return None
-    name = module.split(".")[-1]
-    if module.startswith("keras_yolo_mgpu.cli."):
-        module = f"keras_yolo_mgpu.{name}"
-    if module == "keras_yolo_mgpu.bench" and arguments and not arguments[0].startswith("-"):
-        sub = f"bench_{arguments[0]}"
-        if not (ROOT / "keras_yolo_mgpu" / "cli" / f"{sub}.py").exists():
-            return Command(f"{module} {arguments[0]}", [], source=ROOT / "keras_yolo_mgpu" / "cli" / f"{sub}.py")
-        return Command(f"{module} {arguments[0]}", arguments[1:], module=f"keras_yolo_mgpu.cli.{sub}")
-    if module == "keras_yolo_mgpu.align" and arguments[:1] == ["diff"]:
-        return Command("keras_yolo_mgpu.align diff", arguments[1:], module="keras_yolo_mgpu.cli.align:diff")
-    cli_path = ROOT / "keras_yolo_mgpu" / "cli" / f"{name}.py"
-    if cli_path.exists():
-        return Command(module, arguments, module=f"keras_yolo_mgpu.cli.{name}")
     path = ROOT / Path(*module.split("."))
-    path = path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
-    return Command(module, arguments, source=path)
+    runnable = path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+    if not runnable.exists():
+        return Command(module, [], source=runnable)  # reported: no such module
+    cli = ROOT / "keras_yolo_mgpu" / "cli"
+    if module == "keras_yolo_mgpu.bench" and arguments and not arguments[0].startswith("-"):
+        sub = cli / f"bench_{arguments[0]}.py"
+        if not sub.exists():
+            return Command(f"{module} {arguments[0]}", [], source=sub)  # reported: no such benchmark
+        return Command(f"{module} {arguments[0]}", arguments[1:], module=f"keras_yolo_mgpu.cli.{sub.stem}")
+    if module == "keras_yolo_mgpu.align" and arguments[:1] == ["diff"]:
+        return Command(f"{module} diff", arguments[1:], module="keras_yolo_mgpu.cli.align:diff")
+    name = module.split(".")[-1]  # keras_yolo_mgpu.X is an alias of keras_yolo_mgpu.cli.X
+    if (cli / f"{name}.py").exists():
+        return Command(module, arguments, module=f"keras_yolo_mgpu.cli.{name}")
+    return Command(module, arguments, source=runnable)
 
 
 def project_command(tokens: list[str]) -> Command | None:
@@ -422,6 +424,9 @@ def test_documented_command_parses(doc, line, command):
         "python -m keras_yolo_mgpu.align diff a.h5 b.h5 --thresold 1e-3",
         "nice -n 19 .venv/bin/python scripts/recipe_table.py --no-such-flag x",
         "make no-such-target",
+        "python -m keras_yolo_mgpu.train --epochs 3",  # no such module: train.py or keras_yolo_mgpu.cli.train
+        "python -m keras_yolo_mgpu.bench no-such-benchmark",
+        "yolo-train --epoch 3",
     ],
 )
 def test_a_broken_command_is_caught(line):
@@ -438,3 +443,5 @@ def test_a_good_command_passes_and_others_are_ignored():
     assert commands[1].label == "train.py" and commands[1].arguments == ["--epochs", "3", "--gpus", "2"]
     assert check_command(commands[1]) is None
     assert project_command(["python", "-m", "pytest", "-q"]) is None
+    for tokens in (["yolo-train", "--epochs", "3"], ["python3", "-m", "keras_yolo_mgpu.cli.train", "--epochs", "3"]):
+        assert check_command(project_command(tokens)) is None
