@@ -225,3 +225,23 @@ def test_iou_thresh_changes_what_train_py_trains(dataset, start_weights, replica
         _difference_from_saved, dataset, start_weights, str(tmp_path), [], kwargs, saved, floatx="float64"
     )
     assert difference > 1e3 * TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("recipe-iou_thresh")
+def test_xla_on_one_device_trains_like_the_uncompiled_run(dataset, start_weights, replica_runs, tmp_path):
+    """--jit (XLA, the one-GPU default) through train.py trains the final weights of the same run without it.
+
+    With --iou-thresh, so the static ignore-mask bound XLA needs is the
+    multi-anchor one. One device only: with several replicas Keras 3.15
+    compiles the whole cross-replica step as one XLA computation, which
+    fails on logical devices (training/precision.py), so several GPUs keep
+    XLA off by default: the path the tests above prove exact.
+    """
+    runs = replica_runs("iou_thresh", OPTIONS["iou_thresh"], validation=False)
+    saved = str(runs["work_dir"] / "reference_final.npz")
+    options, kwargs = [*OPTIONS["iou_thresh"], "--jit"], dict(validation=False)
+    difference = run_isolated(
+        _difference_from_saved, dataset, start_weights, str(tmp_path), options, kwargs, saved, floatx="float64"
+    )
+    assert difference <= TOLERANCE

@@ -75,6 +75,9 @@ def test_two_simulated_gpus_write_a_checkpoint_that_loads_on_one_device(dataset,
         assert name in files, (name, files)
     assert any(f.startswith("ep") and f.endswith(".weights.h5") for f in files)
     assert "2 replica(s)" in result.stderr
+    # No precision flags on the CPU: float32 and no XLA ran, and args.json says so (not "default").
+    saved = json.loads((log_dir / "args.json").read_text())
+    assert (saved["mixed_precision"], saved["jit"]) == (False, False)
     history = (log_dir / "history.csv").read_text().splitlines()
     assert len(history) == 3  # header + 2 epochs
     assert "images_per_sec" in history[0]
@@ -258,34 +261,30 @@ def test_multiworker_two_processes_on_localhost(dataset, tmp_path):
 
 def test_mixed_precision_policy_does_not_outlive_the_run(tmp_path, monkeypatch):
     """A run that set mixed_float16 (here: one that then fails) leaves the process's dtype policy as it found it."""
-    import tensorflow as tf
     from keras.src.backend.common import global_state
 
-    from keras_yolo_mgpu.training.trainer import TrainConfig, train
+    from keras_yolo_mgpu.training.trainer import TrainConfig, _TrainingRun, train
 
     before = global_state.get_global_attribute("dtype_policy", None)
-    real_list = tf.config.list_physical_devices
-    # Pretend a GPU is visible, so --mixed-precision really sets the policy.
-    monkeypatch.setattr(
-        tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"] if kind == "GPU" else real_list(kind)
-    )
     seen = {}
-    real_get_classes = __import__("keras_yolo_mgpu.resources", fromlist=["get_classes"]).get_classes
 
-    def get_classes_then_fail(path):
+    def record_policy_then_fail(self, freeze_body):
         seen["policy"] = global_state.get_global_attribute("dtype_policy", None)
-        return real_get_classes(path)
+        raise ValueError("stop after the policy is set")
 
-    monkeypatch.setattr("keras_yolo_mgpu.resources.get_classes", get_classes_then_fail)
+    monkeypatch.setattr(_TrainingRun, "build_models", record_policy_then_fail)
+    data = make_synthetic_dataset(tmp_path / "data", num_train=4, num_val=0, image_size=64, seed=0)
     config = TrainConfig(
-        annotations=str(tmp_path / "missing.txt"),
-        classes=str(tmp_path / "missing_classes.txt"),
+        annotations=data.train,
+        classes=data.classes,
+        tiny=True,
+        input_shape=(64, 64),
+        val_split=0.0,
         mixed_precision=True,
-        gpus=1,
+        jit=False,
         log_dir=str(tmp_path / "run"),
     )
-    monkeypatch.setattr("keras_yolo_mgpu.parallel.devices.select_devices", lambda gpus, simulate=False: ["/CPU:0"])
-    with pytest.raises((FileNotFoundError, OSError, ValueError)):
+    with pytest.raises(ValueError, match="stop after the policy is set"):
         train(config)
     assert seen["policy"].name == "mixed_float16"  # the run did set it
     assert global_state.get_global_attribute("dtype_policy", None) is before

@@ -98,8 +98,7 @@ def build_parser() -> cli.ArgumentParser:
         help="override steps per epoch (default: all images once)",
     )
     add_recipe_args(recipe)
-    recipe.add_argument("--mixed-precision", action="store_true", help="mixed_float16 on GPU (loss kept in float32)")
-    recipe.add_argument("--jit", action="store_true", help="try XLA compilation")
+    add_precision_args(recipe)
     devices = parser.add_argument_group("devices")
     cli.add_device_args(devices)
     devices.add_argument(
@@ -135,6 +134,38 @@ def multi_scale_range(text: str) -> tuple[int, int]:
         return check_size_range((low, high))  # the range rule lives with the sizes it draws
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def precision_choice(text: str) -> bool:
+    """`mixed` -> True, `float32` -> False: TrainConfig.mixed_precision."""
+    if text not in ("float32", "mixed"):
+        raise argparse.ArgumentTypeError(f"expected float32 or mixed, got {text!r}")
+    return text == "mixed"
+
+
+def add_precision_args(group) -> None:
+    """--precision / --no-jit (and the older --mixed-precision / --jit): default None, the device's choice."""
+    group.add_argument(
+        "--precision",
+        dest="mixed_precision",
+        type=precision_choice,
+        default=None,
+        metavar="{float32,mixed}",
+        help="mixed: float16 compute, float32 variables and loss (default: mixed on GPUs after a start-up check, "
+        "float32 on the CPU)",
+    )
+    group.add_argument(
+        "--mixed-precision", dest="mixed_precision", action="store_const", const=True, help="same as --precision mixed"
+    )
+    group.add_argument(
+        "--jit",
+        dest="jit",
+        action="store_const",
+        const=True,
+        default=None,
+        help="XLA-compile the training step (default: on GPUs after a start-up check, off on the CPU)",
+    )
+    group.add_argument("--no-jit", dest="jit", action="store_const", const=False, help="no XLA, on GPUs too")
 
 
 def add_recipe_args(group) -> None:

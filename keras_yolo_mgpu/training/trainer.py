@@ -85,8 +85,10 @@ class TrainConfig:
     strategy: str = "mirrored"
     parallel: str = "strategy"
     sync_bn: bool = True
-    mixed_precision: bool = False
-    jit: bool = False
+    # None: the device's default (training/precision.py: on for GPUs, off
+    # for the CPU), checked at start-up; args.json records what ran.
+    mixed_precision: bool | None = None
+    jit: bool | None = None
     resume: bool = False
     strict: bool = False
     cache: str | None = None
@@ -291,17 +293,14 @@ def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
     return train, val
 
 
-def _configure_precision(config: TrainConfig) -> None:
-    import keras
-    import tensorflow as tf
+def _write_args_json(config: TrainConfig) -> None:
+    from keras_yolo_mgpu.fileio import atomic_write
 
-    if not config.mixed_precision:
-        return
-    if not tf.config.list_physical_devices("GPU"):
-        # It runs (the tests exercise it on the CPU), it just buys nothing there.
-        logger.warning("--mixed-precision: no GPU visible; float16 on the CPU is slower than float32")
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    logger.info("mixed precision: float16 compute, float32 variables and loss, loss-scaled optimizer")
+    def write(temporary):
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(config.to_json() + "\n")
+
+    atomic_write(os.path.join(config.log_dir, "args.json"), write)
 
 
 def draw_seed() -> int:
@@ -459,8 +458,8 @@ class _TrainingRun:
     def run(self) -> TrainResult:
         """Runs every step: log dir, data, model, callbacks, the two stages, the final weights."""
         self.state = self.open_log_dir()
-        _configure_precision(self.config)
         self.read_settings_and_data()
+        self.choose_precision_and_jit()
         # Whether stage 1 (frozen body) still has epochs to run.
         stage1_left = self.config.freeze_epochs > 0 and (self.state is None or self.state.stage == 1)
         self.build_models(freeze_body=self.config.freeze_body if stage1_left else 0)
@@ -530,6 +529,85 @@ class _TrainingRun:
             ", ".join(self.engine.devices) or "the cluster",
         )
 
+    def choose_precision_and_jit(self) -> None:
+        """Mixed precision and XLA: the device's defaults, checked on the first batch (training/precision.py).
+
+        A resumed run keeps what its args.json records; a new one rewrites
+        args.json with what passed the checks.
+        """
+        from keras_yolo_mgpu.training import precision
+
+        config = self.config
+        if not (config.resume and None not in (config.mixed_precision, config.jit)):
+            kind = precision.training_device_kind(self.engine.devices)
+            plan = precision.plan_settings(
+                kind,
+                mixed_precision=config.mixed_precision,
+                jit=config.jit,
+                multi_scale=config.multi_scale,
+                replicas=self.engine.replicas,
+            )
+            for reason in plan.reasons:
+                logger.info(reason)
+            config.mixed_precision, config.jit = precision.run_checks(plan, self.check_model, self.first_inputs)
+            if self.chief:
+                _write_args_json(config)
+        precision.apply_policy(config.mixed_precision)
+
+    def start_weights(self) -> list:
+        """The seeded start weights of a new run (and --weights), built once."""
+        if getattr(self, "_start_weights", None) is None:
+            self._start_weights = _initial_weights(self.config, self.anchors, len(self.class_names), self.kind)
+        return self._start_weights
+
+    def model_settings(self, jit: bool) -> dict:
+        """`create_model`'s arguments for this run, but `freeze_body` and `sync_bn`."""
+        config = self.config
+        return dict(
+            # Multi-scale: one model for every training size (validation keeps --input-size).
+            input_shape=(None, None) if config.multi_scale else config.input_shape,
+            anchors=self.anchors,
+            num_classes=len(self.class_names),
+            # XLA needs static shapes: gather at most as many true boxes per
+            # scale as the pipeline's targets can hold, so the gather is exact.
+            max_true_boxes=_target_cells_bound(self.iou_thresh, self.masks) if jit else None,
+            masks=self.masks,
+            model=self.kind,
+            box_loss=config.box_loss,
+            ciou_weight=config.ciou_weight,
+        )
+
+    def check_model(self):
+        """A training model on the default device from the start weights, for the start-up checks."""
+        from keras_yolo_mgpu.model.yolo3 import create_model
+
+        body, train_model = create_model(freeze_body=0, **self.model_settings(jit=True))
+        body.set_weights(self.start_weights())
+        return train_model
+
+    def first_inputs(self):
+        """The model inputs of one replica's first training batch (for the start-up checks)."""
+        from keras_yolo_mgpu.data.pipeline import make_dataset
+
+        config = self.config
+        batch = max(1, self.batch_sizes[0] // self.engine.replicas)
+        dataset = make_dataset(
+            self.train_annotations,
+            config.input_shape,
+            self.anchors,
+            len(self.class_names),
+            batch,
+            training=True,
+            augment=config.augment,
+            seed=config.seed,
+            max_boxes=MAX_BOXES,
+            masks=self.masks,
+            multi_scale=config.multi_scale,
+            mosaic=config.mosaic,
+            iou_thresh=self.iou_thresh,
+        )
+        return next(iter(dataset))[0]
+
     def build_models(self, freeze_body: int) -> None:
         """The template body and its training model under the strategy, with the run's start weights.
 
@@ -541,23 +619,10 @@ class _TrainingRun:
         from keras_yolo_mgpu.model.yolo3 import create_model
 
         config = self.config
-        num_classes = len(self.class_names)
-        initial_weights = _initial_weights(config, self.anchors, num_classes, self.kind) if self.state is None else None
+        initial_weights = self.start_weights() if self.state is None else None
         with self.engine.strategy.scope():
             self.body, train_model = create_model(
-                # Multi-scale: one model for every training size (validation keeps --input-size).
-                (None, None) if config.multi_scale else config.input_shape,
-                self.anchors,
-                num_classes,
-                freeze_body=freeze_body,
-                sync_bn=self.engine.sync_bn,
-                # XLA needs static shapes: gather at most as many true boxes per
-                # scale as the pipeline's targets can hold, so the gather is exact.
-                max_true_boxes=_target_cells_bound(self.iou_thresh, self.masks) if config.jit else None,
-                masks=self.masks,
-                model=self.kind,
-                box_loss=config.box_loss,
-                ciou_weight=config.ciou_weight,
+                freeze_body=freeze_body, sync_bn=self.engine.sync_bn, **self.model_settings(config.jit)
             )
             if initial_weights is not None:
                 self.body.set_weights(initial_weights)

@@ -1,0 +1,229 @@
+"""Mixed precision and XLA: on by default on GPUs, each checked once at start-up.
+
+On one H100, YOLOv3-416 trains at 215.7 images/s in float32 without XLA and
+653.4 with mixed precision (float16 compute, float32 variables and loss) and
+XLA (BENCHMARKS.md), so a run on GPUs uses both unless told otherwise
+(`train.py --precision float32`, `--no-jit`). On the CPU nothing changes:
+float16 is slower there and XLA buys little.
+
+Neither is taken on trust. Before the first epoch:
+
+* `check_mixed_precision` runs a forward/backward pass of the training model
+  on the run's first batch in float32 and in mixed_float16 from the same
+  weights; the run falls back to float32, with a warning, when a loss or a
+  gradient is non-finite or the two losses are far apart (ultralytics' AMP
+  check does the same with its detection outputs).
+* `check_xla` compiles that step with XLA; the run falls back to no XLA,
+  with a warning, when compiling fails or its loss disagrees with the
+  uncompiled step's.
+
+A setting asked for explicitly (`--precision mixed`, `--jit`) is used as
+asked, without its check.
+
+`args.json` then records what the run actually does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("float32", "mixed")
+# Largest relative difference between the float32 and the mixed-precision
+# loss the check accepts. float16 carries ~3 significant digits, so a sound
+# model differs by ~1e-3; a broken one by orders of magnitude or NaN.
+MIXED_LOSS_RTOL = 0.05
+# XLA may reorder float additions; a miscompiled step is off by far more.
+XLA_LOSS_RTOL = 1e-3
+
+
+def training_device_kind(devices: Sequence[str]) -> str:
+    """ "GPU" when every device the run trains on is a GPU, else "CPU".
+
+    Args:
+        devices: the engine's device names (e.g. "/gpu:0", "/cpu:0"); empty
+            for a multi-worker cluster, which then looks at the local devices.
+    """
+    if not devices:
+        import tensorflow as tf
+
+        return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    return "GPU" if all("GPU" in name.upper() for name in devices) else "CPU"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run asks for before the checks: each setting, whether it is the default (then checked), and why."""
+
+    mixed_precision: bool
+    jit: bool
+    check_mixed_precision: bool
+    check_jit: bool
+    reasons: tuple[str, ...]
+
+
+def plan_settings(
+    device_kind: str, *, mixed_precision: bool | None, jit: bool | None, multi_scale, replicas: int = 1
+) -> Plan:
+    """Mixed precision and XLA for a run on `device_kind`; None means "the default there".
+
+    The defaults: both on for "GPU", both off for "CPU". XLA compiles one
+    input size, so multi-scale training (a new size every 10 steps) keeps it
+    off unless asked for (which `TrainConfig` then refuses). So do several
+    replicas: Keras 3.15 compiles the whole cross-replica step (every
+    replica's `train_step` and the reduction) as one XLA computation on one
+    device, which then cannot reach the other replicas' variables
+    ("Trying to access resource ... located in device CPU:1 from device
+    CPU:0", measured with 2 and 4 logical devices, 2026-11-25). A default that
+    turns a setting on is checked at start-up (`run_checks`); one asked for
+    explicitly is used as asked.
+    """
+    reasons = []
+    on_gpus = device_kind == "GPU"
+    default_mixed, default_jit = mixed_precision is None, jit is None
+    if default_mixed:
+        mixed_precision = on_gpus
+        reasons.append(f"mixed precision {'on' if on_gpus else 'off'}: the default on {device_kind}")
+    if default_jit:
+        jit = on_gpus and not multi_scale and replicas == 1
+        why = "the default"
+        if on_gpus and multi_scale:
+            why = "multi-scale training changes the input size"
+        elif on_gpus and replicas > 1:
+            why = f"Keras compiles {replicas} replicas' step as one XLA computation, which fails"
+        reasons.append(f"XLA {'on' if jit else 'off'}: {why} on {device_kind}")
+    elif jit and replicas > 1:
+        logger.warning(
+            "XLA (--jit) with %d replicas: Keras 3.15 compiles the replicated step as one XLA computation, which "
+            "fails on logical devices (variables on another device); --no-jit is the tested path",
+            replicas,
+        )
+    mixed_precision, jit = bool(mixed_precision), bool(jit)
+    return Plan(mixed_precision, jit, default_mixed and mixed_precision, default_jit and jit, tuple(reasons))
+
+
+def _step_function(train_model, jit_compile: bool):
+    """A tf.function: inputs -> (mean loss, every gradient), as float32."""
+    import tensorflow as tf
+
+    def step(inputs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.cast(train_model(inputs, training=True), tf.float32))
+        gradients = tape.gradient(loss, train_model.trainable_variables)
+        return loss, [tf.cast(g, tf.float32) for g in gradients if g is not None]
+
+    return tf.function(step, jit_compile=jit_compile)
+
+
+def _loss_and_finite(train_model, inputs, jit_compile: bool = False) -> tuple[float, bool]:
+    """The step's mean loss and whether it and every gradient are finite."""
+    import numpy as np
+
+    loss, gradients = _step_function(train_model, jit_compile)(inputs)
+    finite = bool(np.isfinite(loss.numpy())) and all(bool(np.all(np.isfinite(g.numpy()))) for g in gradients)
+    return float(loss.numpy()), finite
+
+
+def check_mixed_precision(build_train_model: Callable[[], object], inputs) -> str | None:
+    """Compares one forward/backward pass in float32 and in mixed_float16.
+
+    Args:
+        build_train_model: builds the training model (inputs -> per-sample
+            loss (N, 1)) under the global dtype policy, with the run's start
+            weights; called once per precision.
+        inputs: the model's inputs for one batch (the pipeline's `x`).
+
+    Returns:
+        None when mixed precision is sound, else why not (for the warning).
+    """
+    import keras
+
+    previous = keras.config.dtype_policy()
+    losses = {}
+    try:
+        for policy in ("float32", "mixed_float16"):
+            keras.config.set_dtype_policy(policy)
+            loss, finite = _loss_and_finite(build_train_model(), inputs)
+            if not finite:
+                return f"the loss or a gradient is not finite under {policy} (loss {loss:g})"
+            losses[policy] = loss
+    finally:
+        keras.config.set_dtype_policy(previous)
+    reference, mixed = losses["float32"], losses["mixed_float16"]
+    difference = abs(mixed - reference) / max(abs(reference), 1e-12)
+    if difference > MIXED_LOSS_RTOL:
+        return f"the loss is {mixed:g} in mixed precision, {reference:g} in float32 ({difference:.1%} apart)"
+    return None
+
+
+def check_xla(train_model, inputs) -> str | None:
+    """Compiles one forward/backward pass of `train_model` with XLA and compares it with the uncompiled one.
+
+    Returns:
+        None when the step compiles and agrees, else why not (for the warning).
+    """
+    try:
+        compiled, finite = _loss_and_finite(train_model, inputs, jit_compile=True)
+    except Exception as error:  # XLA raises several types (InvalidArgument, Unimplemented, ...)
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"XLA cannot compile the training step: {first_line}"
+    plain, _ = _loss_and_finite(train_model, inputs)
+    if not finite or abs(compiled - plain) > XLA_LOSS_RTOL * max(abs(plain), 1e-12):
+        return f"the XLA-compiled step's loss is {compiled:g}, {plain:g} without XLA"
+    return None
+
+
+def apply_policy(mixed_precision: bool) -> None:
+    """Sets Keras's global dtype policy for the models the run builds next."""
+    import keras
+
+    if mixed_precision:
+        import tensorflow as tf
+
+        if not tf.config.list_physical_devices("GPU"):
+            # It runs (the tests exercise it on the CPU), it just buys nothing there.
+            logger.warning("mixed precision without a GPU: float16 on the CPU is slower than float32")
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        logger.info("mixed precision: float16 compute, float32 variables and loss, loss-scaled optimizer")
+
+
+def run_checks(plan: Plan, build_train_model: Callable[[], object], first_inputs: Callable[[], object]):
+    """The plan's settings after the start-up checks of its defaults: `(mixed_precision, jit)`.
+
+    Args:
+        plan: what `plan_settings` chose.
+        build_train_model: builds the training model with the run's start
+            weights under the global dtype policy (and, for XLA, the static
+            shapes XLA needs).
+        first_inputs: returns the inputs of the run's first batch; called
+            only when a check runs.
+    """
+    mixed, jit = plan.mixed_precision, plan.jit
+    if not (plan.check_mixed_precision or plan.check_jit):
+        return mixed, jit
+    import keras
+
+    inputs = first_inputs()
+    if plan.check_mixed_precision:
+        problem = check_mixed_precision(build_train_model, inputs)
+        if problem:
+            logger.warning("mixed precision check failed, training in float32: %s", problem)
+            mixed = False
+        else:
+            logger.info("mixed precision check passed (float32 and mixed_float16 losses agree)")
+    if plan.check_jit:
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy("mixed_float16" if mixed else previous)
+        try:
+            problem = check_xla(build_train_model(), inputs)
+        finally:
+            keras.config.set_dtype_policy(previous)
+        if problem:
+            logger.warning("XLA check failed, training without XLA: %s", problem)
+            jit = False
+        else:
+            logger.info("XLA check passed (the compiled training step agrees with the uncompiled one)")
+    return mixed, jit
