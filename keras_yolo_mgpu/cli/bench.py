@@ -17,6 +17,7 @@ BENCHMARKS = {
     "pipeline": "input pipeline images/sec with augmentation (and the reference generator)",
     "train": "training images/sec on N (simulated) devices",
     "infer": "video detection frames/sec against the bare forward pass",
+    "e2e": "training from JPEG files (pipeline + step) against the step alone",
 }
 USAGE = "usage: python -m keras_yolo_mgpu.bench {" + ",".join(BENCHMARKS) + "} [options]"
 

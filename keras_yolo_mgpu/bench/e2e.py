@@ -1,0 +1,159 @@
+"""End to end: training from JPEG files against the step alone, on the same device.
+
+    python -m keras_yolo_mgpu.bench e2e --annotations /tmp/bench_images/train.txt \\
+        --classes model_data/voc_classes.txt --input-size 416 --batch-size 32
+
+Builds what `train.py` trains (the model, its compile settings, mixed
+precision and XLA as the device's defaults, `training.precision`) and fits
+it, in interleaved rounds, on two inputs:
+
+- `pipeline`: `data.make_dataset(training=True)` over the JPEG files, as
+  `train.py` feeds `fit` (decoding, keras-yolo3's augmentation, targets);
+- `in-memory`: the pipeline's first batch, held in memory and repeated: the
+  step alone.
+
+Each round times `steps` steps after `warmup` (the pipeline's buffers fill
+and the step compiles during warm-up). `ratio` = pipeline images/s /
+in-memory images/s: 1.0 means the input pipeline keeps up with the step.
+Unlike `train.py`, the start-up checks of mixed precision and XLA do not run.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+logger = logging.getLogger(__name__)
+
+
+def _wall_times(model, dataset, steps: int) -> list[float]:
+    """`fit` for `steps` steps; the wall time at the end of each step."""
+    import keras
+
+    ends: list[float] = []
+
+    class StepEnds(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ends.append(time.perf_counter())
+
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[StepEnds()])
+    return ends
+
+
+def _images_per_sec(ends: list[float], warmup: int, batch_size: int) -> float:
+    timed = ends[warmup - 1 :] if warmup else ends
+    return batch_size * (len(timed) - 1) / (timed[-1] - timed[0])
+
+
+def _build_training_model(engine, settings: dict, plan, num_classes: int, anchors, masks, kind, iou_thresh):
+    """`train.py`'s training model on `engine`, compiled as `train.py` compiles it."""
+    import keras
+
+    from keras_yolo_mgpu.model.loss import totalloss
+    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.training.trainer import _target_cells_bound
+
+    with engine.strategy.scope():
+        _, train_model = create_model(
+            settings["input_shape"],
+            anchors,
+            num_classes,
+            freeze_body=0,
+            sync_bn=engine.sync_bn,
+            max_true_boxes=_target_cells_bound(iou_thresh, masks) if plan.jit else None,
+            masks=masks,
+            model=kind,
+        )
+        model = engine.wrap(train_model)
+        model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=totalloss, jit_compile=plan.jit)
+    return model
+
+
+def run_e2e(
+    annotations,
+    input_shape: tuple[int, int],
+    anchors,
+    num_classes: int,
+    batch_size: int,
+    *,
+    model: str | None = None,
+    gpus: int | None = None,
+    simulate: bool = False,
+    mixed_precision: bool | None = None,
+    jit: bool | None = None,
+    steps: int = 20,
+    warmup: int = 5,
+    rounds: int = 3,
+    seed: int = 0,
+) -> dict:
+    """Pipeline-fed and in-memory training images/s, interleaved; returns the result record.
+
+    Args:
+        annotations: training images and boxes (`read_annotations`).
+        input_shape: (height, width), multiples of 32.
+        anchors: (9, 2) or (6, 2) anchors.
+        batch_size: the GLOBAL batch.
+        model: `architectures.MODEL_NAMES` entry (default by anchor count).
+        gpus, simulate: the devices, as `train.py --gpus N [--simulate-devices]`.
+        mixed_precision, jit: None for the device's default (`training.precision`).
+        steps, warmup, rounds: timed steps per round, untimed steps first, rounds.
+    """
+    import keras
+    import tensorflow as tf
+
+    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.model.architectures import get_architecture, resolve_iou_thresh
+    from keras_yolo_mgpu.model.boxes import resolve_masks
+    from keras_yolo_mgpu.parallel.engine import build_engine
+    from keras_yolo_mgpu.training import precision
+    from keras_yolo_mgpu.training.trainer import MAX_BOXES
+
+    if warmup < 1 or steps < 2:
+        raise ValueError(f"need warmup >= 1 and steps >= 2. Received: warmup={warmup}, steps={steps}")
+    engine = build_engine(gpus, simulate=simulate)
+    device_kind = precision.training_device_kind(engine.devices)
+    plan = precision.plan_settings(
+        device_kind, mixed_precision=mixed_precision, jit=jit, multi_scale=None, replicas=engine.replicas
+    )
+    kind = get_architecture(model, len(anchors)).name
+    masks = resolve_masks(None, len(anchors))
+    iou_thresh = resolve_iou_thresh(None, kind)
+    previous_policy = keras.config.dtype_policy()
+    precision.apply_policy(plan.mixed_precision)
+    try:
+        train_model = _build_training_model(
+            engine, {"input_shape": input_shape}, plan, num_classes, anchors, masks, kind, iou_thresh
+        )
+        pipeline = make_dataset(
+            annotations, input_shape, anchors, num_classes, batch_size, training=True, seed=seed,
+            max_boxes=MAX_BOXES, masks=masks, iou_thresh=iou_thresh,
+        )  # fmt: skip
+        in_memory = tf.data.Dataset.from_tensors(next(iter(pipeline))).repeat().prefetch(2)
+        sources = {"in-memory": in_memory, "pipeline": pipeline}
+        rates: dict[str, list[float]] = {name: [] for name in sources}
+        for round_index in range(rounds):
+            for name, dataset in sources.items():
+                ends = _wall_times(train_model, dataset, warmup + steps)
+                rates[name].append(_images_per_sec(ends, warmup, batch_size))
+                logger.info("round %d: %-9s %.1f images/s", round_index, name, rates[name][-1])
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    return {
+        "benchmark": "e2e",
+        "device": device_kind,
+        "replicas": engine.replicas,
+        "model": kind,
+        "mixed_precision": plan.mixed_precision,
+        "jit": plan.jit,
+        "input_size": list(input_shape),
+        "batch_size": batch_size,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "rounds": rounds,
+        "images_per_sec": {name: [round(v, 2) for v in values] for name, values in rates.items()},
+        "pipeline_images_per_sec": round(medians["pipeline"], 2),
+        "in_memory_images_per_sec": round(medians["in-memory"], 2),
+        "ratio": round(medians["pipeline"] / medians["in-memory"], 3),
+    }
