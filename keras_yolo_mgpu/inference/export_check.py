@@ -54,7 +54,9 @@ class Tolerance(NamedTuple):
 
 FLOAT_TOLERANCES = Tolerance(box_px=0.05, box_relative=1e-4, score=1e-4, recall=1.0, exact=True)
 HALF_TOLERANCES = Tolerance(box_px=2.0, box_relative=1e-2, score=0.02, recall=0.9, exact=False)
-INT8_TOLERANCES = Tolerance(box_px=float("inf"), box_relative=0.0, score=0.25, recall=0.6, exact=False)
+# INT8: the network's activations in 8 bits move scores by about 1e-2 and
+# boxes by a few pixels; a wrong anchor or channel order moves them by far more.
+INT8_TOLERANCES = Tolerance(box_px=8.0, box_relative=0.05, score=0.1, recall=0.8, exact=False)
 
 
 class ExportCheckError(RuntimeError):
