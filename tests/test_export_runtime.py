@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
 
 from keras_yolo_mgpu.cli import detect, evaluate
@@ -36,6 +37,18 @@ def test_int8_and_float16_tflite_sizes_and_checks(setup):
     )
     assert int8["size"] < 0.3 * float_size  # 8-bit weights: about a quarter
     assert int8["check"]["source"] == f"images of {setup['data'].train}" and int8["check"]["detections_compared"] > 0
+    # Only the network is 8-bit: decoding, NMS and the outputs stay float32.
+    interpreter = tf.lite.Interpreter(model_path=int8["path"])
+    int8_tensors = [t["name"] for t in interpreter.get_tensor_details() if t["dtype"] == np.int8]
+    assert len(int8_tensors) > 20  # the network's weights and activations
+    assert [n for n in int8_tensors if "tiny_yolo_body" not in n] == ["tfl.quantize"]  # its input
+    outputs = interpreter.get_signature_runner().get_output_details()
+    assert {name for name, d in outputs.items() if d["dtype"] == np.float32} == {
+        "boxes",
+        "scores",
+        "decoded_boxes",
+        "decoded_scores",
+    }
     half = export_model(setup["weights"], "tflite", str(setup["folder"] / "half.tflite"), precision="float16")
     assert 0.45 < half["size"] / float_size < 0.55
     at_floor = half["check"]["at_floor"]

@@ -156,7 +156,7 @@ def export_tflite(model, path: str, precision: str = "float32", calibration=None
     with tempfile.TemporaryDirectory() as folder:
         saved = export_savedmodel(model, os.path.join(folder, "saved_model"))
         try:
-            flatbuffer = convert_quantized(saved, precision, calibration)
+            flatbuffer = convert_quantized(saved, precision, calibration, network=_network_name(model))
         except ValueError:
             raise
         except Exception as error:  # the converter raises many kinds
@@ -167,6 +167,13 @@ def export_tflite(model, path: str, precision: str = "float32", calibration=None
             f.write(flatbuffer)
 
     return atomic_write(path, write)
+
+
+def _network_name(model) -> str:
+    """The name of the YOLO body nested in the export model (the layer that INT8 quantises)."""
+    import keras
+
+    return next(layer.name for layer in model.layers if isinstance(layer, keras.Model))
 
 
 def _import_onnx_tools():

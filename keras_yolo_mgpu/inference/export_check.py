@@ -54,9 +54,11 @@ class Tolerance(NamedTuple):
 
 FLOAT_TOLERANCES = Tolerance(box_px=0.05, box_relative=1e-4, score=1e-4, recall=1.0, exact=True)
 HALF_TOLERANCES = Tolerance(box_px=2.0, box_relative=1e-2, score=0.02, recall=0.9, exact=False)
-# INT8: the network's activations in 8 bits move scores by about 1e-2 and
-# boxes by a few pixels; a wrong anchor or channel order moves them by far more.
-INT8_TOLERANCES = Tolerance(box_px=8.0, box_relative=0.05, score=0.1, recall=0.8, exact=False)
+# INT8: 8-bit activations move scores by up to ~0.04 and a box's log-size by
+# one quantisation step (several % of its size; measured on tiny YOLOv3 on
+# real photos), and low-scoring detections trade places; a wrong anchor (x1.5)
+# or a swapped channel order moves them by far more.
+INT8_TOLERANCES = Tolerance(box_px=8.0, box_relative=0.15, score=0.1, recall=0.5, exact=False)
 
 
 class ExportCheckError(RuntimeError):

@@ -5,7 +5,7 @@
 * INT8: weights and activations of the network in 8 bits (about a quarter
   of the file), with ranges calibrated on a few hundred training images
   letterboxed exactly as at inference. Input and outputs stay float32.
-  Decoding and NMS stay float32 (`KEEP_FLOAT_LAYERS`): box corners are
+  Decoding and NMS stay float32 (only the network's layer is quantised): box corners are
   pixels up to the image size, where 8 bits would leave steps of several
   pixels, and NMS has only a float kernel. The whole model is still TFLite
   builtins only, so the stock interpreter runs it.
@@ -23,7 +23,6 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "float16", "int8")
-KEEP_FLOAT_LAYERS = ("yolo_decode", "yolo_nms")
 DEFAULT_CALIBRATION_IMAGES = 200
 DEFAULT_MAX_MAP_DROP = 0.02  # mAP@0.5 an export may lose against the Keras weights without a warning
 
@@ -54,25 +53,29 @@ def _converter(saved_model: str):
     return converter
 
 
-def _float_tensor_names(flatbuffer: bytes) -> list[str]:
-    """Names of the float model's tensors computed by the layers kept in float (`KEEP_FLOAT_LAYERS`)."""
+def _float_tensor_names(flatbuffer: bytes, network: str) -> list[str]:
+    """Names of the float model's tensors outside the `network` layer: decoding, NMS and outputs stay float."""
     import tensorflow as tf
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         interpreter = tf.lite.Interpreter(model_content=flatbuffer)
-    # Keras may suffix a layer's name scope on export (yolo_decode_1/...).
-    pattern = re.compile(r"(^|/)(" + "|".join(KEEP_FLOAT_LAYERS) + r")(_\d+)?/")
-    return [t["name"] for t in interpreter.get_tensor_details() if pattern.search(t["name"])]
+    # Keras may suffix a layer's name scope on export (tiny_yolo_body_1/...).
+    inside = re.compile(r"(^|/)" + re.escape(network) + r"(_\d+)?/")
+    return [t["name"] for t in interpreter.get_tensor_details() if not inside.search(t["name"])]
 
 
-def convert_quantized(saved_model: str, precision: str, calibration: Callable[[], Iterator] | None = None) -> bytes:
+def convert_quantized(
+    saved_model: str, precision: str, calibration: Callable[[], Iterator] | None = None, network: str = ""
+) -> bytes:
     """A `.tflite` flatbuffer of the SavedModel export at `precision`.
 
     Args:
         saved_model: folder of the export model (batch 1, padded NMS).
         precision: "float32", "float16" or "int8".
         calibration: for "int8", `calibration_batches(...)`.
+        network: for "int8", the name of the network layer inside the
+            export model: only its tensors are quantised.
 
     Raises:
         ValueError: unknown precision, or "int8" without calibration images.
@@ -87,9 +90,9 @@ def convert_quantized(saved_model: str, precision: str, calibration: Callable[[]
         converter.target_spec.supported_types = [tf.float16]
     if precision != "int8":
         return converter.convert()
-    if calibration is None:
-        raise ValueError("INT8 quantisation needs calibration images (--images)")
-    keep_float = _float_tensor_names(_converter(saved_model).convert())
+    if calibration is None or not network:
+        raise ValueError("INT8 quantisation needs calibration images (--images) and the network's layer name")
+    keep_float = _float_tensor_names(_converter(saved_model).convert(), network)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = calibration
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
