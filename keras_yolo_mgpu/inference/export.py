@@ -157,7 +157,7 @@ def export_tflite(model, path: str, precision: str = "float32", calibration=None
         saved = export_savedmodel(model, os.path.join(folder, "saved_model"))
         try:
             flatbuffer = convert_quantized(saved, precision, calibration, network=_network_name(model))
-        except ValueError:
+        except ValueError:  # our own argument errors, not the converter's
             raise
         except Exception as error:  # the converter raises many kinds
             raise ExportError(f"TFLite conversion failed: {error}") from None
@@ -236,10 +236,9 @@ def compare_detections(reference: dict, other: dict) -> dict:
     from keras_yolo_mgpu.inference.export_check import compare_detection_lists
 
     result = compare_detection_lists(reference, other)
-    valid_equal = bool(np.array_equal(reference["valid_detections"], other["valid_detections"]))
     return {
-        "valid_equal": valid_equal,
-        "classes_equal": result["exact"] or not valid_equal,
+        "valid_equal": bool(np.array_equal(reference["valid_detections"], other["valid_detections"])),
+        "classes_equal": result["classes_equal"],
         "max_box_diff": result["max_box_diff"],
         "max_score_diff": result["max_score_diff"],
     }
@@ -328,13 +327,7 @@ def export_model(
         batch_size=1 if fmt == "tflite" else None,
     )
     _check_output(output, fmt, overwrite)  # again: building took a while
-    if fmt == "tflite":
-        calibration = _calibration(images, calibration_images, settings.input_shape) if precision == "int8" else None
-        export_tflite(model, output, precision, calibration)
-    else:
-        {"savedmodel": _export_marked_savedmodel, "onnx": export_onnx}[fmt](model, output)
-    if fmt == "onnx":
-        _add_onnx_metadata(output, settings)
+    _write(model, fmt, output, settings, precision, images, calibration_images)
     metadata_path = write_sidecar(output, settings)
     size = export_size(output)
     logger.info("wrote %s (%s, %s, %.2f MB) and %s", output, fmt, precision, size / 1e6, metadata_path)
@@ -343,6 +336,17 @@ def export_model(
     if check:
         result["check"] = run_check(model, fmt, output, images, precision, max_boxes, max_detections)
     return result
+
+
+def _write(model, fmt: str, output: str, settings, precision: str, images: str | None, calibration_images: int):
+    """Writes the export file or folder (and ONNX's embedded metadata)."""
+    if fmt == "tflite":
+        calibration = _calibration(images, calibration_images, settings.input_shape) if precision == "int8" else None
+        export_tflite(model, output, precision, calibration)
+        return
+    {"savedmodel": _export_marked_savedmodel, "onnx": export_onnx}[fmt](model, output)
+    if fmt == "onnx":
+        _add_onnx_metadata(output, settings)
 
 
 def _check_precision(fmt: str, precision: str, images: str | None) -> None:

@@ -147,11 +147,12 @@ def compare_detection_lists(reference: dict, other: dict) -> dict:
     Returns:
         `compared` (the reference's detections), `found` (how many of them
         the other has, same class, IoU >= 0.5, greedy by score), `exact`
-        (counts and classes equal in order), `max_box_diff` / `max_score_diff`
-        over rows present in both (the padding is not compared), and
-        `max_coord`, the largest |corner| among those rows.
+        (counts and classes equal in order), and over the rows present in
+        both (the padding is not compared): `classes_equal`,
+        `max_box_diff`, `max_score_diff` and `max_coord` (largest |corner|).
     """
-    result = {"compared": 0, "found": 0, "exact": True, "max_box_diff": 0.0, "max_score_diff": 0.0, "max_coord": 0.0}
+    result = {"compared": 0, "found": 0, "exact": True, "classes_equal": True}
+    result.update(max_box_diff=0.0, max_score_diff=0.0, max_coord=0.0)
     valid_ref = np.asarray(reference["valid_detections"]).reshape(-1)
     valid_other = np.asarray(other["valid_detections"]).reshape(-1)
     for i, n in enumerate(valid_ref):
@@ -160,6 +161,7 @@ def compare_detection_lists(reference: dict, other: dict) -> dict:
         ref_classes, other_classes = reference["classes"][i, :n], other["classes"][i, :m]
         result["exact"] &= n == m and bool(np.array_equal(ref_classes, other_classes))
         k = min(n, m)
+        result["classes_equal"] &= bool(np.array_equal(ref_classes[:k], other_classes[:k]))
         if k:
             result["max_coord"] = max(result["max_coord"], float(np.abs(reference["boxes"][i, :k]).max()))
             result["max_box_diff"] = max(
