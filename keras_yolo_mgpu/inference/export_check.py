@@ -38,7 +38,8 @@ class Tolerance(NamedTuple):
 
     Attributes:
         box_px: decoded box corners (pixels), for boxes that score at least
-            the floor in the Keras model, plus `box_relative` x |corner|.
+            the floor in the Keras model, plus `box_relative` x the box's
+            larger side.
         score: any decoded score, and any matched detection's score.
         recall: least fraction of the Keras model's detections (floor and
             export score) the export finds again, same class, IoU >= 0.5.
@@ -199,8 +200,11 @@ def compare_decoded(reference: dict, other: dict, floor: float, tolerance: Toler
             f"scores {ref_scores.shape} vs {other_scores.shape}"
         )
     scored = ref_scores.max(axis=-1) >= floor  # (N, K)
-    diff = np.abs(ref_boxes - other_boxes)[scored]
-    allowed = tolerance.box_px + tolerance.box_relative * np.abs(ref_boxes[scored])
+    diff = np.abs(ref_boxes - other_boxes)[scored]  # (S, 4)
+    # Errors in a box's corners scale with the box (a log-size step moves
+    # both corners by a share of the width), not with where it sits.
+    size = np.abs(ref_boxes[..., 2:] - ref_boxes[..., :2]).max(axis=-1)[scored]  # (S,)
+    allowed = tolerance.box_px + tolerance.box_relative * size[:, None]
     return {
         "boxes": int(scored.size),
         "scored_boxes": int(scored.sum()),
