@@ -60,6 +60,8 @@ class TFLiteRunner:
     def __init__(self, path: str, num_threads: int | None = None):
         import tensorflow as tf
 
+        # Every core, as TensorFlow uses for the Keras model (the interpreter's own default may be one).
+        num_threads = num_threads or os.cpu_count()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
             interpreter = tf.lite.Interpreter(model_path=path, num_threads=num_threads)
