@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -12,6 +13,7 @@ import tensorflow as tf
 from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
 
 from keras_yolo_mgpu.cli import detect, evaluate
+from keras_yolo_mgpu.cli import export as export_cli
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 from keras_yolo_mgpu.inference.export import export_model
 from keras_yolo_mgpu.weights.metadata import make_metadata, write_metadata
@@ -30,15 +32,19 @@ def setup(tmp_path_factory):
     return {"folder": folder, "data": data, "weights": weights, "tflite": tflite}
 
 
-def test_int8_and_float16_tflite_sizes_and_checks(setup):
+def test_int8_and_float16_tflite_sizes_and_checks(setup, capsys):
     float_size = setup["tflite"]["size"]
-    int8 = export_model(
-        setup["weights"], "tflite", str(setup["folder"] / "int8.tflite"), precision="int8", images=setup["data"].train
-    )
-    assert int8["size"] < 0.3 * float_size  # 8-bit weights: about a quarter
-    assert int8["check"]["source"] == f"images of {setup['data'].train}" and int8["check"]["detections_compared"] > 0
+    int8 = str(setup["folder"] / "int8.tflite")
+    data = setup["data"]
+    argv = ["--weights", setup["weights"], "--format", "tflite", "--int8", "--images", data.train, "--output", int8]
+    assert export_cli.main([*argv, "--validation", data.val]) == 0
+    out = capsys.readouterr().out
+    assert f"check on 8 images of {data.train}" in out and "exported tflite (int8, " in out
+    assert os.path.getsize(int8) < 0.3 * float_size  # 8-bit weights: about a quarter
+    # The mAP of both, by evaluate.py's code, side by side.
+    assert re.search(r"keras: mAP@\.5 \d\.\d{3}", out) and re.search(r"export: mAP@\.5 \d\.\d{3}", out)
     # Only the network is 8-bit: decoding, NMS and the outputs stay float32.
-    interpreter = tf.lite.Interpreter(model_path=int8["path"])
+    interpreter = tf.lite.Interpreter(model_path=int8)
     int8_tensors = [t["name"] for t in interpreter.get_tensor_details() if t["dtype"] == np.int8]
     assert len(int8_tensors) > 20  # the network's weights and activations
     assert [n for n in int8_tensors if "tiny_yolo_body" not in n] == ["tfl.quantize"]  # its input
