@@ -55,7 +55,7 @@ def test_every_command_suggests_the_flag_meant(command, typo, meant):
 
 
 CLI_MODULES = ["train", "detect", "convert", "evaluate", "kmeans", "voc", "coco", "demo", "check_dataset", "export"]
-CLI_MODULES += ["bench_train", "bench_pipeline", "bench_infer", "bench_e2e", "align"]
+CLI_MODULES += ["bench_train", "bench_pipeline", "bench_infer", "bench_e2e", "bench_exports", "align"]
 
 
 @pytest.mark.parametrize("module", CLI_MODULES)

@@ -11,7 +11,8 @@ from inference_helpers import INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make
 
 from keras_yolo_mgpu.cli.export import main
 from keras_yolo_mgpu.inference import export
-from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, ExportError, export_model
+from keras_yolo_mgpu.inference.export import ExportError, export_model
+from keras_yolo_mgpu.inference.export_check import FLOAT_TOLERANCES
 
 SCORE = 0.5
 HAVE_ONNX = all(importlib.util.find_spec(name) for name in ("tf2onnx", "onnxruntime"))
@@ -40,9 +41,11 @@ def _export(files, fmt, **kwargs):
 
 def _assert_matches(check):
     # check_export already raised if these failed; the numbers are stated here.
-    assert check["detections"] > 5  # the comparison covers real boxes, not only padding
-    assert check["valid_equal"] and check["classes_equal"]
-    assert check["max_box_diff"] <= BOX_TOLERANCE_PX and check["max_score_diff"] <= SCORE_TOLERANCE
+    assert check["source"] == "generated scenes"
+    assert check["at_floor"]["compared"] > 5  # the comparison covers real boxes, not only padding
+    assert check["at_floor"]["exact"] and check["own_nms"]["exact"]
+    assert check["at_floor"]["found"] == check["at_floor"]["compared"]
+    assert check["decoded"]["max_box_excess"] <= 0 and check["decoded"]["max_score_diff"] <= FLOAT_TOLERANCES.score
 
 
 def test_savedmodel_cli_matches_keras(files, capsys):
@@ -66,7 +69,7 @@ def test_savedmodel_cli_matches_keras(files, capsys):
     assert main(argv) == 0
     assert (output / "saved_model.pb").is_file()
     out = capsys.readouterr().out
-    assert "check:" in out and "exported savedmodel" in out
+    assert "check on 4 generated scenes" in out and "exported savedmodel" in out
 
     # The signature any TensorFlow user calls, on a batch of 3 of different sizes.
     model = export.build_export_model(files["weights"], TINY_ANCHORS, ["a", "b"], input_size=INPUT_SHAPE, score=SCORE)
@@ -74,12 +77,11 @@ def test_savedmodel_cli_matches_keras(files, capsys):
     shapes = np.array([[96, 128], [300, 200], [50, 400]], np.float32)
     served = export.run_savedmodel(str(output), images, shapes)
     assert served["boxes"].shape == (3, 100, 4) and served["valid_detections"].shape == (3,)
-    _assert_matches(
-        {
-            **export.compare_detections({k: np.asarray(v) for k, v in model([images, shapes]).items()}, served),
-            "detections": int(served["valid_detections"].sum()),
-        }
-    )
+    assert served["decoded_boxes"].shape == (3, (3 * 4 + 6 * 8) * 3, 4)  # every box before NMS
+    matched = export.compare_detections({k: np.asarray(v) for k, v in model([images, shapes]).items()}, served)
+    assert int(served["valid_detections"].sum()) > 5
+    assert matched["valid_equal"] and matched["classes_equal"]
+    assert matched["max_box_diff"] <= FLOAT_TOLERANCES.box_px and matched["max_score_diff"] <= FLOAT_TOLERANCES.score
 
 
 def test_tflite_uses_builtin_ops_and_matches_keras(files):

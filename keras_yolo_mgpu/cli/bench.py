@@ -1,4 +1,4 @@
-"""`python -m keras_yolo_mgpu.bench {pipeline,train,infer} ...`: dispatch to one benchmark's command.
+"""`python -m keras_yolo_mgpu.bench {pipeline,train,infer,exports} ...`: dispatch to one benchmark's command.
 
 Each benchmark prints progress, then one JSON object as its last line. Each
 has its own parser (`cli/bench_<name>.py`), so a misspelt flag gets a
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "train": "training images/sec on N (simulated) devices",
     "infer": "video detection frames/sec against the bare forward pass",
     "e2e": "training from JPEG files (pipeline + step) against the step alone",
+    "exports": "every export format's file size, mAP and images/sec",
 }
 USAGE = "usage: python -m keras_yolo_mgpu.bench {" + ",".join(BENCHMARKS) + "} [options]"
 

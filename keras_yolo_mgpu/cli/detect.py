@@ -20,7 +20,8 @@ logger = logging.getLogger("yolo_video")
 def build_parser() -> cli.ArgumentParser:
     parser = cli.ArgumentParser(
         prog="yolo_video.py",
-        description="Detect objects in images or a video with trained YOLOv3 weights (keras-yolo3's flags).",
+        description="Detect objects in images or a video with trained YOLOv3 weights, or with an exported model "
+        "(SavedModel folder, .tflite, .onnx, beside its .metadata.json) (keras-yolo3's flags).",
     )
     cli.add_model_args(
         parser,
@@ -59,7 +60,7 @@ def run(args) -> int:
 
     weights = args.weights or os.path.join("model_data", "yolo.h5")
     # Cheap checks first: a typo fails before the model is built.
-    if not os.path.isfile(weights):
+    if not os.path.exists(weights):  # a SavedModel export is a folder
         hint = "" if args.weights else " (the default; pass --model FILE)"
         raise FileNotFoundError(f"model weights not found: {weights}{hint}")
     if args.image:
@@ -67,9 +68,9 @@ def run(args) -> int:
     else:
         parse_source(args.input)
     quiet.import_tensorflow(args.verbose)
-    from keras_yolo_mgpu.inference.detector import YOLO
+    from keras_yolo_mgpu.inference.backends import open_detector
 
-    yolo = YOLO(
+    yolo = open_detector(
         weights,
         **cli.detector_params(args, weights),
         gpu_num=args.gpu_num,

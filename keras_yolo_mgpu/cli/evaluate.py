@@ -27,7 +27,11 @@ def build_parser() -> cli.ArgumentParser:
         metavar="FILE",
         help="annotation file (keras-yolo3 format) with the ground truth",
     )
-    cli.add_model_args(parser, weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5)")
+    cli.add_model_args(
+        parser,
+        weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5), or an exported model (SavedModel "
+        "folder, .tflite, .onnx) beside its .metadata.json",
+    )
     parser.add_argument(
         "--detections",
         metavar="FILE",

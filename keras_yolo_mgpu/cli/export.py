@@ -1,16 +1,21 @@
 """`python -m keras_yolo_mgpu.export`: weights to a SavedModel, TFLite or ONNX detector.
 
 python -m keras_yolo_mgpu.export --weights W --classes C --anchors A --format savedmodel|tflite|onnx
+python -m keras_yolo_mgpu.export --weights W --format tflite --int8 --images train.txt --validation val.txt
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.inference.export import FORMATS, ExportError  # light: TensorFlow loads later
+from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES, DEFAULT_MAX_MAP_DROP
+
+logger = logging.getLogger("export")
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -36,6 +41,37 @@ def build_parser() -> cli.ArgumentParser:
     )
     parser.add_argument("--no-check", action="store_true", help="skip comparing the export with the Keras model")
     parser.add_argument(
+        "--images",
+        metavar="DIR_OR_ANNOTATION_FILE",
+        default=None,
+        help="training images (a folder, or an annotation file's images): the self-check runs on 8 of them "
+        "(default: generated scenes with objects) and --int8 calibrates on them",
+    )
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument(
+        "--int8", action="store_true", help="TFLite only: INT8 network calibrated on --images (about 1/4 the size)"
+    )
+    precision.add_argument("--half", action="store_true", help="TFLite only: float16 weights (half the size)")
+    parser.add_argument(
+        "--calibration-images",
+        type=cli.positive_int,
+        default=DEFAULT_CALIBRATION_IMAGES,
+        help=f"images of --images that calibrate --int8 (default: {DEFAULT_CALIBRATION_IMAGES})",
+    )
+    parser.add_argument(
+        "--validation",
+        metavar="ANNOTATION_FILE",
+        default=None,
+        help="also measure mAP of the export and of the Keras weights on this annotation file, and warn when "
+        "the export loses more than --max-map-drop mAP@0.5",
+    )
+    parser.add_argument(
+        "--max-map-drop",
+        type=cli.unit_float,
+        default=DEFAULT_MAX_MAP_DROP,
+        help=f"largest mAP@0.5 drop accepted without a warning (default: {DEFAULT_MAX_MAP_DROP})",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an existing .tflite/.onnx file at --output (a SavedModel replaces only an empty folder or "
@@ -45,29 +81,47 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.inference.export import BOX_TOLERANCE_PX, SCORE_TOLERANCE, export_model
+    from keras_yolo_mgpu.inference.export import export_model
+    from keras_yolo_mgpu.inference.export_check import format_check
 
     if not args.weights:
         raise UsageError("--weights is required")
+    params = cli.detector_params(args, args.weights)
     result = export_model(
         args.weights,
         args.format,
         args.output,
-        **cli.detector_params(args, args.weights),
+        **params,
         max_boxes=args.max_boxes,
         max_detections=args.max_detections,
         check=not args.no_check,
         overwrite=args.overwrite,
+        precision="int8" if args.int8 else "float16" if args.half else "float32",
+        images=args.images,
+        calibration_images=args.calibration_images,
     )
     if result["check"]:
-        c = result["check"]
-        print(
-            f"check: {c['detections']} detections on random images; largest differences "
-            f"{c['max_box_diff']:.2e} px (tolerance {BOX_TOLERANCE_PX}), "
-            f"score {c['max_score_diff']:.2e} (tolerance {SCORE_TOLERANCE})"
-        )
-    print(f"exported {result['format']}: {result['path']}")
+        print(format_check(result["check"]))
+    print(f"exported {result['format']} ({result['precision']}, {result['size'] / 1e6:.2f} MB): {result['path']}")
+    if args.validation:
+        _compare_map(args, result["path"], params["settings"])
     return 0
+
+
+def _compare_map(args, exported: str, settings) -> None:
+    from keras_yolo_mgpu.inference.quantize import compare_map
+
+    comparison = compare_map(args.weights, exported, args.validation, settings, iou=args.iou)
+    for name in ("keras", "export"):
+        row = comparison[name]
+        print(f"mAP on {args.validation}, {name:>6}: mAP@.5 {row['mAP50']:.3f}   mAP@[.5:.95] {row['mAP']:.3f}")
+    drop = comparison["drop50"]
+    if drop > args.max_map_drop:
+        logger.warning(
+            "the export loses %.3f mAP@0.5 against the Keras weights (more than --max-map-drop %.3f)",
+            drop,
+            args.max_map_drop,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -446,7 +446,7 @@ def evaluate_weights(
     masks=None,
     settings=None,
 ) -> dict:
-    """mAP of a weights file on an annotation file.
+    """mAP of a weights file, or of an exported model (`inference.backends`), on an annotation file.
 
     The model keeps every box scoring at least `EVAL_MIN_SCORE` (up to 100
     per image, 100 per class) for the COCO metrics; `score` sets only the
@@ -460,11 +460,11 @@ def evaluate_weights(
     Returns:
         `evaluate_detections`'s dict.
     """
-    from keras_yolo_mgpu.inference.detector import YOLO
+    from keras_yolo_mgpu.inference.backends import open_detector
     from keras_yolo_mgpu.weights.metadata import settings_for
 
     annotations = _load_annotations(annotations, root)
-    if not os.path.isfile(os.fspath(weights)):
+    if not os.path.exists(os.fspath(weights)):  # a SavedModel export is a folder
         raise FileNotFoundError(f"weights file not found: {weights}")
     if settings is None:
         settings = settings_for(
@@ -475,7 +475,7 @@ def evaluate_weights(
             input_shape=input_size,
         )
     class_names = list(settings.class_names)
-    yolo = YOLO(
+    yolo = open_detector(
         weights,
         settings=settings,
         score=EVAL_MIN_SCORE,

@@ -18,10 +18,15 @@ original pixels (not clipped), `scores` (N, M), `classes` (N, M) int32 and
 * onnx: any batch size, through tf2onnx (opset 17) and checked with
   onnxruntime; both are optional (`pip install tf2onnx onnxruntime`).
 
-`--check` (on by default) runs the exported model and the Keras model on the
-same random images and reports the largest differences; the export fails if
-they exceed the tolerances below (on tiny YOLOv3 the measured differences
-are about 1e-3 px and 1e-6 in score).
+Every export also returns `decoded_boxes` (N, K, 4) and `decoded_scores`
+(N, K, C): all boxes before NMS, for a host's own NMS (`backends`).
+
+`--int8` / `--half` quantise a TFLite export (`quantize`).
+
+The check (on by default, `export_check`) runs the export and the Keras
+model on real images (`images`) or generated scenes with objects, compares
+every decoded box and score and the detections, counts what it compared,
+and fails when the export differs or nothing was compared.
 """
 
 from __future__ import annotations
@@ -29,20 +34,17 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
 from keras_yolo_mgpu.fileio import atomic_write, replace_directory
+from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
 from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
 
 logger = logging.getLogger(__name__)
 
 FORMATS = ("savedmodel", "tflite", "onnx")
-# Largest differences accepted between an export and the Keras model.
-BOX_TOLERANCE_PX = 0.05
-SCORE_TOLERANCE = 1e-4
 ONNX_OPSET = 17
 ONNX_MISSING = "ONNX export is not available: pip install tf2onnx onnxruntime"
 # Written into every SavedModel folder this tool exports: only such a folder
@@ -89,6 +91,7 @@ def build_export_model(
         max_detections=max_detections,
         nms_method=nms_method,
         batch_size=batch_size,
+        decoded_outputs=True,
     )
 
 
@@ -142,16 +145,20 @@ def _check_output(output: str, fmt: str, overwrite: bool) -> None:
         )
 
 
-def export_tflite(model, path: str) -> str:
-    """Writes a `.tflite` file (builtin ops only); `model` must use padded NMS, batch 1."""
-    import tensorflow as tf
+def export_tflite(model, path: str, precision: str = "float32", calibration=None) -> str:
+    """Writes a `.tflite` file (builtin ops only); `model` must use padded NMS, batch 1.
+
+    `precision` "float16" or "int8" quantises (`quantize.convert_quantized`);
+    "int8" needs `calibration` (`quantize.calibration_batches`).
+    """
+    from keras_yolo_mgpu.inference.quantize import convert_quantized
 
     with tempfile.TemporaryDirectory() as folder:
         saved = export_savedmodel(model, os.path.join(folder, "saved_model"))
-        converter = tf.lite.TFLiteConverter.from_saved_model(saved)
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         try:
-            flatbuffer = converter.convert()
+            flatbuffer = convert_quantized(saved, precision, calibration, network=_network_name(model))
+        except ValueError:  # our own argument errors, not the converter's
+            raise
         except Exception as error:  # the converter raises many kinds
             raise ExportError(f"TFLite conversion failed: {error}") from None
 
@@ -160,6 +167,13 @@ def export_tflite(model, path: str) -> str:
             f.write(flatbuffer)
 
     return atomic_write(path, write)
+
+
+def _network_name(model) -> str:
+    """The name of the YOLO body nested in the export model (the layer that INT8 quantises)."""
+    import keras
+
+    return next(layer.name for layer in model.layers if isinstance(layer, keras.Model))
 
 
 def _import_onnx_tools():
@@ -198,109 +212,46 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
 # Running an export (for the check and for users' reference)
 
 
-def run_savedmodel(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
-    import tensorflow as tf
+def _runner(fmt: str):
+    def run(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
+        from keras_yolo_mgpu.inference.backends import open_runner
 
-    serve = tf.saved_model.load(path).signatures["serving_default"]
-    out = serve(image=tf.constant(image, tf.float32), image_shape=tf.constant(image_shape, tf.float32))
-    return {k: v.numpy() for k, v in out.items()}
+        return open_runner(path, fmt)(image, image_shape)
 
-
-def run_tflite(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
-    """Runs a batch-1 `.tflite` export on each image of the batch in turn."""
-    import tensorflow as tf
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
-        interpreter = tf.lite.Interpreter(model_path=path)
-    runner = interpreter.get_signature_runner()
-    parts = [
-        runner(image=image[i : i + 1].astype(np.float32), image_shape=image_shape[i : i + 1].astype(np.float32))
-        for i in range(len(image))
-    ]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    run.__doc__ = f"Runs a {fmt} export on (N, H, W, 3) float32 images in [0, 1] and their (N, 2) shapes."
+    return run
 
 
-def run_onnx(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise ExportError(ONNX_MISSING) from None
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    outs = session.run(None, {"image": image.astype(np.float32), "image_shape": image_shape.astype(np.float32)})
-    return dict(zip(names, outs))
-
-
+run_savedmodel, run_tflite, run_onnx = _runner("savedmodel"), _runner("tflite"), _runner("onnx")
 RUNNERS = {"savedmodel": run_savedmodel, "tflite": run_tflite, "onnx": run_onnx}
 
 
 def compare_detections(reference: dict, other: dict) -> dict:
-    """Largest differences between two sets of padded detections.
+    """Largest differences between two sets of padded detections (`export_check.compare_detection_lists`).
 
     Returns:
         `{"valid_equal", "classes_equal", "max_box_diff", "max_score_diff"}`
         over the valid rows (the padding is not compared).
     """
-    valid_ref = np.asarray(reference["valid_detections"]).reshape(-1)
-    valid_other = np.asarray(other["valid_detections"]).reshape(-1)
-    result = {
-        "valid_equal": bool(np.array_equal(valid_ref, valid_other)),
-        "classes_equal": True,
-        "max_box_diff": 0.0,
-        "max_score_diff": 0.0,
+    from keras_yolo_mgpu.inference.export_check import compare_detection_lists
+
+    result = compare_detection_lists(reference, other)
+    return {
+        "valid_equal": bool(np.array_equal(reference["valid_detections"], other["valid_detections"])),
+        "classes_equal": result["classes_equal"],
+        "max_box_diff": result["max_box_diff"],
+        "max_score_diff": result["max_score_diff"],
     }
-    for i, n in enumerate(valid_ref):
-        n = int(min(n, valid_other[i]))
-        if not n:
-            continue
-        result["classes_equal"] &= bool(np.array_equal(reference["classes"][i, :n], other["classes"][i, :n]))
-        result["max_box_diff"] = max(
-            result["max_box_diff"], float(np.abs(reference["boxes"][i, :n] - other["boxes"][i, :n]).max())
-        )
-        result["max_score_diff"] = max(
-            result["max_score_diff"], float(np.abs(reference["scores"][i, :n] - other["scores"][i, :n]).max())
-        )
-    return result
 
 
-def check_export(model, fmt: str, path: str, *, num_images: int = 2, seed: int = 0) -> dict:
-    """Compares an export with the Keras model on random images.
-
-    Raises:
-        ExportError: counts or classes differ, or differences exceed
-            `BOX_TOLERANCE_PX` / `SCORE_TOLERANCE`.
-    """
-    rng = np.random.default_rng(seed)
-    height, width = model.inputs[0].shape[1:3]
-    image = rng.random((num_images, height, width, 3), dtype=np.float32)
-    image_shape = np.stack(
-        [rng.integers(height // 2, height * 3, num_images), rng.integers(width // 2, width * 3, num_images)], axis=1
-    ).astype(np.float32)
-    if model.inputs[0].shape[0] == 1:
-        reference_parts = [model([image[i : i + 1], image_shape[i : i + 1]], training=False) for i in range(num_images)]
-        reference = {k: np.concatenate([np.asarray(p[k]) for p in reference_parts]) for k in reference_parts[0]}
-    else:
-        reference = {k: np.asarray(v) for k, v in model([image, image_shape], training=False).items()}
-    other = RUNNERS[fmt](path, image, image_shape)
-    result = compare_detections(reference, other)
-    result["detections"] = int(np.asarray(reference["valid_detections"]).sum())
-    if (
-        not result["valid_equal"]
-        or not result["classes_equal"]
-        or result["max_box_diff"] > BOX_TOLERANCE_PX
-        or result["max_score_diff"] > SCORE_TOLERANCE
-    ):
-        raise ExportError(f"the {fmt} export does not match the Keras model: {result}")
-    return result
-
-
-def default_output(weights: str, fmt: str) -> str:
+def default_output(weights: str, fmt: str, precision: str = "float32") -> str:
     stem = os.fspath(weights)
     for suffix in (".weights.h5", ".keras", ".h5"):
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
             break
+    if precision != "float32":
+        stem += "_" + precision
     return {"savedmodel": stem + "_savedmodel", "tflite": stem + ".tflite", "onnx": stem + ".onnx"}[fmt]
 
 
@@ -320,8 +271,16 @@ def export_model(
     masks=None,
     settings=None,
     overwrite: bool = False,
+    precision: str = "float32",
+    images: str | None = None,
+    calibration_images: int = DEFAULT_CALIBRATION_IMAGES,
 ) -> dict:
-    """Exports `weights` in format `fmt`; returns `{"format", "path", "check", "metadata"}`.
+    """Exports `weights` in format `fmt`; returns `{"format", "path", "check", "metadata", "precision", "size"}`.
+
+    `precision` "float16" or "int8" quantises a TFLite export (`quantize`);
+    INT8 calibrates on `calibration_images` of `images` (a folder or an
+    annotation file of training images). The check (`export_check`) runs on
+    images of `images` when given, else on generated scenes with objects.
 
     Classes, anchors, masks and input size default to the weights' metadata
     (explicit ones must agree), else COCO's names, YOLOv3's anchors,
@@ -343,7 +302,9 @@ def export_model(
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}. Received: format={fmt!r}")
-    _check_output(output or default_output(weights, fmt), fmt, overwrite)  # before the slow part
+    _check_precision(fmt, precision, images)
+    output = output or default_output(weights, fmt, precision)
+    _check_output(output, fmt, overwrite)  # before the slow part
     if fmt == "onnx":
         _import_onnx_tools()  # fail before building anything
     if settings is None:
@@ -365,17 +326,88 @@ def export_model(
         nms_method="padded" if fmt == "tflite" else "combined",
         batch_size=1 if fmt == "tflite" else None,
     )
-    output = output or default_output(weights, fmt)
     _check_output(output, fmt, overwrite)  # again: building took a while
-    {"savedmodel": _export_marked_savedmodel, "tflite": export_tflite, "onnx": export_onnx}[fmt](model, output)
+    _write(model, fmt, output, settings, precision, images, calibration_images)
+    metadata_path = write_sidecar(output, settings)
+    size = export_size(output)
+    logger.info("wrote %s (%s, %s, %.2f MB) and %s", output, fmt, precision, size / 1e6, metadata_path)
+    result = {"format": fmt, "path": output, "check": None, "metadata": metadata_path}
+    result.update(precision=precision, size=size)
+    if check:
+        result["check"] = run_check(model, fmt, output, images, precision, max_boxes, max_detections)
+    return result
+
+
+def _write(model, fmt: str, output: str, settings, precision: str, images: str | None, calibration_images: int):
+    """Writes the export file or folder (and ONNX's embedded metadata)."""
+    if fmt == "tflite":
+        calibration = _calibration(images, calibration_images, settings.input_shape) if precision == "int8" else None
+        export_tflite(model, output, precision, calibration)
+        return
+    {"savedmodel": _export_marked_savedmodel, "onnx": export_onnx}[fmt](model, output)
     if fmt == "onnx":
         _add_onnx_metadata(output, settings)
-    metadata_path = write_sidecar(output, settings)
-    logger.info("wrote %s (%s) and %s", output, fmt, metadata_path)
-    result = {"format": fmt, "path": output, "check": None, "metadata": metadata_path}
-    if check:
-        result["check"] = check_export(model, fmt, output)
-    return result
+
+
+def _check_precision(fmt: str, precision: str, images: str | None) -> None:
+    from keras_yolo_mgpu.inference.quantize import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}. Received: precision={precision!r}")
+    if precision != "float32" and fmt != "tflite":
+        raise ValueError(f"--int8 and --half quantise a TFLite export; use --format tflite (received {fmt})")
+    if precision == "int8" and not images:
+        raise ValueError(
+            "--int8 calibrates on training images: give --images FOLDER_OR_ANNOTATION_FILE (a few hundred images)"
+        )
+
+
+def _calibration(images: str, count: int, input_shape):
+    from keras_yolo_mgpu.inference.export_check import image_paths, sample_paths
+    from keras_yolo_mgpu.inference.quantize import calibration_batches
+
+    paths = sample_paths(image_paths(images), count, seed=1)
+    logger.info("calibrating INT8 ranges on %d images of %s", len(paths), images)
+    return calibration_batches(paths, input_shape)
+
+
+def export_size(path: str) -> int:
+    """Bytes of an export: the file, or every file of a SavedModel folder."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def run_check(model, fmt: str, path: str, images: str | None, precision: str, max_boxes: int, max_detections: int):
+    """`export_check.check_export` on images of `images`, else on generated scenes; raises ExportError."""
+    from keras_yolo_mgpu.inference import export_check
+    from keras_yolo_mgpu.inference.backends import open_runner
+
+    input_shape = tuple(model.inputs[0].shape[1:3])
+    if images:
+        pixels, shapes = export_check.real_check_images(images, input_shape)
+        source = f"images of {images}"
+    else:
+        pixels, shapes = export_check.synthetic_check_images(input_shape)
+        source = "generated scenes"
+    tolerance = {
+        "float32": export_check.FLOAT_TOLERANCES,
+        "float16": export_check.HALF_TOLERANCES,
+        "int8": export_check.INT8_TOLERANCES,
+    }[precision]
+    try:
+        return export_check.check_export(
+            model,
+            open_runner(path, fmt),
+            pixels,
+            shapes,
+            source=source,
+            max_boxes=max_boxes,
+            max_detections=max_detections,
+            tolerance=tolerance,
+        )
+    except export_check.ExportCheckError as error:
+        raise ExportError(f"{path}: {error}") from None
 
 
 def _add_onnx_metadata(path: str, settings) -> None:

@@ -318,6 +318,10 @@ class YoloNMS(keras.layers.Layer):
 
 
 OUTPUT_NAMES = ("boxes", "scores", "classes", "valid_detections")
+# Extra outputs of an exported model: every decoded box and score before NMS,
+# so a host can run its own NMS (another score floor) and a check can compare
+# every box, not only the few that survive NMS.
+DECODED_OUTPUT_NAMES = ("decoded_boxes", "decoded_scores")
 
 
 def build_inference_model(
@@ -335,6 +339,7 @@ def build_inference_model(
     masks=None,
     scale_x_y=None,
     name: str = "yolo_inference",
+    decoded_outputs: bool = False,
 ) -> keras.Model:
     """Wraps a YOLO body with decoding and NMS.
 
@@ -347,6 +352,8 @@ def build_inference_model(
         batch_size: None for any batch; a number fixes it (TFLite export).
         masks: anchor indices per scale (default keras-yolo3's).
         scale_x_y: per scale, coarse first (YOLOv4); None for YOLOv3.
+        decoded_outputs: also return `decoded_boxes` (N, K, 4) and
+            `decoded_scores` (N, K, C), `YoloDecode`'s outputs before NMS.
 
     Returns:
         A model with inputs `image` (N, H, W, 3) float32 letterboxed RGB in
@@ -371,7 +378,10 @@ def build_inference_model(
         method=nms_method,
         name="yolo_nms",
     )([boxes, scores])
-    return keras.Model([image, image_shape], dict(zip(OUTPUT_NAMES, outputs)), name=name)
+    named = dict(zip(OUTPUT_NAMES, outputs))
+    if decoded_outputs:
+        named.update(zip(DECODED_OUTPUT_NAMES, (boxes, scores)))
+    return keras.Model([image, image_shape], named, name=name)
 
 
 def build_detection_model(

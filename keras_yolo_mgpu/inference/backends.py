@@ -1,0 +1,220 @@
+"""Running exported detectors (SavedModel, TFLite, ONNX) with the project's tools.
+
+An export (`inference.export`) holds the network, decoding and NMS; its
+`<path>.metadata.json` sidecar holds the class names, anchors and input
+size. `ExportedDetector` opens both and answers like `detector.YOLO`
+(`detect`, `detect_batch`, `detect_letterboxed`, `draw`), so `evaluate.py`
+and `yolo_video.py` measure and run the file a user deploys, by the runtime
+that deploys it: TensorFlow for a SavedModel, the stock TFLite interpreter
+for `.tflite`, onnxruntime for `.onnx`.
+
+Every export also returns `decoded_boxes` and `decoded_scores` (all boxes
+before NMS); the detector runs NMS on those on the host with the score and
+IoU asked for now (evaluation needs a floor of 0.001, a deployment 0.3),
+with the same `YoloNMS` layer the export has inside. The network and the
+decoding (where quantisation acts) are always the export's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import numpy as np
+
+from keras_yolo_mgpu.inference.detector import YOLO, Detections
+
+logger = logging.getLogger(__name__)
+
+ONNX_MISSING = "ONNX export is not available: pip install tf2onnx onnxruntime"
+EXPORT_SUFFIXES = {".tflite": "tflite", ".onnx": "onnx"}
+
+
+def export_format(path: str) -> str | None:
+    """ "savedmodel", "tflite" or "onnx" for an exported model's path; None for anything else (weights)."""
+    path = os.fspath(path)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return "savedmodel"
+    return EXPORT_SUFFIXES.get(os.path.splitext(path)[1].lower())
+
+
+class SavedModelRunner:
+    """`serving_default` of an exported SavedModel; any batch size."""
+
+    def __init__(self, path: str):
+        import tensorflow as tf
+
+        self._serve = tf.saved_model.load(path).signatures["serving_default"]
+
+    def __call__(self, image: np.ndarray, image_shape: np.ndarray) -> dict:
+        import tensorflow as tf
+
+        out = self._serve(image=tf.constant(image, tf.float32), image_shape=tf.constant(image_shape, tf.float32))
+        return {k: v.numpy() for k, v in out.items()}
+
+
+class TFLiteRunner:
+    """A `.tflite` export in the stock interpreter (builtin ops only), one image at a time (batch 1)."""
+
+    def __init__(self, path: str, num_threads: int | None = None):
+        import tensorflow as tf
+
+        # Every core, as TensorFlow uses for the Keras model (the interpreter's own default may be one).
+        num_threads = num_threads or os.cpu_count()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+            interpreter = tf.lite.Interpreter(model_path=path, num_threads=num_threads)
+        self._runner = interpreter.get_signature_runner()
+
+    def __call__(self, image: np.ndarray, image_shape: np.ndarray) -> dict:
+        parts = [
+            self._runner(
+                image=np.asarray(image[i : i + 1], np.float32),
+                image_shape=np.asarray(image_shape[i : i + 1], np.float32),
+            )
+            for i in range(len(image))
+        ]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+class OnnxRunner:
+    """An `.onnx` export in onnxruntime (CPU); any batch size."""
+
+    def __init__(self, path: str):
+        try:
+            import onnxruntime
+        except ImportError:
+            raise RuntimeError(ONNX_MISSING) from None
+        self._session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        self._names = [o.name for o in self._session.get_outputs()]
+
+    def __call__(self, image: np.ndarray, image_shape: np.ndarray) -> dict:
+        feed = {"image": np.asarray(image, np.float32), "image_shape": np.asarray(image_shape, np.float32)}
+        return dict(zip(self._names, self._session.run(None, feed)))
+
+
+RUNNERS = {"savedmodel": SavedModelRunner, "tflite": TFLiteRunner, "onnx": OnnxRunner}
+
+
+def open_runner(path: str, fmt: str | None = None):
+    """A callable `(image (N, H, W, 3) float32 in [0, 1], image_shape (N, 2)) -> dict of numpy outputs`.
+
+    Raises:
+        ValueError: `path` is not an exported model.
+    """
+    fmt = fmt or export_format(path)
+    if fmt not in RUNNERS:
+        raise ValueError(
+            f"{path} is not an exported model (a SavedModel folder, .tflite or .onnx file); formats: {tuple(RUNNERS)}"
+        )
+    return RUNNERS[fmt](path)
+
+
+def host_nms(outputs: dict, *, score: float, iou: float, max_boxes: int, max_detections: int) -> dict:
+    """NMS of an export's `decoded_boxes` (N, K, 4) / `decoded_scores` (N, K, C) with `YoloNMS`.
+
+    Returns:
+        `boxes` (N, M, 4), `scores` (N, M), `classes` (N, M), `valid_detections` (N,) as numpy.
+    """
+    from keras_yolo_mgpu.inference.layers import OUTPUT_NAMES, YoloNMS
+
+    nms = YoloNMS(
+        max_detections=max_detections, max_boxes_per_class=max_boxes, score_threshold=score, iou_threshold=iou
+    )
+    results = nms([np.asarray(outputs["decoded_boxes"], np.float32), np.asarray(outputs["decoded_scores"], np.float32)])
+    return {name: np.asarray(value) for name, value in zip(OUTPUT_NAMES, results)}
+
+
+def _export_settings(path: str, settings):
+    """The sidecar's `ModelMetadata`; `settings` (from the flags) must describe the same model."""
+    from keras_yolo_mgpu.weights.metadata import read_metadata, sidecar_path
+
+    saved = read_metadata(path)
+    if saved is None:
+        raise FileNotFoundError(
+            f"{sidecar_path(path)} not found: an exported model is run with the metadata file written beside it "
+            "(class names, anchors, input size); copy it along with the model"
+        )
+    if settings is not None and tuple(settings.input_shape) != tuple(saved.input_shape):
+        raise ValueError(
+            f"{path} was exported for input {saved.input_shape[0]}x{saved.input_shape[1]}; "
+            f"--input-size {settings.input_shape[0]}x{settings.input_shape[1]} cannot change it (export again)"
+        )
+    if settings is not None and list(settings.class_names) != list(saved.class_names):
+        raise ValueError(f"the class names given do not match {sidecar_path(path)}'s {list(saved.class_names)}")
+    return saved
+
+
+class ExportedDetector(YOLO):
+    """`detector.YOLO`'s interface over an exported model and its metadata sidecar.
+
+    Args:
+        path: SavedModel folder, `.tflite` or `.onnx` file.
+        settings: `ModelMetadata` from the command's flags (they must agree
+            with the sidecar); None reads the sidecar alone.
+        score, iou, max_boxes, max_detections, batch_size: as for `YOLO`;
+            NMS runs on the host on the export's decoded outputs.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        settings=None,
+        score: float = 0.3,
+        iou: float = 0.45,
+        max_boxes: int = 20,
+        max_detections: int = 100,
+        batch_size: int = 8,
+        fmt: str | None = None,
+    ):
+        from keras_yolo_mgpu.inference.draw import class_colors
+
+        if not 0.0 <= float(score) <= 1.0 or not 0.0 <= float(iou) <= 1.0:
+            raise ValueError(f"score and iou must be in [0, 1]. Received: score={score}, iou={iou}")
+        self.model_path = os.fspath(path)
+        self.format = fmt or export_format(self.model_path)
+        self.metadata = _export_settings(self.model_path, settings)
+        self._run = open_runner(self.model_path, self.format)
+        self.kind, self.anchors, self.masks = self.metadata.kind, self.metadata.anchors_array, self.metadata.masks_list
+        self.class_names = list(self.metadata.class_names)
+        self.model_image_size = self.metadata.input_shape
+        self.score, self.iou = float(score), float(iou)
+        self.max_boxes, self.max_detections = int(max_boxes), int(max_detections)
+        self.batch_size, self.gpu_num = int(batch_size), 1
+        self.colors = class_colors(len(self.class_names))
+
+    def run_export(self, images: np.ndarray, image_shapes) -> dict:
+        """The export's raw outputs for (N, H, W, 3) uint8 letterboxed images (keras-yolo3's / 255)."""
+        image = np.asarray(images, np.float32) / 255.0
+        return self._run(image, np.asarray(image_shapes, np.float32).reshape(-1, 2))
+
+    def detect_letterboxed(self, images: np.ndarray, image_shapes) -> list:
+        if len(images) == 0:
+            return []
+        shapes = np.asarray(image_shapes, np.float32).reshape(-1, 2)
+        out = self.run_export(images, shapes)
+        if "decoded_boxes" in out:
+            out = host_nms(
+                out, score=self.score, iou=self.iou, max_boxes=self.max_boxes, max_detections=self.max_detections
+            )
+        else:  # an export from before decoded outputs: its own NMS, at the score it was exported with
+            logger.warning("%s has no decoded outputs: using its built-in NMS and score threshold", self.model_path)
+        results = []
+        for i, (height, width) in enumerate(shapes):
+            n = int(out["valid_detections"][i])
+            boxes = np.asarray(out["boxes"][i, :n], np.float32).copy()
+            np.clip(boxes[:, 0::2], 0.0, width, out=boxes[:, 0::2])
+            np.clip(boxes[:, 1::2], 0.0, height, out=boxes[:, 1::2])
+            results.append(Detections(boxes, out["scores"][i, :n].copy(), out["classes"][i, :n].astype(np.int32)))
+        return results
+
+
+def open_detector(path: str, *, settings=None, score: float = 0.3, iou: float = 0.45, gpu_num: int = 1, **options):
+    """`ExportedDetector` for an exported model, else `detector.YOLO` for weights; arguments as for `YOLO`."""
+    if export_format(path) is not None:
+        if gpu_num > 1:
+            logger.warning("--gpu_num %d is ignored for an exported model: it runs in its own runtime", gpu_num)
+        return ExportedDetector(path, settings=settings, score=score, iou=iou, **options)
+    return YOLO(path, settings=settings, score=score, iou=iou, gpu_num=gpu_num, **options)

@@ -1,0 +1,307 @@
+"""The export self-check: an exported model against the Keras model, where there is signal.
+
+A trained detector finds nothing in uniform noise, so comparing the
+detections of two models on noise compares two empty lists and passes
+whatever the export computes. This check compares, on real images when the
+user gives some and on generated scenes with objects otherwise:
+
+1. every decoded box and score before NMS (`decoded_boxes`, `decoded_scores`:
+   all K anchors of every image), the export's own outputs;
+2. the export's own NMS output at the score it was exported with;
+3. detections at a score floor low enough that every image yields boxes
+   (half of the image's weakest top score), by the same NMS on both decoded
+   outputs.
+
+It counts what it compared and fails when no detection was compared: an
+empty comparison proves nothing. A float32 export must match to rounding
+(`FLOAT_TOLERANCES`); a float16 or INT8 export is compared with looser
+tolerances and by how many of the Keras model's detections it finds again
+(same class, IoU >= 0.5): its accuracy is judged by mAP (`quantize`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SCORE_FLOOR_MIN = 1e-3  # below this an image carries no signal (evaluate's floor)
+MATCH_IOU = 0.5
+
+
+class Tolerance(NamedTuple):
+    """Largest differences accepted for one kind of export.
+
+    Attributes:
+        box_px: decoded box corners (pixels), for boxes that score at least
+            the floor in the Keras model, plus `box_relative` x the box's
+            larger side.
+        score: any decoded score, and any matched detection's score.
+        recall: least fraction of the Keras model's detections (floor and
+            export score) the export finds again, same class, IoU >= 0.5.
+        exact: detection lists must be equal (counts, classes, order).
+    """
+
+    box_px: float
+    box_relative: float
+    score: float
+    recall: float
+    exact: bool
+
+
+FLOAT_TOLERANCES = Tolerance(box_px=0.05, box_relative=1e-4, score=1e-4, recall=1.0, exact=True)
+HALF_TOLERANCES = Tolerance(box_px=2.0, box_relative=1e-2, score=0.02, recall=0.9, exact=False)
+# INT8: 8-bit activations move scores by up to ~0.04 and a box's log-size by
+# one quantisation step (several % of its size; measured on tiny YOLOv3 on
+# real photos), and low-scoring detections trade places; a wrong anchor (x1.5)
+# or a swapped channel order moves them by far more.
+INT8_TOLERANCES = Tolerance(box_px=8.0, box_relative=0.15, score=0.1, recall=0.5, exact=False)
+
+
+class ExportCheckError(RuntimeError):
+    """The export does not compute what the Keras model computes, or nothing was compared."""
+
+
+def _read_letterboxed(paths, input_shape):
+    from keras_yolo_mgpu.data.images import read_image
+    from keras_yolo_mgpu.data.letterbox import letterbox_array
+
+    images, shapes = [], []
+    for path in paths:
+        array = read_image(path)
+        images.append(letterbox_array(array, input_shape))
+        shapes.append(array.shape[:2])
+    return np.stack(images), np.asarray(shapes, np.float32)
+
+
+def image_paths(source: str) -> list[str]:
+    """Image files of a folder (recursively) or of an annotation file's lines, in order.
+
+    Raises:
+        FileNotFoundError: `source` does not exist or holds no image.
+    """
+    from keras_yolo_mgpu.data.annotations import read_annotations
+    from keras_yolo_mgpu.inference.media import collect_images
+
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"--images {source}: no such folder or annotation file")
+    paths = collect_images([source]) if os.path.isdir(source) else [a.image_path for a in read_annotations(source)]
+    if not paths:
+        raise FileNotFoundError(f"--images {source}: no image found")
+    return paths
+
+
+def sample_paths(paths: list[str], count: int, seed: int = 0) -> list[str]:
+    """`count` of `paths` spread evenly in a seeded shuffle (all of them when there are fewer)."""
+    order = np.random.default_rng(seed).permutation(len(paths))
+    return [paths[i] for i in sorted(order[:count])]
+
+
+def real_check_images(source: str, input_shape, count: int = 8, seed: int = 0):
+    """`count` images of `source` letterboxed: ((N, H, W, 3) uint8, (N, 2) original (height, width))."""
+    return _read_letterboxed(sample_paths(image_paths(source), count, seed), input_shape)
+
+
+def synthetic_check_images(input_shape, count: int = 4, seed: int = 0):
+    """Generated scenes with objects (`data.synthetic`), of several sizes so the letterbox pads both ways."""
+    from keras_yolo_mgpu.data.letterbox import letterbox_array
+    from keras_yolo_mgpu.data.synthetic import render_sample
+
+    rng = np.random.default_rng(seed)
+    height, width = input_shape
+    sizes = [(height, width), (height * 2, width), (height, width * 2), (max(16, height // 2), width)]
+    images, shapes = [], []
+    for i in range(count):
+        sample = render_sample(rng, sizes[i % len(sizes)], empty_fraction=0.0)
+        images.append(letterbox_array(sample.image, input_shape))
+        shapes.append(sample.image.shape[:2])
+    return np.stack(images), np.asarray(shapes, np.float32)
+
+
+def score_floor(decoded_scores: np.ndarray, score: float) -> float:
+    """Half of the weakest image's top score (every image then yields boxes), at most `score`.
+
+    Args:
+        decoded_scores: (N, K, C) the Keras model's decoded scores.
+    """
+    top = np.asarray(decoded_scores).reshape(len(decoded_scores), -1).max(axis=1)
+    return float(min(score, max(SCORE_FLOOR_MIN, 0.5 * top.min())))
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(n, 4) x (m, 4) corner boxes -> (n, m) IoU."""
+    low = np.maximum(a[:, None, :2], b[None, :, :2])
+    high = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(high - low, 0, None), axis=-1)
+    area = lambda x: np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), axis=-1)  # noqa: E731
+    union = area(a)[:, None] + area(b)[None, :] - inter
+    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
+
+
+def compare_detection_lists(reference: dict, other: dict) -> dict:
+    """Two padded detection outputs (`boxes`, `scores`, `classes`, `valid_detections`), image by image.
+
+    Returns:
+        `compared` (the reference's detections), `found` (how many of them
+        the other has, same class, IoU >= 0.5, greedy by score), `exact`
+        (counts and classes equal in order), and over the rows present in
+        both (the padding is not compared): `classes_equal`,
+        `max_box_diff`, `max_score_diff` and `max_coord` (largest |corner|).
+    """
+    result = {"compared": 0, "found": 0, "exact": True, "classes_equal": True}
+    result.update(max_box_diff=0.0, max_score_diff=0.0, max_coord=0.0)
+    valid_ref = np.asarray(reference["valid_detections"]).reshape(-1)
+    valid_other = np.asarray(other["valid_detections"]).reshape(-1)
+    for i, n in enumerate(valid_ref):
+        n, m = int(n), int(valid_other[i])
+        result["compared"] += n
+        ref_classes, other_classes = reference["classes"][i, :n], other["classes"][i, :m]
+        result["exact"] &= n == m and bool(np.array_equal(ref_classes, other_classes))
+        k = min(n, m)
+        result["classes_equal"] &= bool(np.array_equal(ref_classes[:k], other_classes[:k]))
+        if k:
+            result["max_coord"] = max(result["max_coord"], float(np.abs(reference["boxes"][i, :k]).max()))
+            result["max_box_diff"] = max(
+                result["max_box_diff"], float(np.abs(reference["boxes"][i, :k] - other["boxes"][i, :k]).max())
+            )
+            result["max_score_diff"] = max(
+                result["max_score_diff"], float(np.abs(reference["scores"][i, :k] - other["scores"][i, :k]).max())
+            )
+        if n and m:
+            ious = _iou(np.asarray(reference["boxes"][i, :n]), np.asarray(other["boxes"][i, :m]))
+            ious[ref_classes[:, None] != other_classes[None, :]] = 0.0
+            taken = np.zeros(m, bool)
+            for row in ious:
+                row = np.where(taken, 0.0, row)
+                best = int(np.argmax(row))
+                if row[best] >= MATCH_IOU:
+                    taken[best] = True
+                    result["found"] += 1
+    return result
+
+
+def compare_decoded(reference: dict, other: dict, floor: float, tolerance: Tolerance) -> dict:
+    """Every decoded score, and every box that scores >= `floor` in the reference.
+
+    Returns:
+        `boxes` (all decoded boxes), `scored_boxes` (those >= floor),
+        `max_score_diff`, `max_box_excess` (largest box difference less its
+        tolerance; <= 0 passes), `max_box_diff`.
+    """
+    ref_boxes, other_boxes = np.asarray(reference["decoded_boxes"]), np.asarray(other["decoded_boxes"])
+    ref_scores, other_scores = np.asarray(reference["decoded_scores"]), np.asarray(other["decoded_scores"])
+    if ref_boxes.shape != other_boxes.shape or ref_scores.shape != other_scores.shape:
+        raise ExportCheckError(
+            f"decoded outputs differ in shape: boxes {ref_boxes.shape} vs {other_boxes.shape}, "
+            f"scores {ref_scores.shape} vs {other_scores.shape}"
+        )
+    scored = ref_scores.max(axis=-1) >= floor  # (N, K)
+    diff = np.abs(ref_boxes - other_boxes)[scored]  # (S, 4)
+    # Errors in a box's corners scale with the box (a log-size step moves
+    # both corners by a share of the width), not with where it sits.
+    size = np.abs(ref_boxes[..., 2:] - ref_boxes[..., :2]).max(axis=-1)[scored]  # (S,)
+    allowed = tolerance.box_px + tolerance.box_relative * size[:, None]
+    return {
+        "boxes": int(scored.size),
+        "scored_boxes": int(scored.sum()),
+        "max_score_diff": float(np.abs(ref_scores - other_scores).max()),
+        "max_box_diff": float(diff.max()) if diff.size else 0.0,
+        "max_box_excess": float((diff - allowed).max()) if diff.size else 0.0,
+    }
+
+
+def run_keras(model, image: np.ndarray, image_shape: np.ndarray) -> dict:
+    """The Keras export model's outputs as numpy, image by image when its batch is fixed at 1."""
+    if model.inputs[0].shape[0] == 1:
+        parts = [model([image[i : i + 1], image_shape[i : i + 1]], training=False) for i in range(len(image))]
+        return {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+    return {k: np.asarray(v) for k, v in model([image, image_shape], training=False).items()}
+
+
+def check_export(
+    model,
+    run_export,
+    images: np.ndarray,
+    image_shapes: np.ndarray,
+    *,
+    source: str,
+    max_boxes: int = 20,
+    max_detections: int = 100,
+    tolerance: Tolerance = FLOAT_TOLERANCES,
+) -> dict:
+    """Compares an export with the Keras model it came from (see the module docstring).
+
+    Args:
+        model: the Keras export model (`export.build_export_model`, with
+            decoded outputs), the reference.
+        run_export: the export's runner (`backends.open_runner`).
+        images: (N, H, W, 3) uint8 letterboxed RGB; image_shapes: (N, 2).
+        source: what the images are, for the report.
+
+    Returns:
+        `{"source", "images", "floor", "decoded", "own_nms", "at_floor",
+        "detections_compared"}`.
+
+    Raises:
+        ExportCheckError: nothing was compared, or a difference exceeds `tolerance`.
+    """
+    from keras_yolo_mgpu.inference.backends import host_nms
+
+    image = np.asarray(images, np.float32) / 255.0
+    shapes = np.asarray(image_shapes, np.float32)
+    reference, other = run_keras(model, image, shapes), run_export(image, shapes)
+    nms = model.get_layer("yolo_nms")
+    floor = score_floor(reference["decoded_scores"], nms.score_threshold)
+    options = dict(score=floor, iou=nms.iou_threshold, max_boxes=max_boxes, max_detections=max_detections)
+    result = {
+        "source": source,
+        "images": len(image),
+        "floor": floor,
+        "decoded": compare_decoded(reference, other, floor, tolerance),
+        "own_nms": compare_detection_lists(reference, other),
+        "at_floor": compare_detection_lists(host_nms(reference, **options), host_nms(other, **options)),
+    }
+    result["detections_compared"] = result["own_nms"]["compared"] + result["at_floor"]["compared"]
+    _raise_on_failure(result, tolerance)
+    return result
+
+
+def _raise_on_failure(result: dict, tolerance: Tolerance) -> None:
+    problems = []
+    if result["detections_compared"] == 0:
+        problems.append(
+            f"nothing was compared: the Keras model scores below {SCORE_FLOOR_MIN} everywhere on {result['source']}"
+        )
+    decoded = result["decoded"]
+    if decoded["max_score_diff"] > tolerance.score:
+        problems.append(f"decoded scores differ by up to {decoded['max_score_diff']:.3g} (tolerance {tolerance.score})")
+    if decoded["max_box_excess"] > 0:
+        problems.append(f"decoded boxes differ by up to {decoded['max_box_diff']:.3g} px")
+    for name in ("own_nms", "at_floor"):
+        part = result[name]
+        if tolerance.exact and not part["exact"]:
+            problems.append(f"{name}: detections differ in count or class")
+        if tolerance.exact and part["max_box_diff"] > tolerance.box_px + tolerance.box_relative * part["max_coord"]:
+            problems.append(f"{name}: detection boxes differ by up to {part['max_box_diff']:.3g} px")
+        if part["compared"] and part["found"] < tolerance.recall * part["compared"]:
+            problems.append(
+                f"{name}: the export finds {part['found']} of the Keras model's {part['compared']} detections"
+            )
+    if problems:
+        raise ExportCheckError("the export does not match the Keras model: " + "; ".join(problems))
+
+
+def format_check(result: dict) -> str:
+    """One line for the command's report."""
+    decoded, own, floor = result["decoded"], result["own_nms"], result["at_floor"]
+    return (
+        f"check on {result['images']} {result['source']}: {decoded['boxes']} decoded boxes "
+        f"({decoded['scored_boxes']} scoring >= {result['floor']:.3g}), largest differences "
+        f"{decoded['max_box_diff']:.2e} px, score {decoded['max_score_diff']:.2e}; "
+        f"{floor['compared']} detections at score >= {result['floor']:.3g} ({floor['found']} found again) and "
+        f"{own['compared']} from the export's own NMS ({own['found']} found again)"
+    )

@@ -1,0 +1,99 @@
+"""Exported models run by evaluate.py and yolo_video.py; INT8 and float16 TFLite."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
+
+from keras_yolo_mgpu.cli import detect, evaluate
+from keras_yolo_mgpu.cli import export as export_cli
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.inference.export import export_model
+from keras_yolo_mgpu.weights.metadata import make_metadata, write_metadata
+
+INPUT = (64, 64)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("export_runtime")
+    data = make_synthetic_dataset(folder / "data", num_train=24, num_val=4, image_size=64, classes=CLASS_NAMES)
+    weights = str(folder / "tiny.weights.h5")
+    make_body().save_weights(weights)
+    write_metadata(weights, make_metadata(TINY_ANCHORS, CLASS_NAMES, INPUT))  # as train.py's files carry
+    tflite = export_model(weights, "tflite", str(folder / "model.tflite"))
+    return {"folder": folder, "data": data, "weights": weights, "tflite": tflite}
+
+
+def test_int8_and_float16_tflite_sizes_and_checks(setup, capsys):
+    float_size = setup["tflite"]["size"]
+    int8 = str(setup["folder"] / "int8.tflite")
+    data = setup["data"]
+    argv = ["--weights", setup["weights"], "--format", "tflite", "--int8", "--images", data.train, "--output", int8]
+    assert export_cli.main([*argv, "--validation", data.val]) == 0
+    out = capsys.readouterr().out
+    assert f"check on 8 images of {data.train}" in out and "exported tflite (int8, " in out
+    assert os.path.getsize(int8) < 0.3 * float_size  # 8-bit weights: about a quarter
+    # The mAP of both, by evaluate.py's code, side by side.
+    assert re.search(r"keras: mAP@\.5 \d\.\d{3}", out) and re.search(r"export: mAP@\.5 \d\.\d{3}", out)
+    # Only the network is 8-bit: decoding, NMS and the outputs stay float32.
+    interpreter = tf.lite.Interpreter(model_path=int8)
+    int8_tensors = [t["name"] for t in interpreter.get_tensor_details() if t["dtype"] == np.int8]
+    assert len(int8_tensors) > 20  # the network's weights and activations
+    assert [n for n in int8_tensors if "tiny_yolo_body" not in n] == ["tfl.quantize"]  # its input
+    outputs = interpreter.get_signature_runner().get_output_details()
+    assert {name for name, d in outputs.items() if d["dtype"] == np.float32} == {
+        "boxes",
+        "scores",
+        "decoded_boxes",
+        "decoded_scores",
+    }
+    half = export_model(setup["weights"], "tflite", str(setup["folder"] / "half.tflite"), precision="float16")
+    assert 0.45 < half["size"] / float_size < 0.55
+    at_floor = half["check"]["at_floor"]
+    assert at_floor["compared"] > 0 and at_floor["found"] >= 0.95 * at_floor["compared"]
+    with pytest.raises(ValueError, match="--images"):
+        export_model(setup["weights"], "tflite", str(setup["folder"] / "x.tflite"), precision="int8")
+    with pytest.raises(ValueError, match="--format tflite"):
+        export_model(setup["weights"], "onnx", str(setup["folder"] / "x.onnx"), precision="float16")
+
+
+def _evaluate(path, setup, capsys):
+    saved = str(setup["folder"] / (os.path.basename(path) + ".json"))
+    argv = ["--annotations", setup["data"].val, "--weights", path, "--save-detections", saved, "--no-progress"]
+    assert evaluate.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    with open(saved) as f:
+        return report, sorted(json.load(f), key=lambda d: (d["image_id"], -d["score"]))
+
+
+def test_evaluate_runs_the_export_as_it_runs_the_weights(setup, capsys):
+    keras_report, keras_dets = _evaluate(setup["weights"], setup, capsys)
+    export_report, export_dets = _evaluate(setup["tflite"]["path"], setup, capsys)
+    assert len(keras_dets) == len(export_dets) > 0
+    np.testing.assert_allclose([d["bbox"] for d in export_dets], [d["bbox"] for d in keras_dets], atol=0.05)
+    np.testing.assert_allclose([d["score"] for d in export_dets], [d["score"] for d in keras_dets], atol=1e-4)
+    assert export_report["mAP50"] == pytest.approx(keras_report["mAP50"], abs=1e-6)
+
+
+def test_yolo_video_runs_an_export_and_needs_its_metadata(setup, capsys, tmp_path):
+    images = os.path.join(os.path.dirname(setup["data"].val), "images", "val")
+    counts = {}
+    for name, path in (("keras", setup["weights"]), ("tflite", setup["tflite"]["path"])):
+        saved = tmp_path / f"{name}.jsonl"
+        argv = ["--model", path, "--image", images, "--output", str(tmp_path / name), "--save-json", str(saved)]
+        assert detect.main([*argv, "--no-progress"]) == 0
+        counts[name] = [len(json.loads(line)["detections"]) for line in saved.read_text().splitlines()]
+    assert counts["tflite"] == counts["keras"] and sum(counts["keras"]) > 0
+    bare = tmp_path / "bare.tflite"
+    shutil.copy(setup["tflite"]["path"], bare)  # without its .metadata.json
+    capsys.readouterr()
+    assert detect.main(["--model", str(bare), "--image", images, "--output", str(tmp_path / "x")]) == 1
+    assert "bare.tflite.metadata.json" in capsys.readouterr().err
