@@ -123,7 +123,7 @@ def test_typo_in_flag_gets_a_suggestion():
 def test_no_annotations_explains_how_to_start():
     result = _run([], timeout=60)
     assert result.returncode == 2
-    assert "python train.py --annotations" in result.stdout
+    assert "python train.py --data" in result.stdout
 
 
 def test_tiny_run_refuses_full_yolov3_weights_naming_the_layers(dataset, tmp_path):

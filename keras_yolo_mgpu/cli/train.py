@@ -22,11 +22,12 @@ from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 logger = logging.getLogger("train")
 
 START_HELP = """\
-No --annotations given. To train:
-  1. Write one line per image: path/to/img.jpg x_min,y_min,x_max,y_max,class_id ...
-     (voc_annotation.py and coco_annotation.py write these from VOC XML / COCO JSON)
-  2. Check it:  python -m keras_yolo_mgpu.check_dataset train.txt --classes my_classes.txt
-  3. Train:     python train.py --annotations train.txt --classes my_classes.txt [--weights W] [--gpus N]
+No --data given. To train:
+  1. Point --data at your dataset as it is: a YOLO-format data.yaml or folder (images/ + labels/),
+     a COCO instances .json, a Pascal VOC folder (Annotations/ + JPEGImages/), or a keras-yolo3
+     annotation file (then also --classes my_classes.txt)
+  2. Check it:  python -m keras_yolo_mgpu.check_dataset --data my_dataset/data.yaml
+  3. Train:     python train.py --data my_dataset/data.yaml [--weights W] [--gpus N]
 Or run the built-in demo on generated data:  python train.py --demo  (or: make demo)"""
 
 
@@ -41,7 +42,16 @@ def next_log_dir(root: str = "logs") -> str:
 def build_parser() -> cli.ArgumentParser:
     parser = cli.ArgumentParser(prog="train.py", description="Train YOLOv3 on one or several GPUs (keras-yolo-mgpu).")
     data = parser.add_argument_group("data")
-    data.add_argument("--annotations", help="annotation file: `path x1,y1,x2,y2,class ...` per line")
+    data.add_argument(
+        "--data",
+        metavar="PATH",
+        help="the dataset, its kind recognised: YOLO-format data.yaml or folder, COCO .json, VOC folder, "
+        "or a keras-yolo3 annotation file; class names and the validation split come from it where it has them",
+    )
+    data.add_argument(
+        "--image-dir", default=None, help="COCO: folder of the JSON's images (default: beside it, or images/)"
+    )
+    data.add_argument("--annotations", help="keras-yolo3 annotation file: `path x1,y1,x2,y2,class ...` per line")
     data.add_argument(
         "--val-annotations",
         default=None,
@@ -217,7 +227,7 @@ _FLAG_FIELDS = {
 # Flags that name the run to resume or set the logging, not a setting of the
 # run: `verbose` is -v (debug logging), not TrainConfig.verbose (--quiet).
 _RUN_FLAGS = ("resume", "log_dir", "verbose")
-_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights"}
+_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights", "data", "image_dir"}
 
 
 def _flag_field(dest: str):
@@ -322,11 +332,15 @@ def run(args, given: dict | None = None) -> int:
                 "new run (--weights of this run's checkpoint to start from it)."
             )
     else:
-        if not args.annotations:
+        if not args.annotations and not args.data:
             print(START_HELP)
             return 2
+        if args.annotations and args.data:
+            raise UsageError("give --data or --annotations, not both (--data reads keras-yolo3 files too)")
         if args.simulate_devices and args.gpus is None:
             raise UsageError("--simulate-devices needs --gpus N (the number of devices to simulate)")
+        if args.data and not os.path.exists(args.data):
+            raise UsageError(f"--data: not found: {args.data}")
         for flag, path in (
             ("--annotations", args.annotations),
             ("--val-annotations", args.val_annotations),
@@ -336,8 +350,8 @@ def run(args, given: dict | None = None) -> int:
         ):
             if path and not os.path.isfile(path):
                 raise UsageError(f"{flag}: file not found: {path}")
-        if not args.classes:
-            raise UsageError("--classes is required: the class names file of your dataset")
+        if args.annotations and not args.classes:
+            raise UsageError("--annotations needs --classes, the class names file of your dataset")
         config = config_from_args(args)
     result = train(config)
     logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)

@@ -53,8 +53,12 @@ CHECKPOINT_PATTERN_MAP = "ep{epoch:03d}-loss{loss:.3f}-val_mAP{val_mAP:.3f}.weig
 class TrainConfig:
     """Everything a training run needs; `train.py` flags map onto these 1:1."""
 
-    annotations: str
-    classes: str
+    # A keras-yolo3 annotation file, or (`data`) a dataset of any kind
+    # data.dataset_source reads; `classes` may be left out when it names them.
+    annotations: str | None = None
+    classes: str | None = None
+    data: str | None = None
+    image_dir: str | None = None
     anchors: str | None = None
     tiny: bool = False
     # Network, one of model.architectures.MODEL_NAMES; None: the start
@@ -117,6 +121,10 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
+        if bool(self.data) == bool(self.annotations):
+            raise ValueError("give one of data (a dataset of any kind) or annotations (a keras-yolo3 file)")
+        if self.annotations and not self.classes:
+            raise ValueError("annotations (a keras-yolo3 file) needs classes, the class names file")
         if self.epochs < 1 or self.freeze_epochs < 0 or self.freeze_epochs > self.epochs:
             raise ValueError(
                 f"need 0 <= freeze_epochs <= epochs and epochs >= 1. "
@@ -180,10 +188,10 @@ def _target_cells_bound(iou_thresh: float | None, masks) -> int:
     return MAX_BOXES if iou_thresh is None else MAX_BOXES * max(len(mask) for mask in masks)
 
 
-def _model_settings(config: TrainConfig):
+def _model_settings(config: TrainConfig, class_names: list[str] | None = None):
     """Class names, anchors and masks of a run.
 
-    Classes are always the dataset's (`config.classes`): training new
+    Classes are always the dataset's (`class_names`, default `config.classes`): training new
     classes from pretrained weights is the usual case. Anchors and masks
     come from the flags, else from the start weights' metadata (a converted
     or trained file knows them), else the defaults. Start weights of another
@@ -200,7 +208,7 @@ def _model_settings(config: TrainConfig):
     from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
     from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
 
-    class_names = get_classes(config.classes)
+    class_names = get_classes(config.classes) if class_names is None else list(class_names)
     start = read_metadata(config.weights) if config.weights and os.path.isfile(config.weights) else None
     requested = model_name(config.model, config.tiny)
     if start is None:
@@ -242,53 +250,6 @@ def _prepare_log_dir(config: TrainConfig) -> None:
     os.makedirs(config.log_dir, exist_ok=True)
     with open(args_path, "w", encoding="utf-8") as handle:
         handle.write(config.to_json() + "\n")
-
-
-def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
-    """Checks the annotation files; returns (train, val) annotation lists."""
-    from keras_yolo_mgpu.data.check import check_annotations
-
-    def checked(path):
-        report = check_annotations(path, num_classes)
-        if report.problems:
-            listing = os.path.join(run_dir, f"skipped_lines_{os.path.splitext(os.path.basename(path))[0]}.txt")
-            report.write_problems(listing)
-            if config.strict:
-                raise ValueError(
-                    f"{path}: {len(report.problems)} problem(s), --strict refuses to start. "
-                    f"First: {report.problems[0]}. Full list: {listing}"
-                )
-            lines = {p.line_number for p in report.problems}
-            used = {a.line_number for a in report.annotations}
-            logger.warning(
-                "%s: %d line(s) with problems: %d skipped, %d kept with boxes clipped/deduplicated "
-                "(first: %s); list in %s",
-                path,
-                len(lines),
-                len(lines - used),
-                len(lines & used),
-                report.problems[0],
-                listing,
-            )
-        if not report.annotations:
-            raise ValueError(f"{path}: no usable annotation lines")
-        return report.annotations
-
-    annotations = checked(config.annotations)
-    if config.val_annotations:
-        return annotations, checked(config.val_annotations)
-    order = np.random.default_rng(config.seed).permutation(len(annotations))
-    num_val = int(round(len(annotations) * config.val_split))
-    if config.val_split > 0 and num_val == 0 and len(annotations) > 1:
-        num_val = 1
-    if num_val >= len(annotations):
-        raise ValueError(
-            f"{config.annotations}: {len(annotations)} image(s) leave nothing to train on "
-            f"with val_split={config.val_split}"
-        )
-    val = [annotations[i] for i in sorted(order[:num_val])]
-    train = [annotations[i] for i in order[num_val:]]
-    return train, val
 
 
 def _configure_precision(config: TrainConfig) -> None:
@@ -512,14 +473,16 @@ class _TrainingRun:
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
         from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
+        from keras_yolo_mgpu.training.training_data import open_training_data
         from keras_yolo_mgpu.weights.metadata import make_metadata
 
         config = self.config
-        self.class_names, self.anchors, self.masks, self.kind = _model_settings(config)
+        data = open_training_data(config)
+        self.class_names, self.anchors, self.masks, self.kind = _model_settings(config, data.class_names)
         self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
-        self.train_annotations, self.val_annotations = _load_annotations(config, len(self.class_names), self.run_dir)
+        self.train_annotations, self.val_annotations = data.splits(self.run_dir)
         logger.info(
             "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
             len(self.train_annotations),
