@@ -93,6 +93,8 @@ class CheckReport:
     num_backgrounds: int = 0
     source: str = ""
     images_checked: bool = True
+    # What `num_lines` counts: annotation lines, or the images a dataset lists.
+    entry_word: str = "lines"
 
     @property
     def num_bad_lines(self) -> int:
@@ -106,7 +108,7 @@ class CheckReport:
     def summary_text(self) -> str:
         """One line, e.g. `train.txt: 120 lines, 118 usable; 118 images, ...`."""
         text = (
-            f"{self.source}: {self.num_lines} lines, {len(self.annotations)} usable; "
+            f"{self.source}: {self.num_lines} {self.entry_word}, {len(self.annotations)} usable; "
             f"{self.num_images} images, {self.num_boxes} boxes, {self.num_backgrounds} backgrounds"
         )
         if not self.images_checked:

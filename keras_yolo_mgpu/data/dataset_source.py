@@ -96,7 +96,7 @@ class Dataset:
     def checked(self, split: str, num_classes: int, *, check_images: bool = True, **options) -> CheckReport:
         """The dataset checker's report on one split (see `data.check.check_records`)."""
         records = self.splits[split]
-        return check_records(
+        report = check_records(
             records.records,
             num_classes,
             source=records.source,
@@ -105,6 +105,9 @@ class Dataset:
             check_images=check_images,
             **options,
         )
+        if self.kind != "keras-yolo3":
+            report.entry_word = "images listed"
+        return report
 
 
 def open_dataset(
