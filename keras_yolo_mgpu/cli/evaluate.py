@@ -46,7 +46,8 @@ def build_parser() -> cli.ArgumentParser:
         "--pr-curve",
         default=None,
         metavar="PNG",
-        help="write the precision-recall plot to this file (default: no plot)",
+        help="write the precision-recall plot to this file, and beside it <name>_confusion_matrix.png and "
+        "<name>_confidence_curves.png (F1, precision, recall against confidence) (default: no plots)",
     )
     parser.add_argument(
         "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"

@@ -344,6 +344,9 @@ def evaluate_detections(
         result["pr_curve"] = plot_pr_curve(
             evaluator, class_names, pr_curve, (at_threshold["precision"], at_threshold["recall"])
         )
+        from keras_yolo_mgpu.plots.evaluation import write_evaluation_pictures
+
+        result.update(write_evaluation_pictures(annotations, detections, class_names, pr_curve, score))
     return result
 
 
@@ -550,4 +553,7 @@ def format_report(result: dict) -> str:
         )  # fmt: skip
     if result.get("pr_curve"):
         lines.append(f"precision-recall curve: {result['pr_curve']}")
+        for key in ("confusion_matrix", "confidence_curves"):
+            if result.get(key):
+                lines.append(f"{key.replace('_', ' ')}: {result[key]}")
     return "\n".join(lines)

@@ -4,8 +4,8 @@ Stage 1 trains with the body frozen (`freeze_body`), stage 2 unfreezes
 everything with a lower learning rate, ReduceLROnPlateau and EarlyStopping.
 Each run writes into one log directory: `args.json`, best checkpoints of the
 template (single-device) weights, `best.weights.h5`, `last.weights.h5`,
-`history.csv`, `loss.png`, TensorBoard logs and
-`trained_weights_final.weights.h5`. The modern recipe's options (validation
+`history.csv`, `loss.png`, TensorBoard logs,
+`trained_weights_final.weights.h5` and the pictures of `training.pictures`. The modern recipe's options (validation
 mAP, monitor, schedules, EMA, multi-scale, mosaic) are assembled by
 `training.recipe`; their defaults are keras-yolo3's recipe.
 
@@ -35,6 +35,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -123,8 +124,6 @@ class TrainConfig:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
         if bool(self.data) == bool(self.annotations):
             raise ValueError("give one of data (a dataset of any kind) or annotations (a keras-yolo3 file)")
-        if self.annotations and not self.classes:
-            raise ValueError("annotations (a keras-yolo3 file) needs classes, the class names file")
         if self.epochs < 1 or self.freeze_epochs < 0 or self.freeze_epochs > self.epochs:
             raise ValueError(
                 f"need 0 <= freeze_epochs <= epochs and epochs >= 1. "
@@ -359,7 +358,8 @@ def _trim_history(history_csv: str, epochs_done: int) -> None:
     kept = [rows[0]]
     for row in rows[1:]:
         try:
-            complete = len(row) == len(rows[0]) and int(row[column]) < epochs_done
+            # Epochs are numbered from 1: the rows 1..epochs_done are the saved state's.
+            complete = len(row) == len(rows[0]) and int(row[column]) <= epochs_done
         except ValueError:  # a row cut short by the kill
             complete = False
         if complete:
@@ -437,6 +437,10 @@ class _TrainingRun:
         stage_history, last = self.run_stage2(epoch, position, last)
         _extend_history(history, stage_history)
         final_path = self.save_final_weights(last)
+        if self.chief:
+            from keras_yolo_mgpu.training.pictures import write_prediction_pictures
+
+            write_prediction_pictures(self, final_path)
         return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
 
     def open_log_dir(self):
@@ -534,7 +538,8 @@ class _TrainingRun:
         """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
         import keras
 
-        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, LossPlot, Throughput
+        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
+        from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
         from keras_yolo_mgpu.training.recipe import RecipeCallbacks
 
         run_dir = self.run_dir
@@ -558,7 +563,7 @@ class _TrainingRun:
             # Append: both stages (and a resumed run) add rows to one file; a new
             # run always starts in an empty folder.
             HistoryCSVLogger(self.history_csv, self.recipe.required_columns, append=True),
-            LossPlot(self.history_csv, os.path.join(run_dir, "loss.png")),
+            RunPictures(self.history_csv, run_dir, partial(write_data_pictures, self) if self.chief else None),
             keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
             self.recipe.best_checkpoint(os.path.join(run_dir, checkpoint_pattern)),
         ]

@@ -36,6 +36,8 @@ class TrainingData:
             self.class_names = resolve_class_names(self.dataset, config.classes)
             logger.info("--data %s: %s dataset, classes %s", config.data, self.dataset.kind, self.class_names)
         else:
+            if not config.classes:
+                raise ValueError(f"{config.annotations}: a keras-yolo3 annotation file needs classes (--classes FILE)")
             self.class_names = get_classes(config.classes)
 
     def _report(self, split_name: str, path: str | None, num_classes: int):
