@@ -292,10 +292,26 @@ def train(config: TrainConfig) -> TrainResult:
     # leave it set for whatever the process builds next (nor pin it to this
     # run's floatx, which Keras does when a layer first asks for it).
     previous_policy = global_state.get_global_attribute("dtype_policy", None)
+    # A new run that stops before its first epoch ends (refused weights, bad
+    # data) takes the folder it created with it: no empty run is left behind.
+    new_folder = not config.resume and not (os.path.isdir(config.log_dir) and os.listdir(config.log_dir))
     try:
         return _TrainingRun(config, engine).run()
+    except BaseException:
+        if new_folder:
+            _remove_unstarted_run(config.log_dir)
+        raise
     finally:
         global_state.set_global_attribute("dtype_policy", previous_policy)
+
+
+def _remove_unstarted_run(log_dir: str) -> None:
+    """Deletes `log_dir` unless an epoch finished there (its run state is then what --resume continues)."""
+    from keras_yolo_mgpu.training.run_state import RUN_STATE_FILE
+
+    if os.path.isdir(log_dir) and not os.path.isfile(os.path.join(log_dir, RUN_STATE_FILE)):
+        shutil.rmtree(log_dir, ignore_errors=True)
+        logger.info("removed %s: the run stopped before its first epoch ended", log_dir)
 
 
 def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str | None = None) -> list:
@@ -309,7 +325,7 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
     import keras
 
     from keras_yolo_mgpu.model.yolo3 import build_body
-    from keras_yolo_mgpu.weights.loading import load_weights
+    from keras_yolo_mgpu.weights.loading import WeightsMismatchError, load_weights
 
     keras.utils.set_random_seed(config.seed)
     template = build_body(anchors, num_classes, model=kind)
@@ -318,7 +334,7 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
             report = load_weights(
                 template, config.weights, skip_mismatch=config.weights_partial, allow_new_classes=True
             )
-        except ValueError as error:
+        except WeightsMismatchError as error:
             raise ValueError(
                 f"{error} Nothing was trained. To start anyway from the layers that do match, leaving the others "
                 "at their random initial values, pass --weights-partial (TrainConfig.weights_partial)."

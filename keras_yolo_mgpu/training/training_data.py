@@ -53,13 +53,14 @@ class TrainingData:
         name = split_name if self.dataset is not None else os.path.splitext(os.path.basename(path))[0]
         where = report.source
         if report.problems:
+            if self.config.strict:  # the run folder goes with the refusal: the checker lists them
+                shown = "\n  ".join(str(p) for p in report.problems[:10])
+                raise ValueError(
+                    f"{where}: {len(report.problems)} problem(s), --strict refuses to start:\n  {shown}\n"
+                    f"Every problem: python -m keras_yolo_mgpu.check_dataset {self._checker_args(path)}"
+                )
             listing = os.path.join(run_dir, f"skipped_lines_{name}.txt")
             report.write_problems(listing)
-            if self.config.strict:
-                raise ValueError(
-                    f"{where}: {len(report.problems)} problem(s), --strict refuses to start. "
-                    f"First: {report.problems[0]}. Full list: {listing}"
-                )
             logger.warning(
                 "%s: %d of %d entries with problems: %d skipped, the others kept with boxes clipped/deduplicated "
                 "(first: %s); list in %s",
@@ -73,6 +74,12 @@ class TrainingData:
         if not report.annotations:
             raise ValueError(f"{where}: no usable images")
         return report.annotations
+
+    def _checker_args(self, path: str | None) -> str:
+        config = self.config
+        if self.dataset is not None:
+            return f"--data {config.data}" + (f" --classes {config.classes}" if config.classes else "")
+        return f"{path} --classes {config.classes}"
 
     def splits(self, run_dir: str) -> tuple[list, list]:
         """(training records, validation records), checked."""
