@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 # Pillow's switch for truncated files is process-wide: set it only while one
 # recovering decode runs.
 _TRUNCATED_LOCK = threading.Lock()
+_WARNED_TRUNCATED: set[str] = set()  # warned once per file, not at every epoch
 
 __all__ = ["JPEG", "OTHER", "PNG", "image_size", "read_image", "sniff_image", "to_rgb_array"]
 
@@ -75,7 +76,10 @@ def read_image(path: str) -> np.ndarray:
                 pixels = to_rgb_array(image)
         finally:
             ImageFile.LOAD_TRUNCATED_IMAGES = previous
-    logger.warning("%s is truncated: decoded as far as it goes", path)
+        first_time = str(path) not in _WARNED_TRUNCATED
+        _WARNED_TRUNCATED.add(str(path))
+    if first_time:
+        logger.warning("%s is truncated: decoded as far as it goes", path)
     return pixels
 
 

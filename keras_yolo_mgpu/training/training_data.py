@@ -43,14 +43,14 @@ class TrainingData:
     def _report(self, split_name: str, path: str | None, num_classes: int):
         from keras_yolo_mgpu.data.check import check_annotations
 
-        if self.dataset is not None:
+        if path is None:
             return self.dataset.checked(split_name, num_classes)
         return check_annotations(path, num_classes)
 
     def _checked(self, split_name: str, path: str | None, run_dir: str) -> list:
         """The usable records of one split; problems listed in the run folder, or refused under `strict`."""
         report = self._report(split_name, path, len(self.class_names))
-        name = split_name if self.dataset is not None else os.path.splitext(os.path.basename(path))[0]
+        name = split_name if path is None else os.path.splitext(os.path.basename(path))[0]
         where = report.source
         if report.problems:
             if self.config.strict:  # the run folder goes with the refusal: the checker lists them
@@ -77,7 +77,7 @@ class TrainingData:
 
     def _checker_args(self, path: str | None) -> str:
         config = self.config
-        if self.dataset is not None:
+        if path is None:
             return f"--data {config.data}" + (f" --classes {config.classes}" if config.classes else "")
         return f"{path} --classes {config.classes}"
 
@@ -87,7 +87,14 @@ class TrainingData:
         if self.dataset is not None:
             train = self._checked("train", None, run_dir)
             if "val" in self.dataset.splits:
+                if config.val_annotations:
+                    raise ValueError(
+                        f"--data {config.data} has its own val split; --val-annotations {config.val_annotations} "
+                        "would replace it: drop one"
+                    )
                 return train, self._checked("val", None, run_dir)
+            if config.val_annotations:
+                return train, self._checked("val", config.val_annotations, run_dir)
             source = config.data
         else:
             train = self._checked("train", config.annotations, run_dir)
