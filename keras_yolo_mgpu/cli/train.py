@@ -130,6 +130,11 @@ def build_parser() -> cli.ArgumentParser:
         "--demo", action="store_true", help="generate the synthetic demo dataset and train on it (same as `make demo`)"
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--no-pictures",
+        action="store_true",
+        help="leave out the run's pictures (labels.jpg, train_batch*.jpg, results.png, val_pred.jpg; docs/data.md)",
+    )
     return parser
 
 
@@ -223,6 +228,7 @@ _FLAG_FIELDS = {
     "no_augment": ("augment", lambda value: not value),
     "no_sync_bn": ("sync_bn", lambda value: not value),
     "quiet": ("verbose", lambda value: 0 if value else 1),
+    "no_pictures": ("pictures", lambda value: not value),
 }
 # Flags that name the run to resume or set the logging, not a setting of the
 # run: `verbose` is -v (debug logging), not TrainConfig.verbose (--quiet).
@@ -256,7 +262,7 @@ def config_from_args(args):
 # Flags that say how a resumed run executes, not what it computes: they
 # apply to the resumed process. Every other flag given with --resume must
 # agree with the run's args.json.
-RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache")
+RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "no_pictures")
 
 
 def given_flags(argv=None) -> dict:

@@ -7,8 +7,9 @@
     loss.png            loss per epoch (as before)
     val_pred.jpg        ground truth beside predictions of the best weights on validation images (at the end)
 
-They cost about a second or two at the start and, at the end, building one
+They cost a few seconds at the start and, at the end, building one
 detector; a picture that fails is logged and never stops the run.
+`TrainConfig.pictures` False (`--no-pictures`) leaves all but loss.png out.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ class RunPictures(LossPlot):
     resumed run that already drew them.
     """
 
-    def __init__(self, history_csv: str, run_dir: str, first_pictures=None):
+    def __init__(self, history_csv: str, run_dir: str, first_pictures=None, *, results: bool = True):
         super().__init__(history_csv, os.path.join(run_dir, "loss.png"))
-        self.results_png = os.path.join(run_dir, "results.png")
+        self.results_png = os.path.join(run_dir, "results.png") if results else None
         self.first_pictures = first_pictures
 
     def on_train_begin(self, logs=None):
@@ -52,6 +53,8 @@ class RunPictures(LossPlot):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
+        if self.results_png is None:
+            return
         from keras_yolo_mgpu.plots.results import plot_results
 
         _guarded(self.results_png, lambda: plot_results(self.history_csv, self.results_png))

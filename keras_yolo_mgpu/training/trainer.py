@@ -119,6 +119,9 @@ class TrainConfig:
     # anchor of its masks with IoU above it (model.targets); 1.0: its best
     # anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
     iou_thresh: float | None = None
+    # The run's pictures (training.pictures): labels.jpg, train_batch*.jpg,
+    # results.png, val_pred.jpg.
+    pictures: bool = True
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -453,7 +456,7 @@ class _TrainingRun:
         stage_history, last = self.run_stage2(epoch, position, last)
         _extend_history(history, stage_history)
         final_path = self.save_final_weights(last)
-        if self.chief:
+        if self.chief and self.config.pictures:
             from keras_yolo_mgpu.training.pictures import write_prediction_pictures
 
             write_prediction_pictures(self, final_path)
@@ -579,7 +582,12 @@ class _TrainingRun:
             # Append: both stages (and a resumed run) add rows to one file; a new
             # run always starts in an empty folder.
             HistoryCSVLogger(self.history_csv, self.recipe.required_columns, append=True),
-            RunPictures(self.history_csv, run_dir, partial(write_data_pictures, self) if self.chief else None),
+            RunPictures(
+                self.history_csv,
+                run_dir,
+                partial(write_data_pictures, self) if self.chief and self.config.pictures else None,
+                results=self.config.pictures,
+            ),
             keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
             self.recipe.best_checkpoint(os.path.join(run_dir, checkpoint_pattern)),
         ]
