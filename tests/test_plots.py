@@ -84,7 +84,7 @@ def test_confusion_matrix_counts_matches_misses_and_false_alarms(hand_checked):
 def test_confidence_curves_agree_with_precision_and_recall_by_hand(hand_checked, tmp_path):
     annotations, detections = hand_checked
     curves = confidence_curves(annotations, detections, 2, thresholds=[0.3, 0.5, 0.95])
-    np.testing.assert_allclose(curves["precision"][-1], [2 / 3, 1.0, 1.0])
+    np.testing.assert_allclose(curves["precision"][-1], [2 / 3, 1.0, np.nan])  # nothing scores 0.95
     np.testing.assert_allclose(curves["recall"][-1], [2 / 3, 2 / 3, 0.0])
     np.testing.assert_allclose(curves["f1"][-1], [2 / 3, 0.8, 0.0])
     np.testing.assert_allclose(curves["recall"][0], [0.5, 0.5, 0.0])  # cat: one of two found

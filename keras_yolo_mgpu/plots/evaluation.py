@@ -58,7 +58,8 @@ def confidence_curves(annotations, detections: list[dict], num_classes: int, thr
 
     Returns:
         `thresholds` (T,), `precision`, `recall`, `f1` (C + 1, T): one row per
-        class, the last over all classes.
+        class, the last over all classes; precision is NaN (not drawn) where
+        no detection scores that high.
     """
     thresholds = np.linspace(0, 1, 101) if thresholds is None else np.asarray(thresholds)
     scores, classes, hits = [], [], []
@@ -87,9 +88,9 @@ def confidence_curves(annotations, detections: list[dict], num_classes: int, thr
         above = mine[None, :] & (scores[None, :] >= thresholds[:, None])  # (T, D)
         tp = (above & hits[None, :]).sum(axis=1)
         kept = above.sum(axis=1)
-        precision[row] = np.where(kept > 0, tp / np.maximum(kept, 1), 1.0)  # no detection: nothing wrong
+        precision[row] = np.where(kept > 0, tp / np.maximum(kept, 1), np.nan)  # no detection left: undefined
         recall[row] = tp / gt_counts[row] if gt_counts[row] else 0.0
-    f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+    f1 = np.nan_to_num(2 * precision * recall / np.maximum(precision + recall, 1e-12))  # no detection: F1 0
     return {"thresholds": thresholds, "precision": precision, "recall": recall, "f1": f1}
 
 
