@@ -146,3 +146,26 @@ def test_class_names_from_the_dataset_or_the_file_and_a_contradiction_names_both
     report = open_dataset(str(voc), class_names=["circle"]).checked("train", 1)
     assert {p.kind for p in report.problems} <= {"class-out-of-range", "missing-file"}
     assert any("object class square not in the names ['circle']" in str(p) for p in report.problems)
+
+
+def test_checker_and_kmeans_commands_take_data(reference, tmp_path, capsys):
+    from keras_yolo_mgpu.cli.check_dataset import main as check_main
+    from keras_yolo_mgpu.cli.kmeans import main as kmeans_main
+
+    out, train, val = reference
+    write_yolo(out, {"train": train, "val": val})
+    assert check_main(["--data", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"{out}: yolo dataset, 2 classes: circle, square"
+    assert printed[-1].startswith(f"val: {out / 'data.yaml'}: 3 images listed, 3 usable")
+    label = out / "labels" / "train" / "00001.txt"
+    original = label.read_text()
+    label.write_text(original + "5 0.5 0.5 0.1 0.1\n")
+    try:
+        assert check_main(["--data", str(out)]) == 1
+        assert f"{label}:{len(original.splitlines()) + 1}: class id 5 not in [0, 2)" in capsys.readouterr().out
+    finally:
+        label.write_text(original)
+    assert kmeans_main(["--data", str(out), "--clusters", "2"]) == 0
+    boxes = sum(len(r.boxes) for r in train)
+    assert capsys.readouterr().out.startswith(f"{boxes} boxes, 2 clusters")

@@ -48,7 +48,11 @@ def test_evaluate_data_takes_classes_and_network_from_the_weights(tiny_files, tm
 
     paths = make_synthetic_dataset(tmp_path, num_train=2, num_val=3, image_size=64, classes=CLASSES)
     write_yolo(tmp_path, {"train": read_annotations(paths.train), "val": read_annotations(paths.val)})
+    (tmp_path / "images" / "val" / "zz_broken.png").write_bytes(b"not an image")  # a background nobody reads
     assert main(["--data", str(tmp_path), "--weights", tiny_files[0], "--no-progress"]) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["num_images"] == report["num_listed"] == 3  # the val split
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert (report["num_listed"], report["num_images"]) == (4, 3)  # the val split; the broken image skipped
+    assert report["unreadable_images"] == [str(tmp_path / "images" / "val" / "zz_broken.png")]
+    assert "scored 3 of 4 images listed (1 unreadable, skipped:" in out
     assert list(report["per_class"]) == CLASSES
