@@ -5,7 +5,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean bench-gpu
+.PHONY: demo test test-fast install clean bench-gpu
+
+# Two xdist workers (one per core of the 2-core CI machine). --dist loadgroup
+# keeps tests that share one expensive child run (xdist_group marks) on one
+# worker; the rest are spread test by test.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +26,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q --durations=15 tests
+	$(PYTEST) --durations=15 tests
+
+# The inner loop: everything but the tests marked slow (the float64 replica
+# runs, end-to-end training runs). `make test` stays the full suite (CI's).
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow" tests
 
 # One-GPU benchmark (training speed per mode, input pipeline, replication cost):
 # writes bench_gpu/results.jsonl and the Markdown tables bench_gpu/report.md (BENCHMARKS.md, "GPU").

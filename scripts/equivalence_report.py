@@ -20,7 +20,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-import conftest  # noqa: E402,F401  (splits the CPU into logical devices before TF starts)
+from isolation import configure_test_devices  # noqa: E402
+
+configure_test_devices()  # splits the CPU into logical devices before TF starts
+
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import test_parallel as procedure  # noqa: E402

@@ -2,16 +2,19 @@
 
 Keras's own distribute tests are the model: the same model trained with and
 without replication from the same initial weights on the same batches; the
-template weights must agree to 1e-5.
+template weights must agree to 1e-5. Each group of replica runs that share
+a one-device trajectory runs in its own float64 child process
+(`isolation.py`): the pytest process keeps none of their graphs.
 """
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from isolation import logical_device_names, run_isolated
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes
-from keras_yolo_mgpu.parallel.align import floatx_policy, max_difference, replicate, train_steps
+from keras_yolo_mgpu.parallel.align import max_difference, replicate, train_steps
 from keras_yolo_mgpu.parallel.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
 
 ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
@@ -21,22 +24,6 @@ GLOBAL_BATCH = 8
 STEPS = 3
 LEARNING_RATE = 1e-4
 TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def float64_models():
-    """Builds this module's models in float64.
-
-    The comparison is about arithmetic, so it runs where rounding cannot
-    masquerade as a difference. In float32 one device (batch 8) and N
-    replicas (batch 8/N) round convolutions differently by ~1e-7; that is
-    harmless except that now and then it flips a near-tied max-pool window
-    and sends one pixel's gradient elsewhere, a ~1e-5 local change after one
-    step (`scripts/equivalence_report.py --floatx float32` shows both). In
-    float64 the same steps agree to ~1e-16.
-    """
-    with floatx_policy("float64"):
-        yield
 
 
 def _batches(num_images, seed=0):
@@ -57,19 +44,7 @@ def _batches(num_images, seed=0):
 # Both tiny networks share the anchors, masks and targets; yolov4-tiny adds
 # grouped routes, scale_x_y decoding and the CIoU box loss.
 MODELS = ["yolov3-tiny", "yolov4-tiny"]
-
-
-@pytest.fixture(scope="module")
-def initial_weights():
-    """Start weights per model (built once)."""
-    cache = {}
-
-    def get(model):
-        if model not in cache:
-            cache[model] = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=0, model=model)[0].get_weights()
-        return cache[model]
-
-    return get
+REPLICATED = [(engine, n) for engine in ("strategy", "multi_gpu_model") for n in (2, 4)]
 
 
 def _build(freeze_body, model="yolov3-tiny"):
@@ -115,25 +90,77 @@ def _trainable_mask(freeze_body, model="yolov3-tiny"):
     return [v.trainable for v in body.weights]
 
 
-@pytest.fixture(scope="module")
-def single_device_runs(initial_weights):
-    """`get(freeze_body, model)`: the one-device trajectory (computed once)."""
-    cache = {}
+# Each group shares one single-device trajectory: (freeze_body, model) ->
+# the replica runs compared with it, as (engine, number of devices), and
+# whether the free-running 4-replica run is checked too.
+GROUPS = {
+    (2, "yolov3-tiny"): {"forced": [*REPLICATED, ("multi_gpu_model", 3)], "free_running": True},
+    (0, "yolov3-tiny"): {"forced": REPLICATED, "free_running": True},
+    (2, "yolov4-tiny"): {"forced": REPLICATED[:2], "free_running": False},
+    (0, "yolov4-tiny"): {"forced": REPLICATED[:2], "free_running": True},
+}
 
-    def get(freeze_body, model="yolov3-tiny"):
-        if (freeze_body, model) not in cache:
-            cache[freeze_body, model] = _trajectory(
-                initial_weights(model), freeze_body, "strategy", ["/device:CPU:0"], model=model
+
+def _run_group(freeze_body, model):
+    """Every replica run of one group against its one-device trajectory (in a float64 child process).
+
+    The comparison is about arithmetic, so it runs where rounding cannot
+    masquerade as a difference. In float32 one device (batch 8) and N
+    replicas (batch 8/N) round convolutions differently by ~1e-7; that is
+    harmless except that now and then it flips a near-tied max-pool window
+    and sends one pixel's gradient elsewhere, a ~1e-5 local change after one
+    step (`scripts/equivalence_report.py --floatx float32` shows both). In
+    float64 the same steps agree to ~1e-16.
+
+    Returns a dict: `forced[(engine, n)]`, per step the pair (step size of the
+    trainable weights, largest difference after the replica step, all
+    weights, and largest step of all weights); `free_running`, the 4-replica
+    run's (losses, final difference) and `reference_losses`.
+    """
+    devices = logical_device_names()
+    initial = create_model(INPUT_SHAPE, ANCHORS, NUM_CLASSES, freeze_body=0, model=model)[0].get_weights()
+    reference, reference_losses = _trajectory(initial, freeze_body, "strategy", devices[:1], model=model)
+    trainable = _trainable_mask(freeze_body, model)
+    result = {"forced": {}, "reference_losses": reference_losses, "free_running": None}
+    for engine, num_devices in GROUPS[freeze_body, model]["forced"]:
+        steps = _forced_steps(reference, freeze_body, engine, devices[:num_devices], model=model)
+        result["forced"][engine, num_devices] = [
+            (
+                max_difference(reference[step + 1], reference[step], trainable),
+                max_difference(reference[step + 1], weights),
+                max_difference(reference[step + 1], reference[step]),
             )
-        return cache[freeze_body, model]
+            for step, weights in enumerate(steps)
+        ]
+    if GROUPS[freeze_body, model]["free_running"]:
+        weights, losses = _trajectory(initial, freeze_body, "strategy", devices[:4], model=model)
+        result["free_running"] = (losses, max_difference(reference[-1], weights[-1]))
+    return result
 
-    return get
+
+_group_results = {}
+
+
+def _group(freeze_body, model):
+    """`_run_group`'s result, computed once per process in a child (its graphs die with it)."""
+    if (freeze_body, model) not in _group_results:
+        _group_results[freeze_body, model] = run_isolated(_run_group, freeze_body, model, floatx="float64")
+    return _group_results[freeze_body, model]
+
+
+def _in_group(freeze_body, model):
+    """xdist keeps a group's tests on one worker: they share its child run."""
+    return pytest.mark.xdist_group(f"parallel-{freeze_body}-{model}")
 
 
 # yolov4-tiny runs on the default engine only: multi_gpu_model's slicing does
 # not depend on the network, and the suite must stay within CI time.
 REPLICA_CASES = [
-    pytest.param(engine, num_devices, freeze_body, model, id=f"{engine}-{num_devices}-{stage}-{model}")
+    pytest.param(
+        *(engine, num_devices, freeze_body, model),
+        id=f"{engine}-{num_devices}-{stage}-{model}",
+        marks=_in_group(freeze_body, model),
+    )
     for model in MODELS
     for engine in (["strategy", "multi_gpu_model"] if model == "yolov3-tiny" else ["strategy"])
     for num_devices in (2, 4)
@@ -143,25 +170,21 @@ REPLICA_CASES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine, num_devices, freeze_body, model", REPLICA_CASES)
-def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num_devices, freeze_body, model):
+def test_replicas_match_one_device(engine, num_devices, freeze_body, model):
     """Every step on N replicas equals the step one device takes from the same weights.
 
     Steps are compared along the single-device trajectory: each replica step
     starts from the reference weights before it, so every step is checked on
     its own (measured in float64: <= 2.2e-16 against steps of ~1e-3).
     """
-    reference, _ = single_device_runs(freeze_body, model)
-    trainable = _trainable_mask(freeze_body, model)
-    results = _forced_steps(reference, freeze_body, engine, logical_cpus[:num_devices], model=model)
-    for step, weights in enumerate(results):
+    steps = _group(freeze_body, model)["forced"][engine, num_devices]
+    for step, (step_size, difference, whole_step) in enumerate(steps):
         # Each gradient step must move the trainable weights far more than the
         # tolerance: a gradient-scale error (2x or 4x the step) would then
         # differ by at least one whole step and could not hide in it. (BN
         # moving statistics move by momentum, whatever the gradients, so
         # they do not count here; they do count in the comparison below.)
-        step_size = max_difference(reference[step + 1], reference[step], trainable)
         assert step_size > 30 * TOLERANCE, (step, step_size)
-        difference = max_difference(reference[step + 1], weights)
         if engine == "multi_gpu_model" and freeze_body == 0:
             # Per-replica BatchNormalization statistics (2 images per replica
             # here) are a different computation (README, "multi_gpu_model and
@@ -169,7 +192,7 @@ def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num
             # must not silently become exact.
             # Measured 0.022 (2 replicas) and 0.066 (4) after one step, mostly
             # BN statistics; the all-weights step here is ~0.025.
-            assert difference < 10 * max_difference(reference[step + 1], reference[step]), (step, difference)
+            assert difference < 10 * whole_step, (step, difference)
             assert difference > 10 * TOLERANCE, (step, difference)
         else:
             assert difference <= TOLERANCE, (step, difference)
@@ -178,24 +201,26 @@ def test_replicas_match_one_device(single_device_runs, logical_cpus, engine, num
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "freeze_body, model",
-    [(2, "yolov3-tiny"), (0, "yolov3-tiny"), (0, "yolov4-tiny")],
-    ids=["frozen-yolov3-tiny", "unfrozen-yolov3-tiny", "unfrozen-yolov4-tiny"],
+    [
+        pytest.param(2, "yolov3-tiny", id="frozen-yolov3-tiny", marks=_in_group(2, "yolov3-tiny")),
+        pytest.param(0, "yolov3-tiny", id="unfrozen-yolov3-tiny", marks=_in_group(0, "yolov3-tiny")),
+        pytest.param(0, "yolov4-tiny", id="unfrozen-yolov4-tiny", marks=_in_group(0, "yolov4-tiny")),
+    ],
 )
-def test_free_running_replicas_track_one_device(single_device_runs, initial_weights, logical_cpus, freeze_body, model):
+def test_free_running_replicas_track_one_device(freeze_body, model):
     """Several steps without resetting: the same losses and the same final weights."""
-    reference, reference_losses = single_device_runs(freeze_body, model)
-    weights, losses = _trajectory(initial_weights(model), freeze_body, "strategy", logical_cpus[:4], model=model)
-    np.testing.assert_allclose(losses, reference_losses, rtol=1e-7)
-    assert max_difference(reference[-1], weights[-1]) <= TOLERANCE
+    results = _group(freeze_body, model)
+    losses, final_difference = results["free_running"]
+    np.testing.assert_allclose(losses, results["reference_losses"], rtol=1e-7)
+    assert final_difference <= TOLERANCE
 
 
 @pytest.mark.slow
-def test_multi_gpu_model_uneven_slices_match_one_device(single_device_runs, logical_cpus):
+@_in_group(2, "yolov3-tiny")
+def test_multi_gpu_model_uneven_slices_match_one_device():
     # 8 images over 3 devices: slices of 3, 3 and 2.
-    reference, _ = single_device_runs(2)
-    results = _forced_steps(reference, 2, "multi_gpu_model", logical_cpus[:3])
-    for step, weights in enumerate(results):
-        assert max_difference(reference[step + 1], weights) <= TOLERANCE
+    for step, (_, difference, _) in enumerate(_group(2, "yolov3-tiny")["forced"]["multi_gpu_model", 3]):
+        assert difference <= TOLERANCE, (step, difference)
 
 
 def test_split_sizes_differ_by_at_most_one():

@@ -1,7 +1,8 @@
 """The modern recipe's options keep N replicas equal to one device, through train.py.
 
-Each run is `train.py`'s own `main(argv)` in this process (4 logical CPUs,
-conftest.py), in float64 so that rounding cannot masquerade as a difference
+Each run is `train.py`'s own `main(argv)` in a child process (4 logical
+CPUs, `isolation.py`; one child per option runs its 1, 2 and 4 device runs,
+so the pytest process never holds their graphs), in float64 so that rounding cannot masquerade as a difference
 (test_parallel.py explains why), from the same start weights. The final,
 best and last weights and the history (losses, val_mAP) of 2 and 4
 MirroredStrategy replicas must equal the single-device run's. An option that
@@ -23,10 +24,12 @@ CIoU box loss and Darknet's anchor assignment (--iou-thresh).
 """
 
 import shutil
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
+from isolation import run_isolated
 
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
@@ -51,31 +54,24 @@ ALL_TOGETHER = [
 NEEDS_VALIDATION = {"eval_every_monitor_map"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def float64_models():
-    previous_floatx, previous_policy = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.config.set_dtype_policy(previous_policy)
-    keras.config.set_floatx(previous_floatx)
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     return make_synthetic_dataset(tmp_path_factory.mktemp("data"), num_train=8, num_val=4, image_size=64, seed=0)
 
 
-@pytest.fixture(scope="module")
-def start_weights(tmp_path_factory, float64_models):
+def _write_start_weights(path):
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 
     keras.utils.set_random_seed(1)
-    body = build_body(get_anchors(default_anchors_path(True)), 4)
-    path = tmp_path_factory.mktemp("weights") / "start.weights.h5"
-    body.save_weights(str(path))
-    return str(path)
+    build_body(get_anchors(default_anchors_path(True)), 4).save_weights(path)
+
+
+@pytest.fixture(scope="module")
+def start_weights(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("weights") / "start.weights.h5")
+    run_isolated(_write_start_weights, path, floatx="float64")
+    return path
 
 
 def _weights(path):
@@ -97,8 +93,7 @@ def _train(dataset, start_weights, log_dir, gpus, options, *, validation, epochs
     """train.py's main() in this process; returns ([final, best, last weights], history).
 
     `start_weights` None: the run builds its own start weights from --seed.
-    The run folder is deleted once read: its float64 checkpoints take ~270 MB
-    and the module's 20 runs share pytest's one module-lifetime folder.
+    The run folder is deleted once read: its float64 checkpoints take ~270 MB.
     """
     from keras_yolo_mgpu.cli.train import main
     from keras_yolo_mgpu.training.callbacks import read_history
@@ -126,59 +121,107 @@ def _max_difference(first, second):
     return max(float(np.max(np.abs(a - b))) for a, b in zip(first, second, strict=True))
 
 
-def _assert_same_run(reference, replicated):
-    (ref_files, ref_history), (files, history) = reference, replicated
-    for name, ref_weights, weights in zip(("final", "best", "last"), ref_files, files):
-        difference = _max_difference(ref_weights, weights)
+def _compare_replica_runs(dataset, start_weights, work_dir, options, train_kwargs):
+    """Runs one device, 2 and 4 replicas in this (child) process; returns what the tests assert on.
+
+    Returns a dict: `differences[gpus]`, the largest |difference| of the final,
+    best and last weights against the one-device run; `histories[gpus]`
+    (1, 2, 4); `moved`, how far the one-device run's final weights moved from
+    `start_weights` (None without them). The one-device final weights are
+    kept in `work_dir/reference_final.npz` for comparisons with other runs.
+    """
+    work_dir = Path(work_dir)
+    reference = _train(dataset, start_weights, work_dir / "gpus1", 1, options, **train_kwargs)
+    np.savez(work_dir / "reference_final.npz", *reference[0][0])
+    result = {"differences": {}, "histories": {1: reference[1]}, "moved": None}
+    if start_weights:
+        result["moved"] = _max_difference(reference[0][0], _weights(start_weights))
+    for gpus in (2, 4):
+        files, history = _train(dataset, start_weights, work_dir / f"gpus{gpus}", gpus, options, **train_kwargs)
+        result["differences"][gpus] = [_max_difference(a, b) for a, b in zip(reference[0], files, strict=True)]
+        result["histories"][gpus] = history
+    return result
+
+
+def _difference_from_saved(dataset, start_weights, work_dir, options, train_kwargs, saved_final):
+    """Largest |difference| between this run's final weights (one device) and `saved_final` (.npz)."""
+    files, _ = _train(dataset, start_weights, Path(work_dir) / "run", 1, options, **train_kwargs)
+    with np.load(saved_final) as saved:
+        return _max_difference(files[0], [saved[f"arr_{i}"] for i in range(len(saved.files))])
+
+
+_replica_runs = {}
+
+
+@pytest.fixture(scope="module")
+def replica_runs(dataset, start_weights, tmp_path_factory):
+    """`get(name, options, start=True, **train_kwargs)`: `_compare_replica_runs`' result, once per name.
+
+    Each name's three runs share one child process (they trace three float64
+    steps), so the pytest process never holds their graphs.
+    """
+
+    def get(name, options, start=True, **train_kwargs):
+        if name not in _replica_runs:
+            work_dir = tmp_path_factory.mktemp(name)
+            weights = start_weights if start else None
+            _replica_runs[name] = run_isolated(
+                _compare_replica_runs, dataset, weights, str(work_dir), options, train_kwargs, floatx="float64"
+            )
+            _replica_runs[name]["work_dir"] = work_dir
+        return _replica_runs[name]
+
+    return get
+
+
+def _assert_same_run(runs, gpus):
+    for name, difference in zip(("final", "best", "last"), runs["differences"][gpus], strict=True):
         assert difference <= TOLERANCE, (name, difference)
+    reference, history = runs["histories"][1], runs["histories"][gpus]
     for key in ("loss", "val_loss", "val_mAP", "val_mAP50"):
-        if key in ref_history:
-            np.testing.assert_allclose(history[key], ref_history[key], rtol=1e-7, equal_nan=True, err_msg=key)
+        if key in reference:
+            np.testing.assert_allclose(history[key], reference[key], rtol=1e-7, equal_nan=True, err_msg=key)
 
 
-_references = {}
-
-
-def _reference(name, dataset, start_weights, tmp_path_factory, options, **kwargs):
-    """The single-device run of `name`, once per module."""
-    if name not in _references:
-        _references[name] = _train(dataset, start_weights, tmp_path_factory.mktemp(name), 1, options, **kwargs)
-    return _references[name]
+def _grouped(*names):
+    """Parameters that xdist keeps on one worker per name (they share that name's child run)."""
+    return [pytest.param(name, marks=pytest.mark.xdist_group(f"recipe-{name}")) for name in names]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gpus", [2, 4])
-@pytest.mark.parametrize("option", list(OPTIONS))
-def test_option_alone_on_replicas_matches_one_device(dataset, start_weights, tmp_path_factory, option, gpus):
-    kwargs = dict(validation=option in NEEDS_VALIDATION)
-    reference = _reference(option, dataset, start_weights, tmp_path_factory, OPTIONS[option], **kwargs)
-    run = _train(dataset, start_weights, tmp_path_factory.mktemp(f"{option}_{gpus}"), gpus, OPTIONS[option], **kwargs)
-    _assert_same_run(reference, run)
+@pytest.mark.parametrize("option", _grouped(*OPTIONS))
+def test_option_alone_on_replicas_matches_one_device(replica_runs, option, gpus):
+    runs = replica_runs(option, OPTIONS[option], validation=option in NEEDS_VALIDATION)
+    _assert_same_run(runs, gpus)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("recipe-all")
 @pytest.mark.parametrize("gpus", [2, 4])
-def test_all_options_together_through_both_stages_match_one_device(dataset, tmp_path_factory, gpus):
+def test_all_options_together_through_both_stages_match_one_device(replica_runs, gpus):
     # One epoch per stage; multi-scale's 12 steps cross its first size change (step 10).
-    kwargs = dict(validation=True, epochs=2, freeze_epochs=1)
-    reference = _reference("all", dataset, None, tmp_path_factory, ALL_TOGETHER, **kwargs)
-    run = _train(dataset, None, tmp_path_factory.mktemp(f"all_{gpus}"), gpus, ALL_TOGETHER, **kwargs)
-    _assert_same_run(reference, run)
-    history = run[1]
-    assert len(history["val_mAP"]) == 2 and not np.isnan(history["val_mAP"]).any()
+    runs = replica_runs("all", ALL_TOGETHER, start=False, validation=True, epochs=2, freeze_epochs=1)
+    _assert_same_run(runs, gpus)
+    val_map = runs["histories"][gpus]["val_mAP"]
+    assert len(val_map) == 2 and not np.isnan(val_map).any()
 
 
 @pytest.mark.slow
-def test_the_tolerance_is_far_below_a_step(dataset, start_weights, tmp_path_factory):
+@pytest.mark.xdist_group("recipe-ema")
+def test_the_tolerance_is_far_below_a_step(replica_runs):
     """Training moves the weights by orders of magnitude more than TOLERANCE (the check can fail)."""
-    files, _ = _reference("ema", dataset, start_weights, tmp_path_factory, OPTIONS["ema"], validation=False)
-    assert _max_difference(files[0], _weights(start_weights)) > 1e3 * TOLERANCE
+    assert replica_runs("ema", OPTIONS["ema"], validation=False)["moved"] > 1e3 * TOLERANCE
 
 
 @pytest.mark.slow
-def test_iou_thresh_changes_what_train_py_trains(dataset, start_weights, tmp_path_factory):
+@pytest.mark.xdist_group("recipe-iou_thresh")
+def test_iou_thresh_changes_what_train_py_trains(dataset, start_weights, replica_runs, tmp_path):
     """--iou-thresh reaches the targets through train.py: its run differs from the best-anchor-only run."""
-    plain, _ = _reference("plain", dataset, start_weights, tmp_path_factory, [], validation=False)
-    option = OPTIONS["iou_thresh"]
-    files, _ = _reference("iou_thresh", dataset, start_weights, tmp_path_factory, option, validation=False)
-    assert _max_difference(files[0], plain[0]) > 1e3 * TOLERANCE
+    runs = replica_runs("iou_thresh", OPTIONS["iou_thresh"], validation=False)
+    saved = str(runs["work_dir"] / "reference_final.npz")
+    kwargs = dict(validation=False)
+    difference = run_isolated(
+        _difference_from_saved, dataset, start_weights, str(tmp_path), [], kwargs, saved, floatx="float64"
+    )
+    assert difference > 1e3 * TOLERANCE

@@ -1,0 +1,73 @@
+"""Runs a test's heavy work in a fresh Python process, on the suite's device layout.
+
+TensorFlow keeps the graphs of every model a process has traced:
+`keras.backend.clear_session()` does not give back the memory of a finished
+`train.py` run or of a replicated float64 step. Run in the pytest process,
+the suite's ~40 float64 replica runs grew it to ~20 GB (2026-11-25, 2-core
+machine). A child process returns its memory to the system when it ends, so
+the suite's peak becomes one group of runs instead of all of them.
+
+The child is started with `spawn` (a clean interpreter: a forked copy of a
+process that already runs TensorFlow's thread pools is unsafe), splits the
+CPU (or a GPU) into the same logical devices as `conftest.py` before
+TensorFlow initialises, and builds models in the `floatx` asked for. The
+function and its arguments are pickled: pass module-level functions and
+plain data (paths, lists, numbers); return plain data (numpy arrays, dicts).
+An exception raised in the child (a failed `assert` included) is raised
+again in the test, with the child's traceback in its message.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+NUM_LOGICAL_DEVICES = 4
+# KERAS_YOLO_TEST_DEVICES=GPU splits the first GPU instead (4 logical GPUs of
+# 2 GiB): the equivalence tests then run on GPU kernels (a rehearsal on a
+# one-GPU machine; CI uses the CPU).
+TEST_DEVICE_TYPE = os.environ.get("KERAS_YOLO_TEST_DEVICES", "CPU").upper()
+
+
+def configure_test_devices() -> None:
+    """Splits the first CPU (or GPU) into `NUM_LOGICAL_DEVICES` logical devices.
+
+    Must run before TensorFlow initialises its devices (the first op).
+    """
+    import tensorflow as tf
+
+    if TEST_DEVICE_TYPE == "GPU":
+        physical = tf.config.list_physical_devices("GPU")[0]
+        layout = [tf.config.LogicalDeviceConfiguration(memory_limit=2048)] * NUM_LOGICAL_DEVICES
+    else:
+        physical = tf.config.list_physical_devices("CPU")[0]
+        layout = [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_DEVICES
+    tf.config.set_logical_device_configuration(physical, layout)
+
+
+def logical_device_names() -> list[str]:
+    """Names of the logical test devices, e.g. ['/device:CPU:0', ...]."""
+    import tensorflow as tf
+
+    return [device.name for device in tf.config.list_logical_devices(TEST_DEVICE_TYPE)]
+
+
+def _prepare_child(floatx: str) -> None:
+    configure_test_devices()
+    import keras
+
+    keras.config.set_floatx(floatx)
+    keras.config.set_dtype_policy(floatx)
+
+
+def run_isolated(function, /, *args, floatx: str = "float32", **kwargs):
+    """`function(*args, **kwargs)` in a fresh process; returns its (picklable) result.
+
+    Args:
+        function: a module-level function (pickled by reference).
+        floatx: "float32" or "float64": the child's Keras floatx and dtype policy.
+    """
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context, initializer=_prepare_child, initargs=(floatx,)) as pool:
+        return pool.submit(function, *args, **kwargs).result()
