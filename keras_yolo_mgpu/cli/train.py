@@ -1,6 +1,7 @@
 """`python train.py`: train YOLOv3 / tiny YOLOv3 on one or several GPUs.
 
 Examples:
+    python train.py --data my_dataset/data.yaml --weights model_data/yolo.weights.h5 --gpus 4
     python train.py --annotations train.txt --classes model_data/voc_classes.txt \
         --weights model_data/yolo.weights.h5 --gpus 4
     python train.py --resume --log-dir logs/003
