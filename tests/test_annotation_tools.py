@@ -115,6 +115,22 @@ def test_voc_xml_dir_mode(tmp_path, caplog):
     assert "2 of 2 images named by the XML files do not exist" in caplog.text
 
 
+def test_voc_xml_dir_takes_the_xml_class_names_or_refuses_a_list_that_matches_none(tmp_path, capsys):
+    xml_dir = tmp_path / "annots"
+    xml_dir.mkdir()
+    (xml_dir / "a.xml").write_text(voc_xml([("kangaroo", (5, 6, 7, 8), 0), ("emu", (1, 1, 9, 9), 0)]))
+    output = tmp_path / "train.txt"
+    argv = ["--xml-dir", str(xml_dir), "--image-dir", "images", "--output", str(output)]
+    assert voc_annotation.main(argv) == 0
+    assert output.read_text() == "images/a.jpg 5,6,7,8,1 1,1,9,9,0\n"  # emu 0, kangaroo 1: sorted names
+    assert (tmp_path / "train_classes.txt").read_text() == "emu\nkangaroo\n"
+    output.unlink()
+    voc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_data", "voc_classes.txt")
+    assert voc_annotation.main([*argv, "--classes", voc]) == 1
+    assert "none of the classes the XML files name (emu, kangaroo) is in --classes" in capsys.readouterr().err
+    assert not output.exists()  # never a file of images without boxes
+
+
 def test_voc_cli_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         voc_annotation.main(["--devkit", "x", "--sets", "2007"])

@@ -26,7 +26,7 @@ def dataset(tmp_path):
     _jpeg(images / "good.jpg")
     _jpeg(images / "with space.jpg")
     data = (images / "good.jpg").read_bytes()
-    (images / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    (images / "truncated.jpg").write_bytes(data[:100])  # cut inside the header: no decoder reads it
     (images / "not_an_image.jpg").write_bytes(b"hello, I am text")
     lines = [
         "images/good.jpg 1,2,30,40,0 10,10,20,20,1",  # 1 good
@@ -71,7 +71,7 @@ def test_reports_each_problem_on_its_line(dataset):
         (11, "malformed"),
         (13, "class-out-of-range"),
     ]
-    assert set(KINDS) == {kind for _, kind in found}
+    assert set(KINDS) - {"label-without-image"} == {kind for _, kind in found}  # YOLO-format only
     # Lines whose only problems are repairable (boxes outside the image,
     # repeats) stay usable with boxes clipped and deduplicated.
     assert [a.line_number for a in report.annotations] == [1, 6, 7, 10, 12]

@@ -145,9 +145,21 @@ def test_cmyk_and_formats_tf_does_not_decode(tmp_path):
         np.testing.assert_array_equal(read_image(str(tmp_path / f"image.{fmt}")), _grey(W8[..., 0]))
 
 
+def test_truncated_jpeg_is_decoded_as_far_as_it_goes_like_opencv(tmp_path):
+    data = _encode(_photo(128, 160), "JPEG")
+    (tmp_path / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    recovered = read_image(str(tmp_path / "truncated.jpg"))
+    (tmp_path / "full.jpg").write_bytes(data)
+    full = read_image(str(tmp_path / "full.jpg"))
+    by_opencv = cv2.cvtColor(cv2.imread(str(tmp_path / "truncated.jpg")), cv2.COLOR_BGR2RGB)
+    assert recovered.shape == full.shape
+    np.testing.assert_array_equal(recovered[:4], full[:4])  # the first rows are the photo's
+    assert np.abs(recovered.astype(int) - by_opencv).max() <= 1  # OpenCV recovers the same pixels
+
+
 def test_unreadable_files_raise(tmp_path):
     data = _encode(_photo(), "JPEG")
-    (tmp_path / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    (tmp_path / "truncated.jpg").write_bytes(data[:100])  # cut inside the header
     (tmp_path / "garbage.png").write_bytes(b"not an image")
     for name in ("truncated.jpg", "garbage.png", "missing.png"):
         with pytest.raises(OSError):

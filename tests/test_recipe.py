@@ -143,6 +143,7 @@ def test_train_flags_reach_the_config():
         0.999,
     )
     assert (config.objectness_prior, config.box_loss) == (0.0, None)  # keras-yolo3's init, the model's loss
+    assert config.pictures and not config_from_args(build_parser().parse_args(["--no-pictures"])).pictures
     config.validate()
     args = build_parser().parse_args(
         ["--annotations", "a.txt", "--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "2"]

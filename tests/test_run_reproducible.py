@@ -173,4 +173,4 @@ def test_killed_in_stage_two_and_resumed_ends_with_the_uninterrupted_weights(dat
     assert difference <= 1e-9, difference
     _check_run_folder_opens(killed_dir)
     history = (killed_dir / "history.csv").read_text().splitlines()
-    assert [int(row.split(",")[0]) for row in history[1:]] == [0, 1, 2, 3]  # each epoch once
+    assert [int(row.split(",")[0]) for row in history[1:]] == [1, 2, 3, 4]  # each epoch once, as the logs number them

@@ -60,6 +60,6 @@ def test_only_our_stale_files_are_removed(tmp_path):
 
 def test_history_keeps_only_the_epochs_the_state_covers(tmp_path):
     history = tmp_path / "history.csv"
-    history.write_text("epoch,loss\n0,5.0\n1,4.0\n2,3.5\n3,3")  # epoch 3 cut short by the kill
+    history.write_text("epoch,loss\n1,5.0\n2,4.0\n3,3.5\n4,3")  # epoch 4 cut short by the kill
     _trim_history(str(history), 2)
-    assert history.read_text().splitlines() == ["epoch,loss", "0,5.0", "1,4.0"]
+    assert history.read_text().splitlines() == ["epoch,loss", "1,5.0", "2,4.0"]

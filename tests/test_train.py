@@ -126,7 +126,7 @@ def test_typo_in_flag_gets_a_suggestion():
 def test_no_annotations_explains_how_to_start():
     result = _run([], timeout=60)
     assert result.returncode == 2
-    assert "python train.py --annotations" in result.stdout
+    assert "python train.py --data" in result.stdout
 
 
 def test_tiny_run_refuses_full_yolov3_weights_naming_the_layers(dataset, tmp_path):
@@ -142,7 +142,45 @@ def test_tiny_run_refuses_full_yolov3_weights_naming_the_layers(dataset, tmp_pat
     assert f"Cannot load {weights}: 21 layer(s) do not match" in result.stderr
     assert "'darknet_conv2d_1' has weight shapes [(3, 3, 3, 16)]" in result.stderr
     assert "--weights-partial" in result.stderr and "Nothing was trained" in result.stderr
-    assert not (log_dir / "history.csv").exists()
+    assert not log_dir.exists()  # a refused run leaves no folder behind
+
+
+def test_keras_archive_refused_by_safe_mode_says_so_and_leaves_no_folder(dataset, tmp_path):
+    import keras
+
+    image = keras.Input((8, 8, 3))
+    output = keras.layers.Lambda(lambda t: t * 2)(keras.layers.Conv2D(4, 3, name="other_name")(image))
+    archive = str(tmp_path / "lambda.keras")
+    keras.Model(image, output).save(archive)
+    log_dir = tmp_path / "run"
+    result = _run(_small_run_args(dataset, log_dir, "--weights", archive, "--epochs", "1"), timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Keras's safe mode refuses" in result.stderr and "save_weights" in result.stderr
+    assert "--weights-partial" not in result.stderr
+    assert not log_dir.exists()
+
+
+def test_yolo_format_folder_trains_without_classes_and_draws_the_run_pictures(tmp_path):
+    from dataset_writers import CLASSES, write_yolo
+
+    from keras_yolo_mgpu.data.annotations import read_annotations
+
+    paths = make_synthetic_dataset(tmp_path / "data", num_train=8, num_val=2, image_size=64, seed=1, classes=CLASSES)
+    write_yolo(tmp_path / "data", {"train": read_annotations(paths.train), "val": read_annotations(paths.val)})
+    for name in ("train.txt", "val.txt", "classes.txt"):  # the YOLO-format folder alone
+        (tmp_path / "data" / name).unlink()
+    log_dir = tmp_path / "run"
+    args = ["--data", str(tmp_path / "data"), "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "1"]
+    args += ["--freeze-epochs", "0", "--steps-per-epoch", "1", "--log-dir", str(log_dir), "--quiet"]
+    result = _run(args, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "yolo dataset, classes ['circle', 'square']" in result.stderr
+    assert "8 training and 2 validation images" in result.stderr  # the dataset's own split
+    for name in ("results.png", "labels.jpg", "train_batch0.jpg", "train_batch2.jpg", "val_pred.jpg"):
+        assert (log_dir / name).stat().st_size > 1000, name
+    history = (log_dir / "history.csv").read_text().splitlines()
+    assert history[1].startswith("1,") and "learning_rate" in history[0]  # epochs counted from 1, as ep001-...
+    assert json.loads((log_dir / "args.json").read_text())["classes"] is None
 
 
 def test_resume_refuses_flags_that_contradict_the_run(tmp_path):

@@ -277,3 +277,11 @@ def test_bench_infer_prints_json_last(capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["fps"] > 0 and result["forward_fps"] > 0
     assert result["ratio"] == pytest.approx(result["fps"] / result["forward_fps"], rel=1e-2)
+
+
+def test_help_names_each_flag_of_this_command():
+    from keras_yolo_mgpu.cli.detect import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "--tiny alias of --architecture yolov3-tiny" in text  # --model is the weights file here
+    assert "--model FILE keras-yolo3's name for --weights" in text

@@ -93,10 +93,16 @@ def build_diff_parser() -> cli.ArgumentParser:
     parser.add_argument("first", help="weights file A")
     parser.add_argument("second", help="weights file B")
     parser.add_argument(
-        "--classes", default=None, help="class names file of the network (default: model_data/coco_classes.txt)"
+        "--classes",
+        default=None,
+        help="class names file of the network (default: the files' metadata, else model_data/coco_classes.txt)",
     )
-    parser.add_argument("--anchors", default=None, help="anchors file (default: the standard YOLOv3 / --tiny ones)")
-    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3 / --tiny)")
+    parser.add_argument(
+        "--anchors", default=None, help="anchors file (default: the files' metadata, else the standard ones)"
+    )
+    parser.add_argument(
+        "--model", choices=MODEL_NAMES, default=None, help="network (default: the files' metadata, else yolov3)"
+    )
     parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
     parser.add_argument("--threshold", type=float, default=0.0, help="exit 1 when max |A - B| exceeds this")
     parser.add_argument("--top", type=cli.positive_int, default=20, help="tensors listed (largest difference first)")
@@ -152,9 +158,22 @@ def _format_row(name, diff, step, ratio) -> str:
 
 
 def _classes_anchors_and_kind(args):
-    """Class names, anchors (N, 2) and `--model` kind (None: by anchor count) of the flags."""
+    """Class names, anchors (N, 2) and `--model` kind (None: by anchor count) of --weights' metadata, else the flags.
+
+    With a weights file that carries metadata, `args.masks` is set to its masks unless given.
+    """
     from keras_yolo_mgpu.model.architectures import model_name
     from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
+    from keras_yolo_mgpu.weights.metadata import read_metadata
+
+    weights = getattr(args, "weights", None)
+    if weights and os.path.isfile(weights) and read_metadata(weights) is not None:
+        settings = cli.resolve_model_settings(args, weights)
+        if args.masks is None:
+            args.masks = settings.masks_list
+        args.input_size = args.input_size or settings.input_shape
+        return list(settings.class_names), settings.anchors_array, settings.kind
+    args.input_size = args.input_size or (416, 416)
 
     kind = model_name(args.model, args.tiny)
     class_names = get_classes(resolve_resource(args.classes, "classes"))
@@ -232,6 +251,30 @@ def run(args) -> int:
     return 0 if report.passed else 1
 
 
+def _diff_settings(args):
+    """The network both files hold: their metadata (which must agree), else the flags and defaults."""
+    from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata, settings_for
+
+    def settings(path):
+        return settings_for(
+            path, classes_path=args.classes, anchors_path=args.anchors, tiny=args.tiny, model=args.model
+        )
+
+    first, second = settings(args.first), settings(args.second)
+    if read_metadata(args.first) is None:
+        first = second  # a legacy file takes the other's metadata (or, without any, the flags')
+    elif read_metadata(args.second) is not None and (first.kind, first.num_classes, len(first.anchors)) != (
+        second.kind,
+        second.num_classes,
+        len(second.anchors),
+    ):
+        raise MetadataError(
+            f"{args.first} holds {first.kind} with {first.num_classes} classes but {args.second} holds "
+            f"{second.kind} with {second.num_classes} classes: not the same network"
+        )
+    return first
+
+
 def diff(args) -> int:
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.parallel.align import tensor_differences
@@ -240,10 +283,10 @@ def diff(args) -> int:
     for path in (args.first, args.second):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"weights file not found: {path}")
-    class_names, anchors, kind = _classes_anchors_and_kind(args)
+    settings = _diff_settings(args)
     models = []
     for path in (args.first, args.second):
-        model = build_body(anchors, len(class_names), model=kind)
+        model = build_body(settings.anchors_array, settings.num_classes, model=settings.kind)
         report = load_weights(model, path)
         logger.info("%s: %s, %d layers", path, report.format, report.loaded)
         models.append(model)

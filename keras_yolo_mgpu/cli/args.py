@@ -127,7 +127,7 @@ def add_model_args(
         default=None,
         help="network (default: the weights' metadata, else yolov3, or yolov3-tiny for 6 anchors)",
     )
-    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
+    parser.add_argument("--tiny", action="store_true", help=f"alias of {model_flag} yolov3-tiny")
     parser.add_argument(
         "--masks",
         type=masks_arg,

@@ -1,4 +1,4 @@
-"""`python -m keras_yolo_mgpu.bench {pipeline,train,infer,exports} ...`: dispatch to one benchmark's command.
+"""`python -m keras_yolo_mgpu.bench {pipeline,train,infer,e2e,exports} ...`: dispatch to one benchmark's command.
 
 Each benchmark prints progress, then one JSON object as its last line. Each
 has its own parser (`cli/bench_<name>.py`), so a misspelt flag gets a

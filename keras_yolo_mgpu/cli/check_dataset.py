@@ -1,5 +1,6 @@
-"""`python -m keras_yolo_mgpu.check_dataset`: check annotation files and their images.
+"""`python -m keras_yolo_mgpu.check_dataset`: check a dataset (any kind) or annotation files, and their images.
 
+    python -m keras_yolo_mgpu.check_dataset --data my_dataset/data.yaml
     python -m keras_yolo_mgpu.check_dataset train.txt --classes model_data/voc_classes.txt
 
 Prints `FILE:LINE: problem` lines and a summary. Exit status: 0 clean, 1 when
@@ -13,18 +14,25 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
+from keras_yolo_mgpu.cli.dataset_args import add_data_args
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="python -m keras_yolo_mgpu.check_dataset",
-        description="Check keras-yolo3 annotation files and their images; prints FILE:LINE: problem lines "
-        "and a summary, exits 1 when there are problems. Never modifies a file.",
+        description="Check a dataset (YOLO-format, COCO JSON, VOC XML or keras-yolo3 annotation files) and its "
+        "images; prints FILE:LINE: problem lines and a summary per split, exits 1 when there are problems. "
+        "Never modifies a file.",
     )
-    parser.add_argument("annotations", nargs="+", help="annotation file(s): 'path x1,y1,x2,y2,class ...' per line")
     parser.add_argument(
-        "--classes", default=None, help="class names file, one per line (default: model_data/coco_classes.txt)"
+        "annotations", nargs="*", help="dataset(s) of any kind --data takes, e.g. annotation files 'path x1,y1,...'"
+    )
+    add_data_args(parser, split=None)
+    parser.add_argument(
+        "--classes",
+        default=None,
+        help="class names file, one per line (default: the dataset's names, else model_data/coco_classes.txt)",
     )
     parser.add_argument(
         "--root",
@@ -38,28 +46,41 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def run(args) -> int:
-    from keras_yolo_mgpu.data.check import check_annotations
+def _reports(path: str, args):
+    """(split name, CheckReport) for each split of the dataset at `path`."""
+    from keras_yolo_mgpu.data.dataset_source import open_dataset
     from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
-    num_classes = len(get_classes(resolve_resource(args.classes, "classes")))
+    classes = get_classes(args.classes) if args.classes else None
+    dataset = open_dataset(path, image_dir=args.image_dir, class_names=classes, root=args.root)
+    if dataset.class_names is not None and classes is not None and classes != dataset.class_names:
+        raise CommandError(f"--classes {args.classes} lists {classes} but {path} names {dataset.class_names}")
+    names = dataset.class_names or get_classes(resolve_resource(args.classes, "classes"))
+    if dataset.kind != "keras-yolo3":
+        print(f"{path}: {dataset.kind} dataset, {len(names)} classes: {', '.join(names)}")
+    for split in dataset.splits:
+        yield (
+            split,
+            dataset.checked(
+                split, len(names), check_images=not args.no_images, workers=args.workers, progress=sys.stderr.isatty()
+            ),
+        )
+
+
+def run(args) -> int:
+    paths = list(args.annotations) + ([args.data] if args.data else [])
+    if not paths:
+        raise CommandError("give a dataset: --data PATH (or annotation files as arguments)")
     any_problem = False
-    for path in args.annotations:
+    for path in paths:
         try:
-            report = check_annotations(
-                path,
-                num_classes,
-                root=args.root,
-                check_images=not args.no_images,
-                workers=args.workers,
-                progress=sys.stderr.isatty(),
-            )
+            for split, report in _reports(path, args):
+                for problem in report.problems:
+                    print(problem)
+                print(report.summary_text() if split == "train" else f"{split}: {report.summary_text()}")
+                any_problem = any_problem or bool(report.problems)
         except OSError as error:
             raise CommandError(f"cannot read {path}: {error}") from error
-        for problem in report.problems:
-            print(problem)
-        print(report.summary_text())
-        any_problem = any_problem or bool(report.problems)
     return 1 if any_problem else 0
 
 

@@ -35,7 +35,7 @@ def build_parser() -> cli.ArgumentParser:
         help="keras-yolo3's name for --weights (default: model_data/yolo.h5)",
     )
     cli.add_detection_args(parser)
-    cli.add_inference_run_args(parser, what="frames")
+    cli.add_inference_run_args(parser, what="frames or images")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", nargs="+", metavar="PATH", help="image files and/or folders to annotate")
     source.add_argument("--input", metavar="VIDEO", help="video file, or camera index (0, 1, ...)")

@@ -1,5 +1,6 @@
-"""`python evaluate.py`: mAP of weights, or of saved detections, on an annotation file.
+"""`python evaluate.py`: mAP of weights, or of saved detections, on a dataset.
 
+python evaluate.py --data my_dataset/data.yaml --weights W         (its val split; classes from the weights)
 python evaluate.py --annotations val.txt --weights W --classes C --anchors A
 python evaluate.py --annotations val.txt --detections detections.json --classes C
 """
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
+from keras_yolo_mgpu.cli.dataset_args import add_data_args
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 
@@ -19,14 +21,14 @@ def build_parser() -> cli.ArgumentParser:
     parser = cli.ArgumentParser(
         prog="evaluate.py",
         description="COCO mAP@[.5:.95] and mAP@.5 (faster-coco-eval), AP per class, precision/recall "
-        "and a PR curve, of weights or of saved detections on a keras-yolo3 annotation file.",
+        "and a PR curve, of weights or of saved detections on a dataset (--data) or a keras-yolo3 annotation file.",
     )
     parser.add_argument(
         "--annotations",
-        required=True,
         metavar="FILE",
         help="annotation file (keras-yolo3 format) with the ground truth",
     )
+    add_data_args(parser, split="val")
     cli.add_model_args(
         parser,
         weights_help="weights to evaluate (.weights.h5, .keras or Keras 2 .h5), or an exported model (SavedModel "
@@ -48,7 +50,8 @@ def build_parser() -> cli.ArgumentParser:
         "--pr-curve",
         default=None,
         metavar="PNG",
-        help="write the precision-recall plot to this file (default: no plot)",
+        help="write the precision-recall plot to this file, and beside it <name>_confusion_matrix.png and "
+        "<name>_confidence_curves.png (F1, precision, recall against confidence) (default: no plots)",
     )
     parser.add_argument(
         "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
@@ -62,21 +65,30 @@ def run(args) -> int:
 
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
+    if bool(args.annotations) == bool(args.data):
+        raise UsageError("give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file)")
     if args.detections:
+        annotations, class_names = args.annotations, resolve_resource(args.classes, "classes")
+        if args.data:
+            annotations, class_names = _data_records(args, None)
         result = evaluate_detections(
             args.detections,
-            args.annotations,
-            resolve_resource(args.classes, "classes"),
+            annotations,
+            class_names,
             score=args.score,
             root=args.root,
             pr_curve=args.pr_curve or None,
         )
     else:
         quiet.import_tensorflow(args.verbose)  # only a model needs TensorFlow
+        params = cli.detector_params(args, args.weights)
+        annotations = args.annotations
+        if args.data:
+            annotations, _ = _data_records(args, list(params["settings"].class_names))
         result = evaluate_weights(
             args.weights,
-            args.annotations,
-            **cli.detector_params(args, args.weights),
+            annotations,
+            **params,
             batch_size=args.batch_size,
             gpu_num=args.gpu_num,
             root=args.root,
@@ -87,6 +99,25 @@ def run(args) -> int:
     print(format_report(result))
     print(json.dumps(result))
     return 0
+
+
+def _data_records(args, model_names: list[str] | None):
+    """(records of --data's --split, class names): the dataset's names must be the model's, when both have them."""
+    from keras_yolo_mgpu.cli.dataset_args import checked_records, open_data
+    from keras_yolo_mgpu.data.dataset_source import resolve_class_names
+
+    dataset = open_data(args, class_names=model_names)
+    if model_names is None:
+        names = resolve_class_names(dataset, args.classes)
+    else:
+        names = dataset.class_names or model_names
+        if names != model_names:
+            raise UsageError(
+                f"the dataset {args.data} names {names} but the model ({args.weights}) detects {model_names}: "
+                "evaluate it on a dataset of its classes"
+            )
+    # Images are decoded once, by the detector, which skips (and counts) those nobody reads.
+    return checked_records(dataset, args.split, len(names), check_images=False), names
 
 
 def main(argv: Sequence[str] | None = None) -> int:

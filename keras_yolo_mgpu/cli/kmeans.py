@@ -1,5 +1,6 @@
-"""`python kmeans.py`: anchors by IoU k-means over the boxes of an annotation file.
+"""`python kmeans.py`: anchors by IoU k-means over the boxes of a dataset.
 
+    python kmeans.py --data my_dataset/data.yaml --clusters 9 --output model_data/my_anchors.txt
     python kmeans.py --annotations train.txt --clusters 9 --output model_data/my_anchors.txt
 
 Never imports TensorFlow.
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser
+from keras_yolo_mgpu.cli.dataset_args import add_data_args
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 logger = logging.getLogger("kmeans")
@@ -20,9 +22,13 @@ logger = logging.getLogger("kmeans")
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
-        prog="kmeans.py", description="Anchors by IoU k-means over the boxes of an annotation file."
+        prog="kmeans.py", description="Anchors by IoU k-means over the boxes of a dataset (its training split)."
     )
-    parser.add_argument("--annotations", required=True, help="annotation file (path x1,y1,x2,y2,class ...)")
+    parser.add_argument("--annotations", help="keras-yolo3 annotation file (path x1,y1,x2,y2,class ...)")
+    add_data_args(parser, split="train")
+    parser.add_argument(
+        "--classes", default=None, help="class names file (--data: only when the dataset names no classes)"
+    )
     parser.add_argument(
         "--clusters", type=int, default=9, help="number of anchors: 9 for YOLOv3, 6 for tiny (default: 9)"
     )
@@ -45,7 +51,13 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.data.kmeans import box_sizes_from_annotations, kmeans_anchors, mean_iou, round_anchors
+    from keras_yolo_mgpu.data.kmeans import (
+        box_sizes_from_annotations,
+        box_sizes_from_records,
+        kmeans_anchors,
+        mean_iou,
+        round_anchors,
+    )
     from keras_yolo_mgpu.fileio import write_text_atomic
     from keras_yolo_mgpu.resources import format_anchors
 
@@ -53,11 +65,16 @@ def run(args) -> int:
         raise UsageError(f"--clusters must be positive, got {args.clusters}")
     if args.input_size is not None and args.input_size <= 0:
         raise UsageError(f"--input-size must be positive, got {args.input_size}")
-    if not os.path.isfile(args.annotations):
+    if bool(args.annotations) == bool(args.data):
+        raise UsageError("give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file)")
+    if args.annotations and not os.path.isfile(args.annotations):
         raise UsageError(f"annotation file not found: {args.annotations}")
     if args.clusters not in (6, 9):
         logger.warning("%d anchors: the models here expect 9 (YOLOv3) or 6 (tiny YOLOv3)", args.clusters)
-    boxes = box_sizes_from_annotations(args.annotations, root=args.root, input_size=args.input_size)
+    if args.data:
+        boxes = box_sizes_from_records(_data_records(args), input_size=args.input_size)
+    else:
+        boxes = box_sizes_from_annotations(args.annotations, root=args.root, input_size=args.input_size)
     anchors, _ = kmeans_anchors(boxes, args.clusters, seed=args.seed, restarts=args.restarts, centre=args.centre)
     anchors = round_anchors(anchors)
     line = format_anchors(anchors)
@@ -68,6 +85,17 @@ def run(args) -> int:
         write_text_atomic(args.output, line + "\n")
         print(f"Wrote {args.output}")
     return 0
+
+
+def _data_records(args) -> list:
+    """The checked records of --data's --split (images not decoded: only their boxes count here)."""
+    from keras_yolo_mgpu.cli.dataset_args import checked_records, open_data
+    from keras_yolo_mgpu.data.dataset_source import resolve_class_names
+    from keras_yolo_mgpu.resources import get_classes
+
+    dataset = open_data(args, class_names=get_classes(args.classes) if args.classes else None)
+    names = resolve_class_names(dataset, args.classes)
+    return checked_records(dataset, args.split, len(names), check_images=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

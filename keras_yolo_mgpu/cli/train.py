@@ -1,6 +1,7 @@
 """`python train.py`: train YOLOv3 / tiny YOLOv3 on one or several GPUs.
 
 Examples:
+    python train.py --data my_dataset/data.yaml --weights model_data/yolo.weights.h5 --gpus 4
     python train.py --annotations train.txt --classes model_data/voc_classes.txt \
         --weights model_data/yolo.weights.h5 --gpus 4
     python train.py --resume --log-dir logs/003
@@ -22,11 +23,12 @@ from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 logger = logging.getLogger("train")
 
 START_HELP = """\
-No --annotations given. To train:
-  1. Write one line per image: path/to/img.jpg x_min,y_min,x_max,y_max,class_id ...
-     (voc_annotation.py and coco_annotation.py write these from VOC XML / COCO JSON)
-  2. Check it:  python -m keras_yolo_mgpu.check_dataset train.txt --classes my_classes.txt
-  3. Train:     python train.py --annotations train.txt --classes my_classes.txt [--weights W] [--gpus N]
+No --data given. To train:
+  1. Point --data at your dataset as it is: a YOLO-format data.yaml or folder (images/ + labels/),
+     a COCO instances .json, a Pascal VOC folder (Annotations/ + JPEGImages/), or a keras-yolo3
+     annotation file (then also --classes my_classes.txt)
+  2. Check it:  python -m keras_yolo_mgpu.check_dataset --data my_dataset/data.yaml
+  3. Train:     python train.py --data my_dataset/data.yaml [--weights W] [--gpus N]
 Or run the built-in demo on generated data:  python train.py --demo  (or: make demo)"""
 
 
@@ -41,7 +43,16 @@ def next_log_dir(root: str = "logs") -> str:
 def build_parser() -> cli.ArgumentParser:
     parser = cli.ArgumentParser(prog="train.py", description="Train YOLOv3 on one or several GPUs (keras-yolo-mgpu).")
     data = parser.add_argument_group("data")
-    data.add_argument("--annotations", help="annotation file: `path x1,y1,x2,y2,class ...` per line")
+    data.add_argument(
+        "--data",
+        metavar="PATH",
+        help="the dataset, its kind recognised: YOLO-format data.yaml or folder, COCO .json, VOC folder, "
+        "or a keras-yolo3 annotation file; class names and the validation split come from it where it has them",
+    )
+    data.add_argument(
+        "--image-dir", default=None, help="COCO: folder of the JSON's images (default: beside it, or images/)"
+    )
+    data.add_argument("--annotations", help="keras-yolo3 annotation file: `path x1,y1,x2,y2,class ...` per line")
     data.add_argument(
         "--val-annotations",
         default=None,
@@ -119,6 +130,11 @@ def build_parser() -> cli.ArgumentParser:
         "--demo", action="store_true", help="generate the synthetic demo dataset and train on it (same as `make demo`)"
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--no-pictures",
+        action="store_true",
+        help="leave out the run's pictures (labels.jpg, train_batch*.jpg, results.png, val_pred.jpg; docs/data.md)",
+    )
     return parser
 
 
@@ -244,11 +260,12 @@ _FLAG_FIELDS = {
     "no_augment": ("augment", lambda value: not value),
     "no_sync_bn": ("sync_bn", lambda value: not value),
     "quiet": ("verbose", lambda value: 0 if value else 1),
+    "no_pictures": ("pictures", lambda value: not value),
 }
 # Flags that name the run to resume or set the logging, not a setting of the
 # run: `verbose` is -v (debug logging), not TrainConfig.verbose (--quiet).
 _RUN_FLAGS = ("resume", "log_dir", "verbose")
-_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights"}
+_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights", "data", "image_dir"}
 
 
 def _flag_field(dest: str):
@@ -277,7 +294,7 @@ def config_from_args(args):
 # Flags that say how a resumed run executes, not what it computes: they
 # apply to the resumed process. Every other flag given with --resume must
 # agree with the run's args.json.
-RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache")
+RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "no_pictures")
 
 
 def given_flags(argv=None) -> dict:
@@ -353,11 +370,15 @@ def run(args, given: dict | None = None) -> int:
                 "new run (--weights of this run's checkpoint to start from it)."
             )
     else:
-        if not args.annotations:
+        if not args.annotations and not args.data:
             print(START_HELP)
             return 2
+        if args.annotations and args.data:
+            raise UsageError("give --data or --annotations, not both (--data reads keras-yolo3 files too)")
         if args.simulate_devices and args.gpus is None:
             raise UsageError("--simulate-devices needs --gpus N (the number of devices to simulate)")
+        if args.data and not os.path.exists(args.data):
+            raise UsageError(f"--data: not found: {args.data}")
         for flag, path in (
             ("--annotations", args.annotations),
             ("--val-annotations", args.val_annotations),
@@ -367,8 +388,8 @@ def run(args, given: dict | None = None) -> int:
         ):
             if path and not os.path.isfile(path):
                 raise UsageError(f"{flag}: file not found: {path}")
-        if not args.classes:
-            raise UsageError("--classes is required: the class names file of your dataset")
+        if args.annotations and not args.classes:
+            raise UsageError("--annotations needs --classes, the class names file of your dataset")
         config = config_from_args(args)
     result = train(config)
     logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)

@@ -41,7 +41,12 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--output-dir", default=".", help="with --devkit: folder for <YEAR>_<SET>.txt (default: .)")
     parser.add_argument("--image-dir", help="with --xml-dir: folder of the images")
     parser.add_argument("--output", help="with --xml-dir: annotation file to write")
-    parser.add_argument("--classes", default=None, help="class names file (default: model_data/voc_classes.txt)")
+    parser.add_argument(
+        "--classes",
+        default=None,
+        help="class names file (default: --devkit: model_data/voc_classes.txt; --xml-dir: the object names the XML "
+        "files use, sorted, written beside --output as <output>_classes.txt)",
+    )
     parser.add_argument(
         "--keep-difficult", action="store_true", help="keep objects marked difficult (skipped by default)"
     )
@@ -49,23 +54,49 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.data.voc import voc_set_lines, xml_dir_lines
+    from keras_yolo_mgpu.data.voc import voc_set_lines
     from keras_yolo_mgpu.fileio import write_lines_atomic
     from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
     if args.xml_dir and not (args.image_dir and args.output):
         raise UsageError("--xml-dir needs --image-dir and --output")
-    class_names = get_classes(resolve_resource(args.classes, "voc_classes"))
     if args.xml_dir:
-        lines = xml_dir_lines(args.xml_dir, args.image_dir, class_names, keep_difficult=args.keep_difficult)
-        write_lines_atomic(args.output, lines)
-        print(f"Wrote {args.output}")
-        return 0
+        return _convert_xml_dir(args)
+    class_names = get_classes(resolve_resource(args.classes, "voc_classes"))
     for year, image_set in args.sets:
         lines = voc_set_lines(args.devkit, year, image_set, class_names, keep_difficult=args.keep_difficult)
         output = os.path.join(args.output_dir, f"{year}_{image_set}.txt")
         write_lines_atomic(output, lines)
         print(f"Wrote {output} ({len(lines)} images)")
+    return 0
+
+
+def _convert_xml_dir(args) -> int:
+    """--xml-dir: the XML files' own class names unless --classes; refuses a class list none of their objects is in."""
+    from keras_yolo_mgpu.data.formats.voc_xml import voc_class_names
+    from keras_yolo_mgpu.data.voc import xml_dir_lines
+    from keras_yolo_mgpu.fileio import write_lines_atomic, write_text_atomic
+    from keras_yolo_mgpu.resources import get_classes
+
+    if not os.path.isdir(args.xml_dir):
+        raise UsageError(f"--xml-dir: not a folder: {args.xml_dir}")
+    xml_paths = sorted(os.path.join(args.xml_dir, n) for n in os.listdir(args.xml_dir) if n.lower().endswith(".xml"))
+    used = voc_class_names(xml_paths)
+    if args.classes:
+        class_names = get_classes(args.classes)
+        if used and not set(used) & set(class_names):
+            raise ValueError(
+                f"none of the classes the XML files name ({', '.join(used[:10])}) is in --classes {args.classes}: "
+                "every image would be written without boxes. Leave --classes out to take the XML files' names."
+            )
+    else:
+        class_names = used
+        classes_path = os.path.splitext(args.output)[0] + "_classes.txt"
+        write_text_atomic(classes_path, "".join(f"{name}\n" for name in class_names))
+        print(f"Classes from the XML files ({len(class_names)}): {', '.join(class_names)}; wrote {classes_path}")
+    lines = xml_dir_lines(args.xml_dir, args.image_dir, class_names, keep_difficult=args.keep_difficult)
+    write_lines_atomic(args.output, lines)
+    print(f"Wrote {args.output}")
     return 0
 
 

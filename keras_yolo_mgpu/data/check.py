@@ -14,6 +14,13 @@ modified. Problem kinds:
     degenerate-box      x_max <= x_min or y_max <= y_min
     class-out-of-range  class id not in [0, num_classes)
     duplicate-box       the same box twice on one line
+    label-without-image a YOLO-format label file whose image does not exist
+
+Datasets in other formats (`data.dataset_source`: YOLO-format folders, COCO
+JSON, VOC XML) are checked by `check_records`: their readers report what is
+wrong with the file itself (a line with the wrong number of fields, a
+normalised coordinate outside [0, 1], a class id past the names) and hand
+the images they could read to the same image and box checks.
 
 Training runs `check_annotations` first and uses `report.annotations`: the
 lines without any problem, plus the lines whose only problems are boxes
@@ -35,7 +42,7 @@ from tqdm import tqdm
 from keras_yolo_mgpu.data.annotations import Annotation, AnnotationError, iter_annotation_lines, parse_annotation_line
 from keras_yolo_mgpu.data.images import read_image
 
-__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations"]
+__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "check_records"]
 
 KINDS = (
     "malformed",
@@ -45,6 +52,7 @@ KINDS = (
     "degenerate-box",
     "class-out-of-range",
     "duplicate-box",
+    "label-without-image",
 )
 
 
@@ -58,7 +66,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.source}:{self.line_number}: {self.message}"
+        # Line 0: a record without lines (a COCO image, a VOC XML file).
+        where = f"{self.source}:{self.line_number}" if self.line_number else self.source
+        return f"{where}: {self.message}"
 
 
 @dataclass
@@ -83,6 +93,8 @@ class CheckReport:
     num_backgrounds: int = 0
     source: str = ""
     images_checked: bool = True
+    # What `num_lines` counts: annotation lines, or the images a dataset lists.
+    entry_word: str = "lines"
 
     @property
     def num_bad_lines(self) -> int:
@@ -96,7 +108,7 @@ class CheckReport:
     def summary_text(self) -> str:
         """One line, e.g. `train.txt: 120 lines, 118 usable; 118 images, ...`."""
         text = (
-            f"{self.source}: {self.num_lines} lines, {len(self.annotations)} usable; "
+            f"{self.source}: {self.num_lines} {self.entry_word}, {len(self.annotations)} usable; "
             f"{self.num_images} images, {self.num_boxes} boxes, {self.num_backgrounds} backgrounds"
         )
         if not self.images_checked:
@@ -184,7 +196,7 @@ def check_annotations(
         path: keras-yolo3 annotation file.
         num_classes: valid class ids are [0, num_classes).
         root: folder for relative image paths (see `annotations.resolve_image_path`).
-        check_images: decode every image fully (finds truncated files and
+        check_images: decode every image fully (finds unreadable files and
             gives the size that boxes are checked against). When False only
             the existence of each image is checked.
         workers: threads decoding images (default: CPU count; PIL releases
@@ -198,53 +210,96 @@ def check_annotations(
         OSError: the annotation file cannot be read.
     """
     parsed: list[Annotation] = []
-    problems: dict[int, list[Problem]] = {}
+    problems: list[Problem] = []
     num_lines = 0
     for line_number, line in iter_annotation_lines(path):
         num_lines += 1
         try:
             parsed.append(parse_annotation_line(line, source=path, line_number=line_number, root=root))
         except AnnotationError as error:
-            problems[line_number] = [Problem(path, line_number, "malformed", error.problem)]
+            problems.append(Problem(path, line_number, "malformed", error.problem))
+    return check_records(
+        parsed,
+        num_classes,
+        source=path,
+        read_problems=problems,
+        num_entries=num_lines,
+        check_images=check_images,
+        workers=workers,
+        progress=progress,
+    )
 
-    # Decode each distinct image once, in parallel.
-    paths = sorted({a.image_path for a in parsed})
-    if check_images:
-        with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
-            results = list(
-                tqdm(
-                    pool.map(_inspect_image, paths),
-                    total=len(paths),
-                    desc="checking images",
-                    unit="img",
-                    disable=not progress,
-                )
+
+def _inspect_images(paths: list[str], check_images: bool, workers: int | None, progress: bool) -> dict:
+    """path -> (size, problem kind, message) for each distinct image, decoded in parallel."""
+    if not check_images:
+        return {
+            p: (None, None, None) if os.path.isfile(p) else (None, "missing-file", f"image not found: {p}")
+            for p in paths
+        }
+    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        results = list(
+            tqdm(
+                pool.map(_inspect_image, paths),
+                total=len(paths),
+                desc="checking images",
+                unit="img",
+                disable=not progress,
             )
-    else:
-        results = [
-            (None, None, None) if os.path.isfile(p) else (None, "missing-file", f"image not found: {p}") for p in paths
-        ]
-    image_results = dict(zip(paths, results))
+        )
+    return dict(zip(paths, results))
 
+
+def check_records(
+    records: list[Annotation],
+    num_classes: int,
+    *,
+    source: str,
+    read_problems: list[Problem] = (),
+    num_entries: int | None = None,
+    check_images: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+) -> CheckReport:
+    """Checks annotation records of any format and their images; never modifies anything.
+
+    Args:
+        records: what a reader made of the dataset's entries (lines, label
+            files, JSON images, XML files) that it could read.
+        num_classes: valid class ids are [0, num_classes).
+        source: the dataset, for the summary.
+        read_problems: what the reader found wrong with the entries it left
+            out of `records` (or whose bad boxes it left out).
+        num_entries: entries listed (default: `len(records)`).
+        check_images, workers, progress: as in `check_annotations`.
+
+    Returns:
+        A `CheckReport`; `report.annotations` holds the records with no
+        problem, and those whose only problems training repairs.
+    """
+    image_results = _inspect_images(sorted({a.image_path for a in records}), check_images, workers, progress)
+    # Records are keyed by position: a COCO JSON's records share one source and line 0.
+    found_by_record: dict[int, list[Problem]] = {}
     good = []
-    for annotation in parsed:
+    for index, annotation in enumerate(records):
         size, kind, message = image_results[annotation.image_path]
         found = [(kind, message)] if kind else []
         found += _box_problems(annotation, num_classes, size)
         if found:
-            problems[annotation.line_number] = [Problem(path, annotation.line_number, k, m) for k, m in found]
+            found_by_record[index] = [Problem(annotation.source, annotation.line_number, k, m) for k, m in found]
             if all(k in REPAIRABLE for k, _ in found):
                 good.append(repair_boxes(annotation, size))
         else:
             good.append(annotation)
-
+    problems = list(read_problems) + [p for index in sorted(found_by_record) for p in found_by_record[index]]
+    problems.sort(key=lambda p: (p.source, p.line_number))  # stable: a line's problems keep their order
     return CheckReport(
         annotations=good,
-        problems=[p for line_number in sorted(problems) for p in problems[line_number]],
-        num_lines=num_lines,
-        num_images=len(parsed),
-        num_boxes=sum(len(a.boxes) for a in parsed),
-        num_backgrounds=sum(len(a.boxes) == 0 for a in parsed),
-        source=path,
+        problems=problems,
+        num_lines=len(records) if num_entries is None else num_entries,
+        num_images=len(records),
+        num_boxes=sum(len(a.boxes) for a in records),
+        num_backgrounds=sum(len(a.boxes) == 0 for a in records),
+        source=source,
         images_checked=check_images,
     )

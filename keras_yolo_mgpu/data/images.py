@@ -12,6 +12,11 @@ images, arrays from users or OpenCV) go through `to_rgb_array`; both return
   is what libpng, Pillow (16-bit RGB) and `tf.io.decode_png(dtype=uint8)`
   do, so every decoder gives the same pixels for the same file; 16-bit grey,
   which Pillow's own conversion would clip to white, follows that rule;
+- a truncated file (no end marker, a transfer cut short) is decoded as far
+  as it goes, the rest grey, as OpenCV, Pillow's `LOAD_TRUNCATED_IMAGES` and
+  TensorFlow's `try_recover_truncated` all do: every command then reads the
+  same pixels from it, with a warning naming it; a file no decoder reads
+  still raises;
 - no EXIF rotation: pixels stay in the stored grid, which is the grid that
   annotation files (VOC and COCO record the stored width and height),
   TensorFlow's decoders and keras-yolo3 use, so a box means the same pixels
@@ -24,8 +29,17 @@ speed; `sniff_image` sends it only the files TensorFlow decodes exactly like
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFile
+
+logger = logging.getLogger(__name__)
+# Pillow's switch for truncated files is process-wide: set it only while one
+# recovering decode runs.
+_TRUNCATED_LOCK = threading.Lock()
+_WARNED_TRUNCATED: set[str] = set()  # warned once per file, not at every epoch
 
 __all__ = ["JPEG", "OTHER", "PNG", "image_size", "read_image", "sniff_image", "to_rgb_array"]
 
@@ -44,12 +58,29 @@ def read_image(path: str) -> np.ndarray:
         (H, W, 3) uint8 RGB in the stored pixel grid (see the module docstring).
 
     Raises:
-        OSError, ValueError, ...: whatever Pillow raises for a missing,
-        truncated or undecodable file.
+        OSError, ValueError, ...: whatever Pillow raises for a missing or
+        undecodable file.
     """
-    with Image.open(path) as image:
-        image.load()  # the whole file: a truncated image fails here, not later
-        return to_rgb_array(image)
+    try:
+        with Image.open(path) as image:
+            image.load()  # the whole file: a truncated image fails here, not later
+            return to_rgb_array(image)
+    except OSError as error:
+        if "truncated" not in str(error):
+            raise
+    with _TRUNCATED_LOCK:
+        previous, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, True
+        try:
+            with Image.open(path) as image:
+                image.load()
+                pixels = to_rgb_array(image)
+        finally:
+            ImageFile.LOAD_TRUNCATED_IMAGES = previous
+        first_time = str(path) not in _WARNED_TRUNCATED
+        _WARNED_TRUNCATED.add(str(path))
+    if first_time:
+        logger.warning("%s is truncated: decoded as far as it goes", path)
+    return pixels
 
 
 def image_size(path: str) -> tuple[int, int]:

@@ -168,9 +168,13 @@ def box_sizes_from_annotations(
     """
     from keras_yolo_mgpu.data.annotations import read_annotations
 
+    return box_sizes_from_records(read_annotations(annotation_path, root=root), input_size=input_size)
+
+
+def box_sizes_from_records(annotations, *, input_size: int | None = None) -> np.ndarray:
+    """`box_sizes_from_annotations` of records already read (`data.annotations.Annotation`, any format)."""
     sizes = []
     dropped = 0
-    annotations = read_annotations(annotation_path, root=root)
     if input_size is not None:
         from PIL import Image
         from tqdm import tqdm

@@ -344,6 +344,9 @@ def evaluate_detections(
         result["pr_curve"] = plot_pr_curve(
             evaluator, class_names, pr_curve, (at_threshold["precision"], at_threshold["recall"])
         )
+        from keras_yolo_mgpu.plots.evaluation import write_evaluation_pictures
+
+        result.update(write_evaluation_pictures(annotations, detections, class_names, pr_curve, score))
     return result
 
 
@@ -372,35 +375,50 @@ def _prefetch(iterable: Iterable, size: int = 2):
         yield item
 
 
-def detect_annotations(yolo, annotations, *, progress: bool = True) -> tuple[list[dict], list[tuple[int, int]]]:
+def detect_annotations(
+    yolo, annotations, *, progress: bool = True, skipped: list | None = None
+) -> tuple[list[dict], list[tuple[int, int]]]:
     """Runs `yolo` on every image of `annotations`.
 
+    Args:
+        skipped: when given, an image no decoder reads is left out, with a
+            warning naming it, and its index in `annotations` appended here;
+            image ids then count the images read. When None it raises.
+
     Returns:
-        COCO results (image_id = index) and each image's (width, height).
+        COCO results (image_id = index among the images read) and each image's (width, height).
     """
     from tqdm import tqdm
 
     from keras_yolo_mgpu.data.images import read_image
 
+    def read(index, a):
+        try:
+            return read_image(a.image_path)
+        except (OSError, ValueError) as error:
+            where = f"{a.source}:{a.line_number}" if a.line_number else a.source
+            if skipped is None:
+                raise FileNotFoundError(f"{where}: cannot read image {a.image_path}: {error}") from None
+            logger.warning("%s: cannot read image %s (%s): skipped", where, a.image_path, error)
+            skipped.append(index)
+            return None
+
     def batches():
+        first = 0  # image id of the batch's first image: images read so far
         for start in range(0, len(annotations), yolo.batch_size):
             chunk = annotations[start : start + yolo.batch_size]
-            images = []
-            for a in chunk:
-                try:
-                    images.append(read_image(a.image_path))
-                except (OSError, ValueError) as error:
-                    raise FileNotFoundError(
-                        f"{a.source}:{a.line_number}: cannot read image {a.image_path}: {error}"
-                    ) from None
-            prepared = [yolo.preprocess(image) for image in images]
-            yield start, prepared
+            images = [read(start + offset, a) for offset, a in enumerate(chunk)]
+            prepared = [yolo.preprocess(image) for image in images if image is not None]
+            if prepared:
+                yield first, prepared
+            first += len(prepared)
+            bar.update(len(chunk) - len(prepared))
 
     results, sizes = [], []
     with tqdm(total=len(annotations), unit="image", disable=not progress, desc="detect") as bar:
-        for start, prepared in _prefetch(batches()):
+        for first, prepared in _prefetch(batches()):
             found = yolo.detect_letterboxed(np.stack([p[0] for p in prepared]), [p[1] for p in prepared])
-            results.extend(coco_results(start, found))
+            results.extend(coco_results(first, found))
             sizes.extend((int(width), int(height)) for _, (height, width) in prepared)
             bar.update(len(prepared))
     return results, sizes
@@ -485,7 +503,12 @@ def evaluate_weights(
         max_detections=EVAL_MAX_DETECTIONS,
         batch_size=batch_size,
     )
-    detections, sizes = detect_annotations(yolo, annotations, progress=progress)
+    skipped: list[int] = []
+    detections, sizes = detect_annotations(yolo, annotations, progress=progress, skipped=skipped)
+    listed = len(annotations)
+    unreadable = [annotations[i].image_path for i in skipped]
+    dropped = set(skipped)
+    annotations = [a for i, a in enumerate(annotations) if i not in dropped]
     if save_detections:
         os.makedirs(os.path.dirname(os.path.abspath(save_detections)), exist_ok=True)
         with open(save_detections, "w", encoding="utf-8") as f:
@@ -494,6 +517,8 @@ def evaluate_weights(
         detections, annotations, class_names, score=score, pr_curve=pr_curve, image_sizes=sizes
     )
     result["weights"] = os.fspath(weights)
+    result["num_listed"] = listed
+    result["unreadable_images"] = unreadable
     return result
 
 
@@ -519,6 +544,16 @@ def format_report(result: dict) -> str:
         f"at score >= {result['score_threshold']:g} (IoU >= {MATCH_IOU}): precision {result['precision']:.3f}, "
         f"recall {result['recall']:.3f} (TP {result['tp']}, FP {result['fp']}, FN {result['fn']})"
     )
+    if "num_listed" in result:
+        skipped = result.get("unreadable_images") or []
+        lines.append(
+            f"scored {result['num_images']} of {result['num_listed']} images listed"
+            + (f" ({len(skipped)} unreadable, skipped: {', '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''})"
+               if skipped else "")
+        )  # fmt: skip
     if result.get("pr_curve"):
         lines.append(f"precision-recall curve: {result['pr_curve']}")
+        for key in ("confusion_matrix", "confidence_curves"):
+            if result.get(key):
+                lines.append(f"{key.replace('_', ' ')}: {result[key]}")
     return "\n".join(lines)

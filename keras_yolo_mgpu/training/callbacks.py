@@ -84,7 +84,7 @@ def read_history(history_csv: str) -> dict[str, list[float]]:
 
 
 def plot_history(history_csv: str, output_png: str) -> None:
-    """Plots `loss` and `val_loss` against epoch (1-based) into `output_png`."""
+    """Plots `loss` and `val_loss` against epoch (numbered from 1 in history.csv) into `output_png`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,7 +93,7 @@ def plot_history(history_csv: str, output_png: str) -> None:
     history = read_history(history_csv)
     if not history.get("epoch"):
         return
-    epochs = [e + 1 for e in history["epoch"]]
+    epochs = history["epoch"]
     figure, axis = plt.subplots(figsize=(6, 4), dpi=100)
     for key, label in (("loss", "training"), ("val_loss", "validation")):
         if key in history:
@@ -119,7 +119,9 @@ class HistoryCSVLogger(keras.callbacks.CSVLogger):
     dropped or, after a resume, shift the columns under the file's header.
     Here the columns are the existing file's header when appending to one,
     else the first epoch's keys plus `required_columns`; a missing value is
-    written as `NA`.
+    written as `NA`. Epochs are numbered from 1, as the progress log and the
+    checkpoint names (`ep001-...`) number them, and each row records the
+    optimizer's learning rate at the epoch's end (`learning_rate`).
     """
 
     def __init__(self, filename: str, required_columns=(), append: bool = True):
@@ -136,6 +138,19 @@ class HistoryCSVLogger(keras.callbacks.CSVLogger):
             self.keys = [key for key in header.split(self.sep) if key != "epoch"]
 
     def on_epoch_end(self, epoch, logs=None):
+        logs = dict(logs or {})
+        rate = self._learning_rate()
+        if rate is not None:
+            logs.setdefault("learning_rate", rate)
         if self.keys is None:
-            self.keys = sorted(set(logs or {}) | set(self.required_columns))
-        super().on_epoch_end(epoch, logs)
+            self.keys = sorted(set(logs) | set(self.required_columns))
+        super().on_epoch_end(epoch + 1, logs)
+
+    def _learning_rate(self) -> float | None:
+        optimizer = getattr(getattr(self, "model", None), "optimizer", None)
+        if optimizer is None:
+            return None
+        try:
+            return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        except (TypeError, ValueError, AttributeError):
+            return None

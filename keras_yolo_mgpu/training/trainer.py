@@ -4,8 +4,8 @@ Stage 1 trains with the body frozen (`freeze_body`), stage 2 unfreezes
 everything with a lower learning rate, ReduceLROnPlateau and EarlyStopping.
 Each run writes into one log directory: `args.json`, best checkpoints of the
 template (single-device) weights, `best.weights.h5`, `last.weights.h5`,
-`history.csv`, `loss.png`, TensorBoard logs and
-`trained_weights_final.weights.h5`. The modern recipe's options (validation
+`history.csv`, `loss.png`, TensorBoard logs,
+`trained_weights_final.weights.h5` and the pictures of `training.pictures`. The modern recipe's options (validation
 mAP, monitor, schedules, EMA, multi-scale, mosaic) are assembled by
 `training.recipe`; their defaults are keras-yolo3's recipe.
 
@@ -35,6 +35,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -53,8 +54,12 @@ CHECKPOINT_PATTERN_MAP = "ep{epoch:03d}-loss{loss:.3f}-val_mAP{val_mAP:.3f}.weig
 class TrainConfig:
     """Everything a training run needs; `train.py` flags map onto these 1:1."""
 
-    annotations: str
-    classes: str
+    # A keras-yolo3 annotation file, or (`data`) a dataset of any kind
+    # data.dataset_source reads; `classes` may be left out when it names them.
+    annotations: str | None = None
+    classes: str | None = None
+    data: str | None = None
+    image_dir: str | None = None
     anchors: str | None = None
     tiny: bool = False
     # Network, one of model.architectures.MODEL_NAMES; None: the start
@@ -116,9 +121,14 @@ class TrainConfig:
     # anchor of its masks with IoU above it (model.targets); 1.0: its best
     # anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
     iou_thresh: float | None = None
+    # The run's pictures (training.pictures): labels.jpg, train_batch*.jpg,
+    # results.png, val_pred.jpg.
+    pictures: bool = True
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
+        if bool(self.data) == bool(self.annotations):
+            raise ValueError("give one of data (a dataset of any kind) or annotations (a keras-yolo3 file)")
         if self.epochs < 1 or self.freeze_epochs < 0 or self.freeze_epochs > self.epochs:
             raise ValueError(
                 f"need 0 <= freeze_epochs <= epochs and epochs >= 1. "
@@ -182,10 +192,10 @@ def _target_cells_bound(iou_thresh: float | None, masks) -> int:
     return MAX_BOXES if iou_thresh is None else MAX_BOXES * max(len(mask) for mask in masks)
 
 
-def _model_settings(config: TrainConfig):
+def _model_settings(config: TrainConfig, class_names: list[str] | None = None):
     """Class names, anchors and masks of a run.
 
-    Classes are always the dataset's (`config.classes`): training new
+    Classes are always the dataset's (`class_names`, default `config.classes`): training new
     classes from pretrained weights is the usual case. Anchors and masks
     come from the flags, else from the start weights' metadata (a converted
     or trained file knows them), else the defaults. Start weights of another
@@ -202,7 +212,7 @@ def _model_settings(config: TrainConfig):
     from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
     from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
 
-    class_names = get_classes(config.classes)
+    class_names = get_classes(config.classes) if class_names is None else list(class_names)
     start = read_metadata(config.weights) if config.weights and os.path.isfile(config.weights) else None
     requested = model_name(config.model, config.tiny)
     if start is None:
@@ -246,53 +256,6 @@ def _prepare_log_dir(config: TrainConfig) -> None:
         handle.write(config.to_json() + "\n")
 
 
-def _load_annotations(config: TrainConfig, num_classes: int, run_dir: str):
-    """Checks the annotation files; returns (train, val) annotation lists."""
-    from keras_yolo_mgpu.data.check import check_annotations
-
-    def checked(path):
-        report = check_annotations(path, num_classes)
-        if report.problems:
-            listing = os.path.join(run_dir, f"skipped_lines_{os.path.splitext(os.path.basename(path))[0]}.txt")
-            report.write_problems(listing)
-            if config.strict:
-                raise ValueError(
-                    f"{path}: {len(report.problems)} problem(s), --strict refuses to start. "
-                    f"First: {report.problems[0]}. Full list: {listing}"
-                )
-            lines = {p.line_number for p in report.problems}
-            used = {a.line_number for a in report.annotations}
-            logger.warning(
-                "%s: %d line(s) with problems: %d skipped, %d kept with boxes clipped/deduplicated "
-                "(first: %s); list in %s",
-                path,
-                len(lines),
-                len(lines - used),
-                len(lines & used),
-                report.problems[0],
-                listing,
-            )
-        if not report.annotations:
-            raise ValueError(f"{path}: no usable annotation lines")
-        return report.annotations
-
-    annotations = checked(config.annotations)
-    if config.val_annotations:
-        return annotations, checked(config.val_annotations)
-    order = np.random.default_rng(config.seed).permutation(len(annotations))
-    num_val = int(round(len(annotations) * config.val_split))
-    if config.val_split > 0 and num_val == 0 and len(annotations) > 1:
-        num_val = 1
-    if num_val >= len(annotations):
-        raise ValueError(
-            f"{config.annotations}: {len(annotations)} image(s) leave nothing to train on "
-            f"with val_split={config.val_split}"
-        )
-    val = [annotations[i] for i in sorted(order[:num_val])]
-    train = [annotations[i] for i in order[num_val:]]
-    return train, val
-
-
 def _write_args_json(config: TrainConfig) -> None:
     from keras_yolo_mgpu.fileio import atomic_write
 
@@ -331,10 +294,26 @@ def train(config: TrainConfig) -> TrainResult:
     # leave it set for whatever the process builds next (nor pin it to this
     # run's floatx, which Keras does when a layer first asks for it).
     previous_policy = global_state.get_global_attribute("dtype_policy", None)
+    # A new run that stops before its first epoch ends (refused weights, bad
+    # data) takes the folder it created with it: no empty run is left behind.
+    new_folder = not config.resume and not (os.path.isdir(config.log_dir) and os.listdir(config.log_dir))
     try:
         return _TrainingRun(config, engine).run()
+    except BaseException:
+        if new_folder:
+            _remove_unstarted_run(config.log_dir)
+        raise
     finally:
         global_state.set_global_attribute("dtype_policy", previous_policy)
+
+
+def _remove_unstarted_run(log_dir: str) -> None:
+    """Deletes `log_dir` unless an epoch finished there (its run state is then what --resume continues)."""
+    from keras_yolo_mgpu.training.run_state import RUN_STATE_FILE
+
+    if os.path.isdir(log_dir) and not os.path.isfile(os.path.join(log_dir, RUN_STATE_FILE)):
+        shutil.rmtree(log_dir, ignore_errors=True)
+        logger.info("removed %s: the run stopped before its first epoch ended", log_dir)
 
 
 def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str | None = None) -> list:
@@ -348,7 +327,7 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
     import keras
 
     from keras_yolo_mgpu.model.yolo3 import build_body
-    from keras_yolo_mgpu.weights.loading import load_weights
+    from keras_yolo_mgpu.weights.loading import WeightsMismatchError, load_weights
 
     keras.utils.set_random_seed(config.seed)
     template = build_body(anchors, num_classes, model=kind)
@@ -357,7 +336,7 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
             report = load_weights(
                 template, config.weights, skip_mismatch=config.weights_partial, allow_new_classes=True
             )
-        except ValueError as error:
+        except WeightsMismatchError as error:
             raise ValueError(
                 f"{error} Nothing was trained. To start anyway from the layers that do match, leaving the others "
                 "at their random initial values, pass --weights-partial (TrainConfig.weights_partial)."
@@ -397,7 +376,8 @@ def _trim_history(history_csv: str, epochs_done: int) -> None:
     kept = [rows[0]]
     for row in rows[1:]:
         try:
-            complete = len(row) == len(rows[0]) and int(row[column]) < epochs_done
+            # Epochs are numbered from 1: the rows 1..epochs_done are the saved state's.
+            complete = len(row) == len(rows[0]) and int(row[column]) <= epochs_done
         except ValueError:  # a row cut short by the kill
             complete = False
         if complete:
@@ -475,6 +455,10 @@ class _TrainingRun:
         stage_history, last = self.run_stage2(epoch, position, last)
         _extend_history(history, stage_history)
         final_path = self.save_final_weights(last)
+        if self.chief and self.config.pictures:
+            from keras_yolo_mgpu.training.pictures import write_prediction_pictures
+
+            write_prediction_pictures(self, final_path)
         return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
 
     def open_log_dir(self):
@@ -511,14 +495,16 @@ class _TrainingRun:
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
         from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
+        from keras_yolo_mgpu.training.training_data import open_training_data
         from keras_yolo_mgpu.weights.metadata import make_metadata
 
         config = self.config
-        self.class_names, self.anchors, self.masks, self.kind = _model_settings(config)
+        data = open_training_data(config)
+        self.class_names, self.anchors, self.masks, self.kind = _model_settings(config, data.class_names)
         self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
-        self.train_annotations, self.val_annotations = _load_annotations(config, len(self.class_names), self.run_dir)
+        self.train_annotations, self.val_annotations = data.splits(self.run_dir)
         logger.info(
             "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
             len(self.train_annotations),
@@ -636,7 +622,8 @@ class _TrainingRun:
         """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
         import keras
 
-        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, LossPlot, Throughput
+        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
+        from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
         from keras_yolo_mgpu.training.recipe import RecipeCallbacks
 
         run_dir = self.run_dir
@@ -660,7 +647,12 @@ class _TrainingRun:
             # Append: both stages (and a resumed run) add rows to one file; a new
             # run always starts in an empty folder.
             HistoryCSVLogger(self.history_csv, self.recipe.required_columns, append=True),
-            LossPlot(self.history_csv, os.path.join(run_dir, "loss.png")),
+            RunPictures(
+                self.history_csv,
+                run_dir,
+                partial(write_data_pictures, self) if self.chief and self.config.pictures else None,
+                results=self.config.pictures,
+            ),
             keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
             self.recipe.best_checkpoint(os.path.join(run_dir, checkpoint_pattern)),
         ]

@@ -38,6 +38,11 @@ from keras_yolo_mgpu.keras_compat import child_layers
 
 logger = logging.getLogger(__name__)
 
+
+class WeightsMismatchError(ValueError):
+    """The file's layers do not fit the model (another network, other shapes); the message names them."""
+
+
 _WEIGHTS_SUFFIX = ".weights.h5"
 _OUTPUT_PREFIX = "yolo_output_"  # kept in sync with model.yolo3.OUTPUT_PREFIX
 # Weight-bearing layer counts of keras-yolo3's networks, for error hints.
@@ -130,7 +135,7 @@ def load_weights(
     except ValueError as error:
         if metadata is None:
             raise
-        raise ValueError(
+        raise type(error)(
             f"{error} (The file says it holds {metadata.kind} with {metadata.num_classes} classes, "
             f"{len(metadata.anchors)} anchors, trained at {metadata.input_shape[0]}x{metadata.input_shape[1]}.)"
         ) from None
@@ -259,7 +264,7 @@ def _load_keras2(targets, group, path, format_name, policy) -> LoadReport:
     if nested:
         format_name += "+nested"
     if len(sources) != len(targets):
-        raise ValueError(_count_mismatch_message(path, targets, sources, nested))
+        raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, nested))
     if nested and len(nested_groups) == 1 and len(nested_groups[0]) == len(sources):
         sources = _order_nested(targets, sources)
     return _assign_in_order(targets, sources, path, format_name, policy)
@@ -423,10 +428,19 @@ def _load_keras_archive(targets, path, policy) -> LoadReport:
                     raise
     # Other layer names: rebuild the saved model with Keras's own loader and
     # copy its weight-bearing layers in order (the archive has the config).
-    saved = keras.saving.load_model(path, compile=False)
+    try:
+        saved = keras.saving.load_model(path, compile=False)
+    except ValueError as error:
+        if "safe_mode" not in str(error):
+            raise
+        raise ValueError(
+            f"Cannot load {path}: its layer names are not this project's, and rebuilding it to read its weights "
+            f"needs code from the file, which Keras's safe mode refuses ({error}). If you trust the file, save "
+            "its weights with model.save_weights('model.weights.h5') and pass that file instead."
+        ) from None
     sources = [_SourceLayer(layer.name, [np.asarray(w) for w in layer.get_weights()]) for layer in weight_layers(saved)]
     if len(sources) != len(targets):
-        raise ValueError(_count_mismatch_message(path, targets, sources, nested=False))
+        raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, nested=False))
     return _assign_in_order(targets, sources, path, "keras3-archive", policy)
 
 
@@ -463,7 +477,7 @@ def _assign_in_order(targets, sources, path, format_name, policy) -> LoadReport:
             mismatches.append((layer, source, expected))
     refused = [m for m in mismatches if not policy.allows(*m)]
     if refused:
-        raise ValueError(_shape_mismatch_message(path, refused, policy))
+        raise WeightsMismatchError(_shape_mismatch_message(path, refused, policy))
     for layer, source, expected in mismatches:
         reason = f"file shapes {source.shapes} != model shapes {expected}"
         report.skipped.append(SkippedLayer(layer.name, source.name, reason))
@@ -473,7 +487,7 @@ def _assign_in_order(targets, sources, path, format_name, policy) -> LoadReport:
         log = logger.info if new_classes else logger.warning
         log("load_weights(%s): skipping layer %r (file layer %r): %s", path, layer.name, source.name, reason)
     if not plan:
-        raise ValueError(f"Cannot load {path}: no layer of the model matches the file's shapes")
+        raise WeightsMismatchError(f"Cannot load {path}: no layer of the model matches the file's shapes")
     # Nothing is assigned before every layer was checked, so a failed load
     # leaves the model as it was.
     for layer, source in plan:

@@ -1,0 +1,64 @@
+"""`--data`, `--split`, `--image-dir`: a dataset of any kind for the commands that read one.
+
+train.py, evaluate.py, kmeans.py and the dataset checker take these flags;
+`checked_records` opens the dataset (`data.dataset_source`), runs the
+dataset checker over the split and logs what it skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["add_data_args", "checked_records", "open_data"]
+
+
+def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val", required: bool = False) -> None:
+    """--data PATH, --image-dir DIR and (when `split` is given, its default) --split train|val."""
+    parser.add_argument(
+        "--data",
+        metavar="PATH",
+        required=required,
+        help="the dataset, its kind recognised: YOLO-format data.yaml or folder (images/ + labels/), COCO "
+        "instances .json, Pascal VOC folder (Annotations/ + JPEGImages/ or XML beside images), or a keras-yolo3 "
+        "annotation file",
+    )
+    parser.add_argument(
+        "--image-dir", default=None, help="COCO: folder of the JSON's images (default: beside the JSON, or images/)"
+    )
+    if split is not None:
+        parser.add_argument(
+            "--split",
+            choices=("train", "val"),
+            default=split,
+            help=f"which split of --data (default: {split}; a dataset without a val split has only train)",
+        )
+
+
+def open_data(args, class_names: list[str] | None = None):
+    """The `Dataset` of `args.data` (VOC reads `class_names` when given)."""
+    from keras_yolo_mgpu.data.dataset_source import open_dataset
+
+    return open_dataset(args.data, image_dir=args.image_dir, class_names=class_names, root=getattr(args, "root", None))
+
+
+def checked_records(dataset, split: str, num_classes: int, *, check_images: bool = True) -> list:
+    """The split's usable records; each problem logged as a warning with its file and line, then a summary."""
+    if split not in dataset.splits:
+        if split == "val" and "train" in dataset.splits:
+            logger.info("%s has no val split: using all of it", dataset.path)
+            split = "train"
+        else:
+            raise ValueError(f"{dataset.path} has no {split} split (it has {', '.join(dataset.splits)})")
+    report = dataset.checked(split, num_classes, check_images=check_images)
+    for problem in report.problems[:20]:
+        logger.warning("%s", problem)
+    if len(report.problems) > 20:
+        logger.warning("... and %d more problems (python -m keras_yolo_mgpu.check_dataset --data %s lists them)",
+                       len(report.problems) - 20, dataset.path)  # fmt: skip
+    logger.info("%s", report.summary_text())
+    if not report.annotations:
+        raise ValueError(f"{dataset.path} ({split}): no usable images")
+    return report.annotations

@@ -1,0 +1,98 @@
+"""COCO instances JSON (COCO itself, Roboflow's `_annotations.coco.json`, CVAT, Label Studio exports).
+
+Images are looked up, for each `file_name`, in `--image-dir` when given,
+else beside the JSON, else in `images/` next to it. Categories sorted by id
+become class indices 0, 1, ... (`data.coco.category_mapping`); their names
+are the dataset's class names. Crowd regions are left out, as keras-yolo3's
+COCO converter does. Each image is one record whose `source` names the
+JSON and the image id, so a problem reads `instances.json[image 7]: ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.data.check import Problem
+from keras_yolo_mgpu.data.coco import category_mapping
+from keras_yolo_mgpu.data.formats.records import SplitRecords, pixel_box_rounding
+
+__all__ = ["find_image_dir", "read_coco_json"]
+
+
+def find_image_dir(json_path: str, file_names: list[str], image_dir: str | None = None) -> str:
+    """The folder holding the JSON's images: `image_dir`, beside the JSON, or `images/` next to it."""
+    if image_dir is not None:
+        return image_dir
+    folder = os.path.dirname(os.path.abspath(json_path))
+    candidates = [folder, os.path.join(folder, "images")]
+    sample = file_names[: min(len(file_names), 20)]
+    for candidate in candidates:
+        if sample and any(os.path.isfile(os.path.join(candidate, name)) for name in sample):
+            return candidate
+    if not sample:
+        return folder
+    raise FileNotFoundError(
+        f"{json_path}: none of its images (e.g. {sample[0]}) is in {' or '.join(candidates)}; pass --image-dir"
+    )
+
+
+def _box(ann: dict) -> tuple[list[float] | None, str | None, str | None]:
+    """COCO [x, y, w, h] -> ([x1, y1, x2, y2], None, None) or (None, kind, message)."""
+    bbox = ann.get("bbox")
+    if not isinstance(bbox, list) or len(bbox) != 4:
+        return None, "malformed", f"bbox {bbox!r} is not [x, y, width, height]"
+    try:
+        x, y, w, h = (float(v) for v in bbox)
+    except (TypeError, ValueError):
+        return None, "malformed", f"bbox {bbox!r} holds a value that is not a number"
+    if not all(math.isfinite(v) for v in (x, y, w, h)):
+        return None, "malformed", f"bbox {bbox!r} is not finite"
+    if w <= 0 or h <= 0:
+        return None, "degenerate-box", f"zero-area bbox {bbox!r}"
+    return [x, y, x + w, y + h], None, None
+
+
+def read_coco_json(json_path: str, image_dir: str | None = None) -> tuple[SplitRecords, list[str]]:
+    """(the JSON's images as one split, class names by index)."""
+    try:
+        with open(json_path, encoding="utf-8") as handle:
+            instances = json.load(handle)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{json_path}: not valid JSON: {error}") from None
+    id_to_index, names = category_mapping(instances.get("categories", []))
+    images = instances.get("images", [])
+    folder = find_image_dir(json_path, [str(i.get("file_name", "")) for i in images], image_dir)
+    by_image: dict = {image["id"]: [] for image in images}
+    split = SplitRecords(source=json_path, num_entries=len(images))
+    bad_images: set = set()
+    for ann in instances.get("annotations", []):
+        where = f"{json_path}[image {ann.get('image_id')}]"
+        if ann.get("image_id") not in by_image:
+            split.problems.append(
+                Problem(
+                    json_path, 0, "label-without-image", f"annotation {ann.get('id')}: no image {ann.get('image_id')}"
+                )
+            )
+            continue
+        if ann.get("iscrowd", 0):
+            continue
+        box, kind, message = _box(ann)
+        if kind is None and ann.get("category_id") not in id_to_index:
+            kind, message = "class-out-of-range", f"category_id {ann.get('category_id')} is not in the categories"
+        if kind:
+            split.problems.append(Problem(where, 0, kind, f"annotation {ann.get('id')}: {message}"))
+            bad_images.add(ann["image_id"])
+            continue
+        by_image[ann["image_id"]].append([*(pixel_box_rounding(v) for v in box), id_to_index[ann["category_id"]]])
+    for image in images:
+        if image["id"] in bad_images:
+            continue
+        boxes = np.array(by_image[image["id"]], np.float32).reshape(-1, 5)
+        path = os.path.join(folder, str(image["file_name"]))
+        split.records.append(Annotation(os.path.abspath(path), boxes, f"{json_path}[image {image['id']}]", 0))
+    return split, names

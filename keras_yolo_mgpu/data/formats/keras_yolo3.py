@@ -1,0 +1,21 @@
+"""keras-yolo3 annotation files (`path x1,y1,x2,y2,class ...` per line; see `data.annotations`)."""
+
+from __future__ import annotations
+
+from keras_yolo_mgpu.data.annotations import AnnotationError, iter_annotation_lines, parse_annotation_line
+from keras_yolo_mgpu.data.check import Problem
+from keras_yolo_mgpu.data.formats.records import SplitRecords
+
+__all__ = ["read_annotation_file"]
+
+
+def read_annotation_file(path: str, root: str | None = None) -> SplitRecords:
+    """Every line of `path` that parses as a record; the others as `malformed` problems."""
+    split = SplitRecords(source=path)
+    for line_number, line in iter_annotation_lines(path):
+        split.num_entries += 1
+        try:
+            split.records.append(parse_annotation_line(line, source=path, line_number=line_number, root=root))
+        except AnnotationError as error:
+            split.problems.append(Problem(path, line_number, "malformed", error.problem))
+    return split

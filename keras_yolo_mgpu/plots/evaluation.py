@@ -1,0 +1,188 @@
+"""evaluate.py's pictures beside the PR curve: a confusion matrix and F1 / precision / recall against confidence.
+
+Matching follows COCO's greedy rule at IoU 0.5: detections in descending
+score order each take the unmatched ground-truth box of their class with the
+highest IoU >= 0.5. A detection's match then depends only on higher-scored
+detections, so one pass gives the true positives at every confidence
+threshold.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from keras_yolo_mgpu.plots.results import _figure
+
+__all__ = [
+    "confidence_curves",
+    "confusion_matrix",
+    "plot_confidence_curves",
+    "plot_confusion_matrix",
+    "write_evaluation_pictures",
+]
+
+MATCH_IOU = 0.5
+
+
+def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one x1, y1, x2, y2 box with (K, 4) boxes."""
+    low = np.maximum(box[:2], boxes[:, :2])
+    high = np.minimum(box[2:4], boxes[:, 2:4])
+    inter = np.prod(np.clip(high - low, 0, None), axis=1)
+    area = np.prod(box[2:4] - box[:2])
+    areas = np.prod(boxes[:, 2:4] - boxes[:, :2], axis=1)
+    return inter / np.maximum(area + areas - inter, 1e-12)
+
+
+def _by_image(detections: list[dict], num_images: int) -> list[list[dict]]:
+    grouped: list[list[dict]] = [[] for _ in range(num_images)]
+    for detection in detections:
+        grouped[int(detection["image_id"])].append(detection)
+    return [sorted(g, key=lambda d: -float(d["score"])) for g in grouped]
+
+
+def _xyxy(detection: dict) -> np.ndarray:
+    x, y, w, h = (float(v) for v in detection["bbox"])
+    return np.array([x, y, x + w, y + h])
+
+
+def confidence_curves(annotations, detections: list[dict], num_classes: int, thresholds=None) -> dict:
+    """Precision, recall and F1 per class against the confidence threshold.
+
+    Args:
+        annotations: records, image_id = index (boxes (K, 5) pixels).
+        detections: COCO results (`image_id`, `category_id`, `bbox` [x, y, w, h], `score`).
+        thresholds: (T,) confidences (default 0, 0.01, ..., 1).
+
+    Returns:
+        `thresholds` (T,), `precision`, `recall`, `f1` (C + 1, T): one row per
+        class, the last over all classes; precision is NaN (not drawn) where
+        no detection scores that high.
+    """
+    thresholds = np.linspace(0, 1, 101) if thresholds is None else np.asarray(thresholds)
+    scores, classes, hits = [], [], []
+    gt_counts = np.zeros(num_classes + 1)
+    for annotation, found in zip(annotations, _by_image(detections, len(annotations))):
+        truth = np.asarray(annotation.boxes, np.float64).reshape(-1, 5)
+        np.add.at(gt_counts, truth[:, 4].astype(int), 1)
+        taken = np.zeros(len(truth), bool)
+        for detection in found:
+            candidates = (truth[:, 4] == detection["category_id"]) & ~taken
+            hit = False
+            if candidates.any():
+                ious = np.where(candidates, _iou(_xyxy(detection), truth[:, :4]), -1)
+                best = int(np.argmax(ious))
+                if ious[best] >= MATCH_IOU:
+                    taken[best], hit = True, True
+            scores.append(float(detection["score"]))
+            classes.append(int(detection["category_id"]))
+            hits.append(hit)
+    gt_counts[num_classes] = gt_counts[:num_classes].sum()
+    scores, classes, hits = np.array(scores), np.array(classes, int), np.array(hits, bool)
+    shape = (num_classes + 1, len(thresholds))
+    precision, recall = np.zeros(shape), np.zeros(shape)
+    for row in range(num_classes + 1):
+        mine = np.ones(len(scores), bool) if row == num_classes else classes == row
+        above = mine[None, :] & (scores[None, :] >= thresholds[:, None])  # (T, D)
+        tp = (above & hits[None, :]).sum(axis=1)
+        kept = above.sum(axis=1)
+        precision[row] = np.where(kept > 0, tp / np.maximum(kept, 1), np.nan)  # no detection left: undefined
+        recall[row] = tp / gt_counts[row] if gt_counts[row] else 0.0
+    f1 = np.nan_to_num(2 * precision * recall / np.maximum(precision + recall, 1e-12))  # no detection: F1 0
+    return {"thresholds": thresholds, "precision": precision, "recall": recall, "f1": f1}
+
+
+def confusion_matrix(annotations, detections: list[dict], num_classes: int, score: float) -> np.ndarray:
+    """(C + 1, C + 1) counts: rows the predicted class, columns the true class; index C is background.
+
+    A detection scoring at least `score` matches the unmatched ground-truth
+    box of any class with the highest IoU >= 0.5 (in score order); unmatched
+    detections count as predicted-class vs background, missed boxes as
+    background vs their class.
+    """
+    matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64)
+    for annotation, found in zip(annotations, _by_image(detections, len(annotations))):
+        truth = np.asarray(annotation.boxes, np.float64).reshape(-1, 5)
+        taken = np.zeros(len(truth), bool)
+        for detection in (d for d in found if float(d["score"]) >= score):
+            predicted = int(detection["category_id"])
+            if len(truth) and (~taken).any():
+                ious = np.where(~taken, _iou(_xyxy(detection), truth[:, :4]), -1)
+                best = int(np.argmax(ious))
+                if ious[best] >= MATCH_IOU:
+                    taken[best] = True
+                    matrix[predicted, int(truth[best, 4])] += 1
+                    continue
+            matrix[predicted, num_classes] += 1
+        for box in truth[~taken]:
+            matrix[num_classes, int(box[4])] += 1
+    return matrix
+
+
+def _save(plt, figure, path: str) -> str:
+    figure.tight_layout()
+    root, extension = os.path.splitext(path)
+    temporary = f"{root}.tmp{extension}"
+    figure.savefig(temporary)
+    plt.close(figure)
+    os.replace(temporary, path)
+    return path
+
+
+def plot_confusion_matrix(matrix: np.ndarray, class_names, path: str, score: float) -> str:
+    """The matrix, each column normalised by its true class's count, with the counts written in."""
+    names = [*class_names, "background"]
+    size = min(14, 3 + 0.5 * len(names))
+    plt, figure, axes = _figure(1, 1, (size + 1, size))
+    totals = matrix.sum(axis=0, keepdims=True)
+    shares = np.divide(matrix, totals, out=np.zeros(matrix.shape), where=totals > 0)
+    image = axes[0].imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    figure.colorbar(image, ax=axes[0], fraction=0.046, label="share of the true class")
+    axes[0].set_xticks(range(len(names)), names, rotation=90)
+    axes[0].set_yticks(range(len(names)), names)
+    axes[0].set_xlabel("true")
+    axes[0].set_ylabel("predicted")
+    axes[0].set_title(f"confusion matrix (score >= {score:g}, IoU >= {MATCH_IOU})")
+    if len(names) <= 30:
+        for (row, column), count in np.ndenumerate(matrix):
+            if count:
+                colour = "white" if shares[row, column] > 0.5 else "black"
+                axes[0].text(column, row, str(count), ha="center", va="center", fontsize=7, color=colour)
+    return _save(plt, figure, path)
+
+
+def plot_confidence_curves(curves: dict, class_names, path: str) -> str:
+    """F1, precision and recall against confidence: a thin line per class, the bold line over all classes."""
+    plt, figure, axes = _figure(1, 3, (15, 4.2))
+    thresholds = curves["thresholds"]
+    for axis, key in zip(axes, ("f1", "precision", "recall")):
+        values = curves[key]
+        if len(class_names) <= 20:
+            for row, name in enumerate(class_names):
+                axis.plot(thresholds, values[row], linewidth=0.8, alpha=0.6, label=name)
+        best = int(np.argmax(values[-1])) if key == "f1" else None
+        label = "all classes" + (f" {values[-1][best]:.2f} at {thresholds[best]:.2f}" if best is not None else "")
+        axis.plot(thresholds, values[-1], linewidth=2.5, color="black", label=label)
+        axis.set_xlabel("confidence")
+        axis.set_ylabel(key if key != "f1" else "F1")
+        axis.set_xlim(0, 1)
+        axis.set_ylim(0, 1.02)
+        axis.grid(True, alpha=0.3)
+        axis.set_title(f"{'F1' if key == 'f1' else key.capitalize()}-confidence")
+        axis.legend(fontsize=7)
+    return _save(plt, figure, path)
+
+
+def write_evaluation_pictures(annotations, detections, class_names, pr_curve: str, score: float) -> dict:
+    """`<pr_curve stem>_confusion_matrix.png` and `<stem>_confidence_curves.png` beside the PR curve; their paths."""
+    stem = os.path.splitext(pr_curve)[0]
+    num_classes = len(class_names)
+    matrix = confusion_matrix(annotations, detections, num_classes, score)
+    return {
+        "confusion_matrix": plot_confusion_matrix(matrix, class_names, f"{stem}_confusion_matrix.png", score),
+        "confidence_curves": plot_confidence_curves(
+            confidence_curves(annotations, detections, num_classes), class_names, f"{stem}_confidence_curves.png"
+        ),
+    }

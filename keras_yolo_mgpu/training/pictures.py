@@ -1,0 +1,116 @@
+"""The pictures every run folder gets, written by the chief worker.
+
+    labels.jpg          class counts, box centres, box sizes against the anchors (before the first epoch)
+    train_batch0.jpg..  the first training batches as the model receives them (augmentation, mosaic,
+                        multi-scale applied), with the boxes their targets hold and the class names
+    results.png         loss, val_mAP / val_mAP50 and learning rate per epoch (after every epoch)
+    loss.png            loss per epoch (as before)
+    val_pred.jpg        ground truth beside predictions of the best weights on validation images (at the end)
+
+They cost a few seconds at the start and, at the end, building one
+detector; a picture that fails is logged and never stops the run.
+`TrainConfig.pictures` False (`--no-pictures`) leaves all but loss.png out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from keras_yolo_mgpu.training.callbacks import LossPlot
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TRAIN_BATCH_PICTURES", "RunPictures", "write_data_pictures", "write_prediction_pictures"]
+
+# Batches drawn at the start of a run, each as train_batch<i>.jpg.
+TRAIN_BATCH_PICTURES = 3
+
+
+def _guarded(what: str, draw) -> None:
+    try:
+        draw()
+    except Exception as error:  # noqa: BLE001 - a picture must never stop training
+        logger.warning("could not draw %s: %s: %s", what, type(error).__name__, error)
+
+
+class RunPictures(LossPlot):
+    """loss.png and results.png after every epoch; `first_pictures()` once, before the first epoch.
+
+    `first_pictures` is None on workers other than the chief, and on a
+    resumed run that already drew them.
+    """
+
+    def __init__(self, history_csv: str, run_dir: str, first_pictures=None, *, results: bool = True):
+        super().__init__(history_csv, os.path.join(run_dir, "loss.png"))
+        self.results_png = os.path.join(run_dir, "results.png") if results else None
+        self.first_pictures = first_pictures
+
+    def on_train_begin(self, logs=None):
+        if self.first_pictures is not None:
+            _guarded("the data pictures", self.first_pictures)
+            self.first_pictures = None  # stage 2 starts another fit: once per run
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self.results_png is None:
+            return
+        from keras_yolo_mgpu.plots.results import plot_results
+
+        _guarded(self.results_png, lambda: plot_results(self.history_csv, self.results_png))
+
+
+def write_data_pictures(run) -> None:
+    """labels.jpg and train_batch0.jpg.. of a `trainer._TrainingRun` whose data and settings are read."""
+    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.plots.batches import draw_batch
+    from keras_yolo_mgpu.plots.labels import plot_labels
+    from keras_yolo_mgpu.training.trainer import MAX_BOXES
+
+    config, folder = run.config, run.run_dir
+    if os.path.isfile(os.path.join(folder, "train_batch0.jpg")):
+        return  # a resumed run drew them when it started
+    _guarded(
+        "labels.jpg",
+        lambda: plot_labels(
+            run.train_annotations, run.class_names, run.anchors, config.input_shape, os.path.join(folder, "labels.jpg")
+        ),
+    )
+    # The training stream from its start, built as the trainer builds it, so
+    # these are the very batches of the first steps (single worker; a
+    # --cache run's cached pixels may differ from these by the resize).
+    dataset = make_dataset(
+        run.train_annotations,
+        config.input_shape,
+        run.anchors,
+        len(run.class_names),
+        run.batch_sizes[0] if config.freeze_epochs > 0 else run.batch_sizes[1],
+        training=True,
+        augment=config.augment,
+        seed=config.seed,
+        max_boxes=MAX_BOXES,
+        masks=run.masks,
+        iou_thresh=run.iou_thresh,
+        start_position=0,
+        multi_scale=config.multi_scale,
+        mosaic=config.mosaic,
+    )
+    for index, (inputs, _) in enumerate(dataset.take(TRAIN_BATCH_PICTURES).as_numpy_iterator()):
+        draw_batch(inputs, run.class_names, os.path.join(folder, f"train_batch{index}.jpg"))
+
+
+def write_prediction_pictures(run, final_weights: str) -> None:
+    """val_pred.jpg from best.weights.h5 (else the final weights) on the first validation images."""
+    from keras_yolo_mgpu.inference.detector import YOLO
+    from keras_yolo_mgpu.plots.predictions import draw_predictions
+    from keras_yolo_mgpu.training.recipe import BEST_WEIGHTS
+
+    if not run.val_annotations:
+        return
+    best = os.path.join(run.config.log_dir, BEST_WEIGHTS)
+
+    def draw():
+        detector = YOLO(best if os.path.isfile(best) else final_weights, score=0.25, batch_size=1)
+        draw_predictions(detector, run.val_annotations, run.class_names, os.path.join(run.run_dir, "val_pred.jpg"))
+
+    _guarded("val_pred.jpg", draw)

@@ -1,0 +1,121 @@
+"""A run's class names and its checked training and validation records.
+
+`config.data` (`--data`) names a dataset of any kind `data.dataset_source`
+reads; `config.annotations` (+ `config.val_annotations`) a keras-yolo3
+annotation file as before. Either way every split goes through the dataset
+checker: problems are listed in the run folder (`skipped_lines_<split>.txt`)
+and skipped, or refused with `strict`. Validation is the dataset's own `val`
+split, else `val_annotations`, else `val_split` of the training records
+drawn with the run's seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TrainingData", "open_training_data"]
+
+
+class TrainingData:
+    """The run's dataset: `class_names` now, the checked records with `splits`."""
+
+    def __init__(self, config):
+        from keras_yolo_mgpu.data.dataset_source import open_dataset, resolve_class_names
+        from keras_yolo_mgpu.resources import get_classes
+
+        self.config = config
+        self.dataset = None
+        if config.data:
+            classes = get_classes(config.classes) if config.classes else None
+            self.dataset = open_dataset(config.data, image_dir=config.image_dir, class_names=classes)
+            self.class_names = resolve_class_names(self.dataset, config.classes)
+            logger.info("--data %s: %s dataset, classes %s", config.data, self.dataset.kind, self.class_names)
+        else:
+            if not config.classes:
+                raise ValueError(f"{config.annotations}: a keras-yolo3 annotation file needs classes (--classes FILE)")
+            self.class_names = get_classes(config.classes)
+
+    def _report(self, split_name: str, path: str | None, num_classes: int):
+        from keras_yolo_mgpu.data.check import check_annotations
+
+        if path is None:
+            return self.dataset.checked(split_name, num_classes)
+        return check_annotations(path, num_classes)
+
+    def _checked(self, split_name: str, path: str | None, run_dir: str) -> list:
+        """The usable records of one split; problems listed in the run folder, or refused under `strict`."""
+        report = self._report(split_name, path, len(self.class_names))
+        name = split_name if path is None else os.path.splitext(os.path.basename(path))[0]
+        where = report.source
+        if report.problems:
+            if self.config.strict:  # the run folder goes with the refusal: the checker lists them
+                shown = "\n  ".join(str(p) for p in report.problems[:10])
+                raise ValueError(
+                    f"{where}: {len(report.problems)} problem(s), --strict refuses to start:\n  {shown}\n"
+                    f"Every problem: python -m keras_yolo_mgpu.check_dataset {self._checker_args(path)}"
+                )
+            listing = os.path.join(run_dir, f"skipped_lines_{name}.txt")
+            report.write_problems(listing)
+            logger.warning(
+                "%s: %d of %d entries with problems: %d skipped, the others kept with boxes clipped/deduplicated "
+                "(first: %s); list in %s",
+                where,
+                report.num_bad_lines,
+                report.num_lines,
+                report.num_lines - len(report.annotations),
+                report.problems[0],
+                listing,
+            )
+        if not report.annotations:
+            raise ValueError(f"{where}: no usable images")
+        return report.annotations
+
+    def _checker_args(self, path: str | None) -> str:
+        config = self.config
+        if path is None:
+            return f"--data {config.data}" + (f" --classes {config.classes}" if config.classes else "")
+        return f"{path} --classes {config.classes}"
+
+    def splits(self, run_dir: str) -> tuple[list, list]:
+        """(training records, validation records), checked."""
+        config = self.config
+        if self.dataset is not None:
+            train = self._checked("train", None, run_dir)
+            if "val" in self.dataset.splits:
+                if config.val_annotations:
+                    raise ValueError(
+                        f"--data {config.data} has its own val split; --val-annotations {config.val_annotations} "
+                        "would replace it: drop one"
+                    )
+                return train, self._checked("val", None, run_dir)
+            if config.val_annotations:
+                return train, self._checked("val", config.val_annotations, run_dir)
+            source = config.data
+        else:
+            train = self._checked("train", config.annotations, run_dir)
+            if config.val_annotations:
+                return train, self._checked("val", config.val_annotations, run_dir)
+            source = config.annotations
+        return _split_off_validation(train, config.val_split, config.seed, source)
+
+
+def _split_off_validation(annotations: list, val_split: float, seed, source: str) -> tuple[list, list]:
+    order = np.random.default_rng(seed).permutation(len(annotations))
+    num_val = int(round(len(annotations) * val_split))
+    if val_split > 0 and num_val == 0 and len(annotations) > 1:
+        num_val = 1
+    if num_val >= len(annotations):
+        raise ValueError(f"{source}: {len(annotations)} image(s) leave nothing to train on with val_split={val_split}")
+    val = [annotations[i] for i in sorted(order[:num_val])]
+    train = [annotations[i] for i in order[num_val:]]
+    return train, val
+
+
+def open_training_data(config) -> TrainingData:
+    """Opens `config.data` (or reads `config.classes`); raises ValueError on a class-name contradiction."""
+    return TrainingData(config)

@@ -1,0 +1,171 @@
+"""`--data`: YOLO-format, COCO and VOC datasets read as keras-yolo3's format, and their bad labels."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+from dataset_writers import CLASSES, write_coco, write_voc, write_yolo
+
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.dataset_source import detect_kind, open_dataset, resolve_class_names
+from keras_yolo_mgpu.data.images import image_size
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.resources import get_anchors, model_data_path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A tiny keras-yolo3 dataset (64x48 and 48x64 images) whose boxes every other format repeats."""
+    out = tmp_path_factory.mktemp("formats")
+    paths = make_synthetic_dataset(out, num_train=6, num_val=3, image_size=[(48, 64), (64, 48)], classes=CLASSES)
+    return out, read_annotations(paths.train), read_annotations(paths.val)
+
+
+def _targets(records):
+    from keras_yolo_mgpu.data.pipeline import make_dataset
+
+    anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
+    dataset = make_dataset(records, (64, 64), anchors, len(CLASSES), 3, training=False)
+    import tensorflow as tf
+
+    batches = [tf.nest.flatten(batch) for batch in dataset.as_numpy_iterator()]
+    return [np.concatenate(parts) for parts in zip(*batches)]  # images, targets per scale, weights
+
+
+def test_every_format_gives_keras_yolo3s_records_and_targets(reference, tmp_path):
+    out, train, val = reference
+    write_yolo(out, {"train": train, "val": val})
+    write_coco(out / "images" / "train" / "instances.json", train)
+    voc = tmp_path / "voc"
+    write_voc(voc, train)
+    os.symlink(out / "images" / "train", voc / "JPEGImages")
+
+    yolo = open_dataset(str(out / "data.yaml"))
+    coco = open_dataset(str(out / "images" / "train" / "instances.json"))
+    voc_dataset = open_dataset(str(voc))
+    assert (detect_kind(str(out)), coco.kind, voc_dataset.kind) == ("yolo", "coco", "voc")
+    assert yolo.class_names == coco.class_names == voc_dataset.class_names == CLASSES
+    for dataset in (yolo, coco, voc_dataset):
+        records = dataset.checked("train", len(CLASSES)).annotations
+        assert [os.path.realpath(r.image_path) for r in records] == [r.image_path for r in train]
+        for got, want in zip(records, train):
+            np.testing.assert_array_equal(got.boxes, want.boxes)  # float32, exactly
+    np.testing.assert_array_equal(yolo.checked("val", 2).annotations[1].boxes, val[1].boxes)
+    reference_targets = _targets(train)
+    assert len(reference_targets) >= 3 and sum(t.sum() for t in reference_targets[1:-1]) > 0
+    for dataset in (yolo, coco, voc_dataset):
+        for got, want in zip(_targets(dataset.checked("train", 2).annotations), reference_targets):
+            np.testing.assert_array_equal(got, want)
+
+
+def _snapshot(folder):
+    return {
+        p: hashlib.sha1(open(p, "rb").read()).hexdigest()
+        for p in (os.path.join(d, f) for d, _, files in os.walk(folder) for f in files)
+    }
+
+
+def test_bad_yolo_labels_are_reported_with_file_and_line(reference, tmp_path):
+    out, train, _ = reference
+    folder = tmp_path / "yolo"
+    (folder / "images").mkdir(parents=True)
+    for record in train[:5]:
+        os.symlink(record.image_path, folder / "images" / os.path.basename(record.image_path))
+    labels = folder / "labels"
+    labels.mkdir()
+    bad = {
+        "00000.txt": "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2\n",  # line 2: four fields
+        "00001.txt": "1 0.5 1.5 0.2 0.2\n",  # outside [0, 1]
+        "00002.txt": "\n2 0.5 0.5 0.2 0.2\n",  # line 2: class 2 past the two names
+        "00003.txt": "0 0.5 0.5 0 0.2\n",  # zero area
+        "00004.txt": "1 0.25 0.5 0.5 0.5\n",  # good
+        "99999.txt": "0 0.5 0.5 0.1 0.1\n",  # no image
+    }
+    for name, text in bad.items():
+        (labels / name).write_text(text)
+    (folder / "classes.txt").write_text("circle\nsquare\n")
+    before = _snapshot(folder)
+    dataset = open_dataset(str(folder))
+    report = dataset.checked("train", 2)
+    found = [(os.path.basename(p.source), p.line_number, p.kind) for p in report.problems]
+    assert found == [
+        ("00000.txt", 2, "malformed"),
+        ("00001.txt", 1, "box-outside-image"),
+        ("00002.txt", 2, "class-out-of-range"),
+        ("00003.txt", 1, "degenerate-box"),
+        ("99999.txt", 0, "label-without-image"),
+    ]
+    assert str(report.problems[0]).startswith(f"{labels / '00000.txt'}:2: 4 fields, expected 5")
+    assert [os.path.basename(a.image_path) for a in report.annotations] == ["00004.png"]
+    width, height = image_size(train[4].image_path)
+    np.testing.assert_array_equal(report.annotations[0].boxes, [[0, height * 0.25, width * 0.5, height * 0.75, 1]])
+    assert _snapshot(folder) == before  # nothing modified
+
+
+def test_bad_coco_entries_name_their_place(reference, tmp_path):
+    _, train, _ = reference
+    folder = tmp_path / "coco"
+    folder.mkdir()
+    (folder / "images").mkdir()
+    for record in train[:2]:
+        os.symlink(record.image_path, folder / "images" / os.path.basename(record.image_path))
+    instances = {
+        "images": [{"id": 1, "file_name": "00000.png"}, {"id": 2, "file_name": "00001.png"}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [1, 1, 5]},
+            {"id": 2, "image_id": 2, "category_id": 7, "bbox": [1, 1, 5, 5]},
+            {"id": 3, "image_id": 9, "category_id": 1, "bbox": [1, 1, 5, 5]},
+        ],
+        "categories": [{"id": 1, "name": "circle"}],
+    }
+    (folder / "train.json").write_text(json.dumps(instances))
+    report = open_dataset(str(folder / "train.json")).checked("train", 1)
+    assert [str(p).replace(str(folder), "") for p in report.problems] == [
+        "/train.json: annotation 3: no image 9",
+        "/train.json[image 1]: annotation 1: bbox [1, 1, 5] is not [x, y, width, height]",
+        "/train.json[image 2]: annotation 2: category_id 7 is not in the categories",
+    ]
+    assert report.annotations == []
+
+
+def test_class_names_from_the_dataset_or_the_file_and_a_contradiction_names_both(reference, tmp_path):
+    out, train, val = reference
+    write_yolo(out, {"train": train, "val": val})
+    dataset = open_dataset(str(out))
+    assert resolve_class_names(dataset, None) == CLASSES
+    other = tmp_path / "other.txt"
+    other.write_text("dog\ncat\n")
+    with pytest.raises(ValueError, match=r"--classes .*other.txt lists \['dog', 'cat'\] but the dataset .* names"):
+        resolve_class_names(dataset, str(other))
+    voc = tmp_path / "voc"
+    write_voc(voc, train[:2])
+    report = open_dataset(str(voc), class_names=["circle"]).checked("train", 1)
+    assert {p.kind for p in report.problems} <= {"class-out-of-range", "missing-file"}
+    assert any("object class square not in the names ['circle']" in str(p) for p in report.problems)
+
+
+def test_checker_and_kmeans_commands_take_data(reference, tmp_path, capsys):
+    from keras_yolo_mgpu.cli.check_dataset import main as check_main
+    from keras_yolo_mgpu.cli.kmeans import main as kmeans_main
+
+    out, train, val = reference
+    write_yolo(out, {"train": train, "val": val})
+    assert check_main(["--data", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"{out}: yolo dataset, 2 classes: circle, square"
+    assert printed[-1].startswith(f"val: {out / 'data.yaml'}: 3 images listed, 3 usable")
+    label = out / "labels" / "train" / "00001.txt"
+    original = label.read_text()
+    label.write_text(original + "5 0.5 0.5 0.1 0.1\n")
+    try:
+        assert check_main(["--data", str(out)]) == 1
+        assert f"{label}:{len(original.splitlines()) + 1}: class id 5 not in [0, 2)" in capsys.readouterr().out
+    finally:
+        label.write_text(original)
+    assert kmeans_main(["--data", str(out), "--clusters", "2"]) == 0
+    boxes = sum(len(r.boxes) for r in train)
+    assert capsys.readouterr().out.startswith(f"{boxes} boxes, 2 clusters")
