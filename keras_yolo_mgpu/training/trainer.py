@@ -65,6 +65,8 @@ class TrainConfig:
     masks: list | None = None
     input_shape: tuple[int, int] = (416, 416)
     weights: str | None = None
+    # Darknet cfg of Darknet `.weights` start weights (weights/start_weights.py).
+    cfg: str | None = None
     weights_partial: bool = False
     val_annotations: str | None = None
     val_split: float = 0.1
@@ -114,6 +116,13 @@ class TrainConfig:
     # anchor of its masks with IoU above it (model.targets); 1.0: its best
     # anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
     iou_thresh: float | None = None
+    # The named recipe the values came from (training/recipes.py); a run
+    # folder from before recipes existed resumes as keras-yolo3's.
+    recipe: str = "keras-yolo3"
+    # Periodic checkpoints (training/checkpoint_policy.py): None writes
+    # keras-yolo3's ep*.weights.h5 at every improvement, 0 none (best and
+    # last only), N every Nth epoch.
+    save_period: int | None = None
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -146,6 +155,9 @@ class TrainConfig:
         from keras_yolo_mgpu.training.recipe import validate_recipe
 
         validate_recipe(self)
+        from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period
+
+        validate_save_period(self.save_period)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -201,16 +213,18 @@ def _model_settings(config: TrainConfig):
     from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
 
     class_names = get_classes(config.classes)
+    # --anchors auto: these anchors until the boxes are read (training/anchor_fit.py).
+    anchors_path = None if config.anchors == "auto" else config.anchors
     start = read_metadata(config.weights) if config.weights and os.path.isfile(config.weights) else None
     requested = model_name(config.model, config.tiny)
     if start is None:
-        anchors = get_anchors(resolve_resource(config.anchors, "anchors", tiny=config.tiny, model=requested))
+        anchors = get_anchors(resolve_resource(anchors_path, "anchors", tiny=config.tiny, model=requested))
         kind = get_architecture(requested, len(anchors)).name
         return class_names, anchors, resolve_masks(config.masks, len(anchors)), kind
     if config.model is not None and config.model != start.kind:
         raise MetadataError(f"--model says {config.model} but the start weights {config.weights} are {start.kind}")
-    if config.anchors:
-        anchors = get_anchors(config.anchors)
+    if anchors_path:
+        anchors = get_anchors(anchors_path)
     elif config.tiny and len(start.anchors) != 6:
         raise MetadataError(f"--tiny says tiny YOLOv3 but the start weights {config.weights} are {start.kind}")
     else:
@@ -512,14 +526,18 @@ class _TrainingRun:
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
         from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
+        from keras_yolo_mgpu.training.anchor_fit import run_anchors
         from keras_yolo_mgpu.weights.metadata import make_metadata
+        from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
 
         config = self.config
+        resolve_start_weights(config, self.run_dir)
         self.class_names, self.anchors, self.masks, self.kind = _model_settings(config)
         self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
+        self.train_annotations, self.val_annotations = _load_annotations(config, len(self.class_names), self.run_dir)
+        self.anchors = run_anchors(config, self.anchors, self.masks, self.train_annotations, self.run_dir)
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
-        self.train_annotations, self.val_annotations = _load_annotations(config, len(self.class_names), self.run_dir)
         logger.info(
             "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
             len(self.train_annotations),
@@ -572,6 +590,7 @@ class _TrainingRun:
         import keras
 
         from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, LossPlot, Throughput
+        from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
         from keras_yolo_mgpu.training.recipe import RecipeCallbacks
 
         run_dir = self.run_dir
@@ -597,7 +616,7 @@ class _TrainingRun:
             HistoryCSVLogger(self.history_csv, self.recipe.required_columns, append=True),
             LossPlot(self.history_csv, os.path.join(run_dir, "loss.png")),
             keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
-            self.recipe.best_checkpoint(os.path.join(run_dir, checkpoint_pattern)),
+            *epoch_checkpoints(self.config, self.recipe, run_dir, checkpoint_pattern, self.body, self.metadata),
         ]
 
     def datasets(self, batch: int, start_position: int):
