@@ -388,7 +388,7 @@ def weights_to_evaluate(result, config) -> str:
     from keras_yolo_mgpu.training.recipe import BEST_WEIGHTS
 
     best = Path(result.log_dir) / BEST_WEIGHTS
-    if config.monitor == "val_mAP" and best.is_file():
+    if config.monitor in ("val_mAP", "val_mAP50") and best.is_file():
         return str(best)
     return result.final_weights
 

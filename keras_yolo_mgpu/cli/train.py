@@ -181,11 +181,11 @@ def add_recipe_args(group) -> None:
         default=None,
         metavar="N",
         help="COCO mAP@[.5:.95] / mAP@.5 on the validation set every N epochs, logged as val_mAP / val_mAP50 "
-        "(default: 0 = never, or 1 with --monitor val_mAP)",
+        "(default: the recipe's; 0 = never, 1 with --monitor val_mAP or val_mAP50)",
     )
     group.add_argument(
         "--monitor",
-        choices=("val_loss", "val_mAP"),
+        choices=("val_loss", "val_mAP", "val_mAP50"),
         default=None,
         help="what checkpoints (best.weights.h5), ReduceLROnPlateau and EarlyStopping follow (default: the recipe's)",
     )

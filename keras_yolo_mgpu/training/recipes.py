@@ -85,5 +85,5 @@ def resolve_recipe(name: str, given: dict) -> dict:
     elif values["freeze_epochs"] == ALL:
         values["freeze_epochs"] = values["epochs"]
     if values["eval_every"] is None:
-        values["eval_every"] = 1 if values["monitor"] == "val_mAP" else 0
+        values["eval_every"] = 1 if values["monitor"] in ("val_mAP", "val_mAP50") else 0
     return {"recipe": name, **values}

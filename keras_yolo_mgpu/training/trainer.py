@@ -606,7 +606,7 @@ class _TrainingRun:
             kind=self.kind,
         )
         checkpoint_pattern = CHECKPOINT_PATTERN if self.val_annotations else CHECKPOINT_PATTERN_NO_VAL
-        if self.recipe.monitor == "val_mAP":
+        if self.recipe.monitor in ("val_mAP", "val_mAP50"):
             checkpoint_pattern = CHECKPOINT_PATTERN_MAP
         self.throughput = Throughput(self.batch_sizes[0])
         self.common_callbacks = [
