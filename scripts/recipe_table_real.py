@@ -90,7 +90,12 @@ def summarise(log_dir: Path) -> dict:
     monitored = history[config["monitor"]]
     pick = min if config["monitor"] == "val_loss" else max
     kept = pick((v, i) for i, v in enumerate(monitored) if not math.isnan(v))[1]
+    by_map = max(range(len(map50)), key=lambda i: -1 if math.isnan(history["val_mAP"][i]) else history["val_mAP"][i])
     return {
+        "monitor": config["monitor"],
+        # What --monitor val_mAP would keep (the rule before the default moved to val_mAP50).
+        "by_mAP_epoch": by_map + 1,
+        "by_mAP_mAP50": round(map50[by_map], 4),
         "peak_mAP50": round(map50[peak], 4),
         "peak_epoch": peak + 1,
         "epoch8_mAP50": round(map50[7], 4) if len(map50) >= 8 else None,

@@ -65,11 +65,11 @@ def test_default_recipe_and_explicit_flags_override_only_their_part():
     config = _config()
     assert config.recipe == "default"
     assert (config.epochs, config.freeze_epochs, config.freeze_body, config.lr1) == (100, 100, 0, 3e-3)
-    assert (config.eval_every, config.monitor, config.ema, config.objectness_prior) == (1, "val_mAP", 0.99, 0.01)
+    assert (config.eval_every, config.monitor, config.ema, config.objectness_prior) == (1, "val_mAP50", 0.99, 0.01)
     assert (config.iou_thresh, config.save_period) == (0.213, 0)
     config = _config("--epochs", "16", "--ema", "0", "--save-period", "4")
     assert (config.epochs, config.freeze_epochs, config.ema, config.save_period) == (16, 16, 0.0, 4)
-    assert (config.monitor, config.objectness_prior) == ("val_mAP", 0.01)  # untouched parts stay the recipe's
+    assert (config.monitor, config.objectness_prior) == ("val_mAP50", 0.01)  # untouched parts stay the recipe's
     config = _config("--recipe", "keras-yolo3", "--monitor", "val_mAP")
     assert (config.monitor, config.eval_every, config.ema) == ("val_mAP", 1, 0.0)
 
