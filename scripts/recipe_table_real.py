@@ -63,7 +63,7 @@ def _split(args, out: Path) -> tuple[str, str]:
         argv = ["--xml-dir", args.voc_xml, "--image-dir", args.voc_images, "--classes", args.classes]
         if voc_main([*argv, "--output", source]) != 0:
             raise SystemExit("voc_annotation failed")
-    lines = sorted(line for _, line in iter_annotation_lines(source))
+    lines = sorted(line.rstrip("\r\n") for _, line in iter_annotation_lines(source))
     if not 0 < args.train_count < len(lines):
         raise SystemExit(f"--train-count must be in [1, {len(lines) - 1}] for {len(lines)} images")
     paths = str(out / "train.txt"), str(out / "val.txt")
