@@ -15,6 +15,12 @@ interrupted run keeps the rows it finished) and prints
 the Markdown table. Usage:
 
     .venv/bin/python scripts/recipe_table.py [--out recipe_table] [--rows baseline,eval_map,...]
+
+With `--weights`, the table on real photos instead (scripts/recipe_table_real.py):
+
+    .venv/bin/python scripts/recipe_table.py --out raccoon_table --weights yolov3-tiny.weights \
+        --voc-xml raccoon_dataset/annotations --voc-images raccoon_dataset/images --classes raccoon.txt \
+        --train-count 160 --input-size 320 --batch-size 8 --epochs 16 [--rows keras-yolo3,default,...]
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import math
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recipe_table_real  # noqa: E402  (the real-photos table, beside this script)
 
 # (name, what the row adds, options added to the row above, train.py flags of those options)
 ROWS = [
@@ -88,9 +97,16 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=TABLE_EPOCHS)
     parser.add_argument("--num-train", type=int, default=demo.DEFAULTS["num_train"], help="(smaller for a smoke run)")
     parser.add_argument("--num-val", type=int, default=demo.DEFAULTS["num_val"])
+    recipe_table_real.add_real_args(parser)
     args = parser.parse_args(argv)
     setup_logging()
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    if args.weights:  # the real-photos table (scripts/recipe_table_real.py)
+        rows = recipe_table_real.ROW_NAMES if args.rows == parser.get_default("rows") else args.rows.split(",")
+        unknown = sorted(set(rows) - set(recipe_table_real.ROW_NAMES))
+        if unknown or not args.classes or not args.train_count:
+            parser.error(f"needs --classes and --train-count; rows: {recipe_table_real.ROW_NAMES} (unknown: {unknown})")
+        return recipe_table_real.run_real_table(args, rows)
     wanted = args.rows.split(",")
     unknown = sorted(set(wanted) - {name for name, *_ in ROWS})
     if unknown:

@@ -131,7 +131,8 @@ def test_train_flags_reach_the_config():
     from keras_yolo_mgpu.cli.train import build_parser, config_from_args
 
     args = build_parser().parse_args(
-        ["--annotations", "a.txt", "--monitor", "val_mAP", "--lr-schedule", "cosine", "--warmup-epochs", "2"]
+        ["--annotations", "a.txt", "--recipe", "keras-yolo3", "--monitor", "val_mAP", "--lr-schedule", "cosine"]
+        + ["--warmup-epochs", "2"]
         + ["--ema", "0.999", "--log-dir", "x"]
     )
     config = config_from_args(args)
@@ -146,7 +147,8 @@ def test_train_flags_reach_the_config():
     assert config.pictures and not config_from_args(build_parser().parse_args(["--no-pictures"])).pictures
     config.validate()
     args = build_parser().parse_args(
-        ["--annotations", "a.txt", "--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "2"]
+        ["--annotations", "a.txt", "--recipe", "keras-yolo3", "--objectness-prior", "0.01", "--box-loss", "ciou"]
+        + ["--ciou-weight", "2"]
         + ["--iou-thresh", "0.213"]
     )
     config = config_from_args(args)

@@ -43,6 +43,11 @@ OPTIONS = {
     "multi_scale": ["--multi-scale", "32,96", "--steps-per-epoch", "12"],
     "mosaic": ["--mosaic", "0.5"],
     "iou_thresh": ["--iou-thresh", "0.213"],
+    # The named recipes (training/recipes.py) under _train's explicit schedule
+    # flags: the default's mAP, best by val_mAP, EMA, prior, iou_thresh and
+    # best/last-only checkpoints; keras-yolo3's alone.
+    "recipe_default": ["--recipe", "default"],
+    "recipe_keras_yolo3": ["--recipe", "keras-yolo3"],
 }
 # With the initialisation options too: these runs start from a seeded fresh
 # build (no --weights), which the objectness prior then changes.
@@ -51,7 +56,7 @@ ALL_TOGETHER = [
     *("--ema", "0.8", "--multi-scale", "32,96", "--mosaic", "0.5", "--steps-per-epoch", "6"),
     *("--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "1.5", "--iou-thresh", "0.213"),
 ]
-NEEDS_VALIDATION = {"eval_every_monitor_map"}
+NEEDS_VALIDATION = {"eval_every_monitor_map", "recipe_default"}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +108,9 @@ def _train(dataset, start_weights, log_dir, gpus, options, *, validation, epochs
         *("--batch-size", "4", "--steps-per-epoch", "2", "--seed", "0"),
         *("--epochs", str(epochs), "--freeze-epochs", str(freeze_epochs), "--freeze-body", "0"),
         *("--optimizer", "sgd", "--lr", "1e-4", "--lr2", "5e-5"),
+        # Each option on keras-yolo3's recipe, as before recipes existed; an
+        # option may name another recipe (later flags win).
+        *("--recipe", "keras-yolo3"),
         *(("--weights", start_weights) if start_weights else ()),
         *("--log-dir", str(log_dir), "--quiet"),
         *(("--val-annotations", dataset.val) if validation else ("--val-split", "0")),

@@ -35,6 +35,7 @@ import numpy as np
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.training.recipes import DEFAULT_RECIPE, RECIPES
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ DEFAULTS = dict(
     epochs=6,
     drop_epoch=None,
     batch_size=16,
-    lr=3e-3,
+    lr=RECIPES[DEFAULT_RECIPE]["lr1"],
     max_objects=4,
 )
 # The training recipe of `make demo` (TrainConfig's recipe fields): the best
@@ -68,7 +69,13 @@ DEFAULTS = dict(
 # learns a box, not only the best; `iou_thresh` row). Cosine with warm-up,
 # multi-scale, mosaic and the CIoU box loss cost mAP at the demo's length.
 # With `lr_schedule="cosine"` the rate decays over one stage.
-RECIPE: dict = dict(eval_every=1, monitor="val_mAP", ema=0.99, objectness_prior=0.01, iou_thresh=0.213)
+# It is train.py's default recipe (training/recipes.py), less the schedule
+# fields that `demo_train_config` sets from DEFAULTS (one stage at `lr`,
+# nothing frozen: the default recipe's too).
+RECIPE: dict = {
+    key: RECIPES[DEFAULT_RECIPE][key]
+    for key in ("eval_every", "monitor", "ema", "objectness_prior", "iou_thresh", "save_period")
+}
 # A smoke run: every stage, tiny sizes (tests/test_demo.py).
 QUICK = dict(num_train=24, num_val=8, image_size=64, epochs=1, drop_epoch=None, batch_size=8, lr=1e-3, max_objects=3)
 
@@ -381,7 +388,7 @@ def weights_to_evaluate(result, config) -> str:
     from keras_yolo_mgpu.training.recipe import BEST_WEIGHTS
 
     best = Path(result.log_dir) / BEST_WEIGHTS
-    if config.monitor == "val_mAP" and best.is_file():
+    if config.monitor in ("val_mAP", "val_mAP50") and best.is_file():
         return str(best)
     return result.final_weights
 

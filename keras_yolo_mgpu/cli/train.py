@@ -67,21 +67,34 @@ def build_parser() -> cli.ArgumentParser:
         help="refuse to start when the annotation check finds problems (default: skip bad lines)",
     )
     model = parser.add_argument_group("model")
-    cli.add_model_args(model, weights_help="start weights: .weights.h5, .keras, or a Keras 2 .h5 from keras-yolo3")
+    cli.add_model_args(
+        model,
+        weights_help="start weights: .weights.h5, .keras, a Keras 2 .h5 from keras-yolo3, or Darknet .weights "
+        "(converted as convert.py does; its cfg from --cfg, a .cfg beside it, or the official net's by file size)",
+    )
+    model.add_argument("--cfg", default=None, help="Darknet cfg of Darknet --weights (default: a .cfg beside them)")
     model.add_argument(
         "--weights-partial",
         action="store_true",
         help="start from --weights even where its layers do not fit the model: those layers keep their random "
         "initial values (default: refuse; only the output convs of another class count are replaced silently)",
     )
-    cli.add_freeze_args(model, default=2, help="stage 1: 1 freezes Darknet-53, 2 all but the output convs, 0 nothing")
+    cli.add_freeze_args(
+        model,
+        default=None,
+        help="stage 1: 1 freezes Darknet-53, 2 all but the output convs, 0 nothing (default: the recipe's)",
+    )
     recipe = parser.add_argument_group("recipe")
-    recipe.add_argument("--epochs", type=cli.positive_int, default=100, help="total epochs")
+    add_recipe_name_arg(recipe)
+    recipe.add_argument(
+        "--epochs", type=cli.positive_int, default=None, help="total epochs (default: the recipe's, 100)"
+    )
     recipe.add_argument(
         "--freeze-epochs",
         type=int,
         default=None,
-        help="end of stage 1 (frozen body); 0 skips stage 1 (default: half of --epochs, keras-yolo3's 50 of 100)",
+        help="end of stage 1 (--freeze-body frozen); 0 skips stage 1 (default: the recipe's: every epoch for default, "
+        "half of --epochs for keras-yolo3)",
     )
     recipe.add_argument(
         "--batch-size", type=cli.positive_int, default=32, help="GLOBAL batch size of stage 1 (split over the replicas)"
@@ -93,8 +106,10 @@ def build_parser() -> cli.ArgumentParser:
         help="global batch size of stage 2 (default: --batch-size)",
     )
     recipe.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    recipe.add_argument("--lr", "--lr1", dest="lr1", type=float, default=1e-3, help="stage 1 learning rate")
-    recipe.add_argument("--lr2", type=float, default=1e-4, help="stage 2 learning rate")
+    recipe.add_argument(
+        "--lr", "--lr1", dest="lr1", type=float, default=None, help="stage 1 learning rate (default: the recipe's)"
+    )
+    recipe.add_argument("--lr2", type=float, default=None, help="stage 2 learning rate (default: the recipe's)")
     recipe.add_argument(
         "--seed",
         type=int,
@@ -184,6 +199,27 @@ def add_precision_args(group) -> None:
     group.add_argument("--no-jit", dest="jit", action="store_const", const=False, help="no XLA, on GPUs too")
 
 
+def add_recipe_name_arg(group) -> None:
+    """--recipe and --save-period: the named set of defaults (training/recipes.py) and periodic checkpoints."""
+    from keras_yolo_mgpu.training.recipes import DEFAULT_RECIPE, RECIPES
+
+    group.add_argument(
+        "--recipe",
+        choices=tuple(RECIPES),
+        default=None,
+        help=f"named defaults for every recipe flag; a flag given overrides its part (default: {DEFAULT_RECIPE}, "
+        "the best measured; keras-yolo3: the original's two stages, see docs/training.md)",
+    )
+    group.add_argument(
+        "--save-period",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also keep the weights of every Nth epoch as ep*.weights.h5 (default: the recipe's: 0 = only "
+        "best.weights.h5 and last.weights.h5; keras-yolo3 keeps a file at every improvement)",
+    )
+
+
 def add_recipe_args(group) -> None:
     """The modern recipe's options (keras_yolo_mgpu/training/recipe.py); defaults are keras-yolo3's."""
     group.add_argument(
@@ -192,13 +228,13 @@ def add_recipe_args(group) -> None:
         default=None,
         metavar="N",
         help="COCO mAP@[.5:.95] / mAP@.5 on the validation set every N epochs, logged as val_mAP / val_mAP50 "
-        "(default: 0 = never, or 1 with --monitor val_mAP)",
+        "(default: the recipe's; 0 = never, 1 with --monitor val_mAP or val_mAP50)",
     )
     group.add_argument(
         "--monitor",
-        choices=("val_loss", "val_mAP"),
-        default="val_loss",
-        help="what checkpoints (best.weights.h5), ReduceLROnPlateau and EarlyStopping follow",
+        choices=("val_loss", "val_mAP", "val_mAP50"),
+        default=None,
+        help="what checkpoints (best.weights.h5), ReduceLROnPlateau and EarlyStopping follow (default: the recipe's)",
     )
     group.add_argument(
         "--lr-schedule",
@@ -212,7 +248,7 @@ def add_recipe_args(group) -> None:
     group.add_argument(
         "--ema",
         type=float,
-        default=0.0,
+        default=None,
         metavar="DECAY",
         help="exponential moving average of the weights (e.g. 0.999); evaluated and saved weights use it",
     )
@@ -230,10 +266,10 @@ def add_recipe_args(group) -> None:
     group.add_argument(
         "--objectness-prior",
         type=cli.unit_float,
-        default=0.0,
+        default=None,
         metavar="P",
         help="output convolutions not loaded from --weights start every cell at objectness P (e.g. 0.01; "
-        "default: 0 = keras-yolo3's zero bias, i.e. 0.5)",
+        "default: the recipe's; 0 = keras-yolo3's zero bias, i.e. 0.5)",
     )
     group.add_argument(
         "--box-loss",
@@ -265,7 +301,7 @@ _FLAG_FIELDS = {
 # Flags that name the run to resume or set the logging, not a setting of the
 # run: `verbose` is -v (debug logging), not TrainConfig.verbose (--quiet).
 _RUN_FLAGS = ("resume", "log_dir", "verbose")
-_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights", "data", "image_dir"}
+_PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights", "cfg", "data", "image_dir"}
 
 
 def _flag_field(dest: str):
@@ -275,18 +311,20 @@ def _flag_field(dest: str):
 
 def config_from_args(args):
     """The TrainConfig of a new run from its parsed flags."""
+    from keras_yolo_mgpu.training.recipes import DEFAULT_RECIPE, RECIPE_FIELDS, resolve_recipe
     from keras_yolo_mgpu.training.trainer import TrainConfig
 
     converted = {field: convert(getattr(args, dest)) for dest, (field, convert) in _FLAG_FIELDS.items()}
+    # Every recipe flag defaults to None: given ones override the recipe's values.
+    recipe = resolve_recipe(args.recipe or DEFAULT_RECIPE, {field: getattr(args, field) for field in RECIPE_FIELDS})
     return TrainConfig(
         **cli.flag_values(
             TrainConfig,
             args,
             **converted,
+            **recipe,
             resume=False,
-            freeze_epochs=args.epochs // 2 if args.freeze_epochs is None else args.freeze_epochs,
             log_dir=args.log_dir or next_log_dir(),
-            eval_every=(1 if args.monitor == "val_mAP" else 0) if args.eval_every is None else args.eval_every,
         )
     )
 
@@ -383,7 +421,7 @@ def run(args, given: dict | None = None) -> int:
             ("--annotations", args.annotations),
             ("--val-annotations", args.val_annotations),
             ("--classes", args.classes),
-            ("--anchors", args.anchors),
+            ("--anchors", None if args.anchors == "auto" else args.anchors),
             ("--weights", args.weights),
         ):
             if path and not os.path.isfile(path):

@@ -32,7 +32,9 @@ from keras_yolo_mgpu.training.schedules import SCHEDULES, LinearWarmup, PlateauA
 
 logger = logging.getLogger(__name__)
 
-MONITORS = ("val_loss", MAP_KEY)
+# mAP@[.5:.95] or mAP@0.5 (Darknet's `-map` keeps its best weights by the latter).
+MAP_MONITORS = (MAP_KEY, MAP50_KEY)
+MONITORS = ("val_loss", *MAP_MONITORS)
 BEST_WEIGHTS = "best.weights.h5"
 LAST_WEIGHTS = "last.weights.h5"
 
@@ -43,8 +45,8 @@ def validate_recipe(config) -> None:
         raise ValueError(f"eval_every must be >= 0 (0: no validation mAP). Received: eval_every={config.eval_every}")
     if config.monitor not in MONITORS:
         raise ValueError(f"monitor must be one of {MONITORS}. Received: monitor={config.monitor!r}")
-    if config.monitor == MAP_KEY and config.eval_every < 1:
-        raise ValueError("monitor='val_mAP' needs eval_every >= 1 (--eval-every N)")
+    if config.monitor in MAP_MONITORS and config.eval_every < 1:
+        raise ValueError(f"monitor={config.monitor!r} needs eval_every >= 1 (--eval-every N)")
     if config.lr_schedule not in SCHEDULES:
         raise ValueError(f"lr_schedule must be one of {SCHEDULES}. Received: lr_schedule={config.lr_schedule!r}")
     if not 0 <= config.warmup_epochs <= config.epochs:
@@ -74,7 +76,7 @@ def monitor_and_mode(config, has_validation: bool) -> tuple[str, str]:
         if config.eval_every:
             raise ValueError("--eval-every needs validation images (--val-annotations or --val-split > 0)")
         return "loss", "min"
-    return config.monitor, ("max" if config.monitor == MAP_KEY else "min")
+    return config.monitor, ("max" if config.monitor in MAP_MONITORS else "min")
 
 
 def make_optimizer(config, base_rate: float, first_epoch: int, steps_per_epoch: int):
@@ -151,7 +153,7 @@ class RecipeCallbacks:
 
     def monitored(self, callback):
         """`callback` as it must run when it follows the monitored value."""
-        if self.monitor == MAP_KEY and self.config.eval_every > 1:
+        if self.monitor in MAP_MONITORS and self.config.eval_every > 1:
             return OnEvaluatedEpochs(callback, MAP_KEY)
         return callback
 

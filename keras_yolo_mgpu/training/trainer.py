@@ -70,6 +70,8 @@ class TrainConfig:
     masks: list | None = None
     input_shape: tuple[int, int] = (416, 416)
     weights: str | None = None
+    # Darknet cfg of Darknet `.weights` start weights (weights/start_weights.py).
+    cfg: str | None = None
     weights_partial: bool = False
     val_annotations: str | None = None
     val_split: float = 0.1
@@ -124,6 +126,13 @@ class TrainConfig:
     # The run's pictures (training.pictures): labels.jpg, train_batch*.jpg,
     # results.png, val_pred.jpg.
     pictures: bool = True
+    # The named recipe the values came from (training/recipes.py); a run
+    # folder from before recipes existed resumes as keras-yolo3's.
+    recipe: str = "keras-yolo3"
+    # Periodic checkpoints (training/checkpoint_policy.py): None writes
+    # keras-yolo3's ep*.weights.h5 at every improvement, 0 none (best and
+    # last only), N every Nth epoch.
+    save_period: int | None = None
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -158,6 +167,9 @@ class TrainConfig:
         from keras_yolo_mgpu.training.recipe import validate_recipe
 
         validate_recipe(self)
+        from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period
+
+        validate_save_period(self.save_period)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -213,16 +225,18 @@ def _model_settings(config: TrainConfig, class_names: list[str] | None = None):
     from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
 
     class_names = get_classes(config.classes) if class_names is None else list(class_names)
+    # --anchors auto: these anchors until the boxes are read (training/anchor_fit.py).
+    anchors_path = None if config.anchors == "auto" else config.anchors
     start = read_metadata(config.weights) if config.weights and os.path.isfile(config.weights) else None
     requested = model_name(config.model, config.tiny)
     if start is None:
-        anchors = get_anchors(resolve_resource(config.anchors, "anchors", tiny=config.tiny, model=requested))
+        anchors = get_anchors(resolve_resource(anchors_path, "anchors", tiny=config.tiny, model=requested))
         kind = get_architecture(requested, len(anchors)).name
         return class_names, anchors, resolve_masks(config.masks, len(anchors)), kind
     if config.model is not None and config.model != start.kind:
         raise MetadataError(f"--model says {config.model} but the start weights {config.weights} are {start.kind}")
-    if config.anchors:
-        anchors = get_anchors(config.anchors)
+    if anchors_path:
+        anchors = get_anchors(anchors_path)
     elif config.tiny and len(start.anchors) != 6:
         raise MetadataError(f"--tiny says tiny YOLOv3 but the start weights {config.weights} are {start.kind}")
     else:
@@ -495,16 +509,20 @@ class _TrainingRun:
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
         from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
+        from keras_yolo_mgpu.training.anchor_fit import run_anchors
         from keras_yolo_mgpu.training.training_data import open_training_data
         from keras_yolo_mgpu.weights.metadata import make_metadata
+        from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
 
         config = self.config
+        resolve_start_weights(config, self.run_dir)
         data = open_training_data(config)
         self.class_names, self.anchors, self.masks, self.kind = _model_settings(config, data.class_names)
         self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
+        self.train_annotations, self.val_annotations = data.splits(self.run_dir)
+        self.anchors = run_anchors(config, self.anchors, self.masks, self.train_annotations, self.run_dir)
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
-        self.train_annotations, self.val_annotations = data.splits(self.run_dir)
         logger.info(
             "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
             len(self.train_annotations),
@@ -623,6 +641,7 @@ class _TrainingRun:
         import keras
 
         from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
+        from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
         from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
         from keras_yolo_mgpu.training.recipe import RecipeCallbacks
 
@@ -639,7 +658,7 @@ class _TrainingRun:
             kind=self.kind,
         )
         checkpoint_pattern = CHECKPOINT_PATTERN if self.val_annotations else CHECKPOINT_PATTERN_NO_VAL
-        if self.recipe.monitor == "val_mAP":
+        if self.recipe.monitor in ("val_mAP", "val_mAP50"):
             checkpoint_pattern = CHECKPOINT_PATTERN_MAP
         self.throughput = Throughput(self.batch_sizes[0])
         self.common_callbacks = [
@@ -654,7 +673,7 @@ class _TrainingRun:
                 results=self.config.pictures,
             ),
             keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
-            self.recipe.best_checkpoint(os.path.join(run_dir, checkpoint_pattern)),
+            *epoch_checkpoints(self.config, self.recipe, run_dir, checkpoint_pattern, self.body, self.metadata),
         ]
 
     def datasets(self, batch: int, start_position: int):

@@ -1,0 +1,136 @@
+"""How well a run's anchors fit its training boxes, and `--anchors auto`.
+
+At the start of every run `report_anchor_fit` logs, at the network's input
+size (boxes scaled as the letterbox scales them):
+
+- best possible recall (BPR), as YOLOv5's AutoAnchor defines it: for a box
+  (w, h) and an anchor (aw, ah) the ratio metric is
+  r = min(w / aw, aw / w, h / ah, ah / h); each box keeps its best anchor's
+  r; BPR is the fraction of boxes whose best r exceeds 1 / 4.0 (a box more
+  than 4x off every anchor in width or height is hard to learn);
+- the mean best IoU of the boxes with the anchors (centred width/height IoU,
+  keras-yolo3's assignment measure).
+
+Only anchors that an output scale uses (its masks) count: the tiny masks
+[[3,4,5],[1,2,3]] leave anchor 0 without an output. A BPR under 0.98
+(AutoAnchor's threshold) is warned about. `--anchors auto` fits the used
+anchors with the project's k-means (data/kmeans.py) instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# YOLOv5's `anchor_t`: a box and an anchor match when neither side is more than 4x off.
+RATIO_THRESHOLD = 4.0
+# Below this BPR, YOLOv5 re-fits its anchors.
+GOOD_BPR = 0.98
+AUTO = "auto"
+ANCHORS_FILE = "anchors.txt"
+
+
+def box_sizes_at_input(annotations, input_shape) -> np.ndarray:
+    """`(N, 2)` float64 widths and heights of every box, scaled into the `(height, width)` input as the letterbox does.
+
+    Boxes without area are left out.
+    """
+    from keras_yolo_mgpu.data.images import image_size
+
+    height, width = input_shape
+    sizes = []
+    for annotation in annotations:
+        if not len(annotation.boxes):
+            continue
+        image_width, image_height = image_size(annotation.image_path)
+        wh = (annotation.boxes[:, 2:4] - annotation.boxes[:, 0:2]).astype(np.float64)
+        sizes.append(wh * min(width / image_width, height / image_height))
+    sizes = np.concatenate(sizes) if sizes else np.zeros((0, 2))
+    return sizes[(sizes > 0).all(axis=1)]
+
+
+def best_ratio(sizes: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    """`(N,)` best ratio metric of each box (`(N, 2)`) over the anchors (`(A, 2)`), in (0, 1]."""
+    ratio = np.asarray(sizes, np.float64)[:, None, :] / np.asarray(anchors, np.float64)[None, :, :]
+    return np.minimum(ratio, 1.0 / ratio).min(axis=2).max(axis=1)
+
+
+def best_possible_recall(sizes: np.ndarray, anchors: np.ndarray, threshold: float = RATIO_THRESHOLD) -> float:
+    """Fraction of boxes whose best anchor's ratio metric exceeds `1 / threshold` (YOLOv5's BPR)."""
+    if not len(sizes):
+        return float("nan")
+    return float((best_ratio(sizes, anchors) > 1.0 / threshold).mean())
+
+
+def used_anchors(anchors: np.ndarray, masks) -> np.ndarray:
+    """The anchors some output scale uses, in index order."""
+    return np.asarray(anchors)[sorted({index for mask in masks for index in mask})]
+
+
+def report_anchor_fit(sizes: np.ndarray, anchors: np.ndarray, masks, input_shape) -> tuple[float, float]:
+    """Logs BPR and mean best IoU of the used anchors; warns when BPR < `GOOD_BPR`. Returns (BPR, mean best IoU)."""
+    from keras_yolo_mgpu.data.kmeans import mean_iou
+
+    if not len(sizes):
+        logger.info("anchor fit: no boxes to measure")
+        return float("nan"), float("nan")
+    used = used_anchors(anchors, masks)
+    bpr, iou = best_possible_recall(sizes, used), mean_iou(sizes, used)
+    text = "anchor fit at input %dx%d: best possible recall %.4f (YOLOv5's, ratio < 4), mean best IoU %.3f, %d boxes"
+    logger.info(text, *input_shape, bpr, iou, len(sizes))
+    if bpr < GOOD_BPR:
+        logger.warning(
+            "the anchors fit this dataset badly: best possible recall %.4f < %.2f (%.1f %% of the boxes are more "
+            "than 4x off every anchor in width or height). Consider --anchors auto (k-means on these boxes); "
+            "pretrained output layers were trained for their own anchors.",
+            bpr,
+            GOOD_BPR,
+            100 * (1 - bpr),
+        )
+    return bpr, iou
+
+
+def fit_anchors(sizes: np.ndarray, num_anchors: int, masks, seed: int = 0) -> np.ndarray:
+    """`(num_anchors, 2)` anchors fitted to `sizes` by k-means, one per index the masks use.
+
+    The used indices get the k-means centres in order of area; an unused
+    index (anchor 0 of the tiny masks) gets a quarter of the smallest box,
+    so it is never a box's best anchor and no box goes without a target.
+    """
+    from keras_yolo_mgpu.data.kmeans import kmeans_anchors, round_anchors
+
+    used = sorted({index for mask in masks for index in mask})
+    if len(sizes) < len(used):
+        raise ValueError(f"--anchors auto needs at least {len(used)} boxes; the training set has {len(sizes)}")
+    fitted, _ = kmeans_anchors(sizes, len(used), seed=seed)
+    anchors = np.tile(np.maximum(np.floor(sizes.min(axis=0) / 4), 1), (num_anchors, 1))
+    anchors[used] = round_anchors(fitted)
+    return anchors.astype(np.float32)
+
+
+def run_anchors(config, anchors: np.ndarray, masks, train_annotations, run_dir: str) -> np.ndarray:
+    """The run's anchors: `anchors`, or with `config.anchors == "auto"` k-means ones; logs their fit.
+
+    A fitted set is written to `run_dir/anchors.txt`; a resumed run reads
+    it back, so it trains with the anchors it started with.
+    """
+    import os
+
+    from keras_yolo_mgpu.resources import format_anchors, get_anchors
+
+    sizes = box_sizes_at_input(train_annotations, config.input_shape)
+    if config.anchors == AUTO:
+        path = os.path.join(run_dir, ANCHORS_FILE)
+        if config.resume and os.path.isfile(path):
+            anchors = get_anchors(path)
+        else:
+            report_anchor_fit(sizes, anchors, masks, config.input_shape)
+            anchors = fit_anchors(sizes, len(anchors), masks, seed=0)
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(format_anchors(anchors) + "\n")
+            logger.info("--anchors auto: k-means anchors %s (written to %s)", format_anchors(anchors), path)
+    report_anchor_fit(sizes, anchors, masks, config.input_shape)
+    return anchors

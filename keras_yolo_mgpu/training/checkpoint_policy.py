@@ -1,0 +1,67 @@
+"""Which epoch checkpoints a run keeps besides `best.weights.h5` and `last.weights.h5`.
+
+`TrainConfig.save_period`:
+
+- None: keras-yolo3's `ep*.weights.h5` at every epoch whose monitored value
+  improves (35 MB each for tiny YOLOv3, ~240 MB for YOLOv3);
+- 0: none (`best` and `last` are always kept, and `--resume` has its own
+  run-state files);
+- N >= 1: the weights of every Nth epoch (epoch 2N, 3N, ... counted from
+  the run's first epoch, the same on a resumed run).
+"""
+
+from __future__ import annotations
+
+from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
+
+PERIODIC_PATTERN = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
+
+
+class EveryNthEpochCheckpoint(TemplateModelCheckpoint):
+    """The template's weights at the end of every epoch whose number (1-based) divides by `period`.
+
+    Counted from the epoch number, not from the first epoch the callback
+    sees, so both stages and a resumed run keep the same files.
+    """
+
+    def __init__(self, filepath, template_model, period: int, metadata=None):
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"save_period must be a positive integer (epochs). Received: {period!r}")
+        super().__init__(filepath, template_model, save_best_only=False, metadata=metadata)
+        self.every = period
+
+    def _save_model(self, epoch, batch, logs):
+        if batch is None and (epoch + 1) % self.every:
+            return
+        super()._save_model(epoch, batch, logs)
+
+
+def validate_save_period(save_period) -> None:
+    """Raises ValueError unless `save_period` is None or an integer >= 0."""
+    if save_period is None:
+        return
+    if isinstance(save_period, bool) or not isinstance(save_period, int) or save_period < 0:
+        raise ValueError(
+            f"save_period must be >= 0 (0: best and last only) or None (keras-yolo3's file per improvement). "
+            f"Received: save_period={save_period!r}"
+        )
+
+
+def epoch_checkpoints(config, recipe, run_dir: str, improvement_pattern: str, template_model, metadata) -> list:
+    """The epoch checkpoint callbacks of a run (a list of 0 or 1).
+
+    Args:
+        config: the run's `TrainConfig` (reads `save_period`).
+        recipe: its `training.recipe.RecipeCallbacks` (for the per-improvement checkpoint).
+        run_dir: the folder the files go to.
+        improvement_pattern: file name pattern of keras-yolo3's per-improvement files.
+        template_model, metadata: what `TemplateModelCheckpoint` saves.
+    """
+    import os
+
+    if config.save_period is None:
+        return [recipe.best_checkpoint(os.path.join(run_dir, improvement_pattern))]
+    if config.save_period == 0:
+        return []
+    path = os.path.join(run_dir, PERIODIC_PATTERN)
+    return [EveryNthEpochCheckpoint(path, template_model, config.save_period, metadata)]

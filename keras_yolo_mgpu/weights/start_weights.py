@@ -1,0 +1,99 @@
+"""Darknet `.weights` as a run's start weights (`train.py --weights yolov3-tiny.weights`).
+
+The file is converted exactly as `convert.py` converts it (`weights.convert`,
+default masks and batch-norm convention) into the run folder, and the run
+trains from the converted file. Its cfg is `--cfg`, else a `.cfg` of the
+same name beside the file, else, when the file's size is one of the four
+official nets', that net's cfg (`yolov3-tiny.cfg`, ...) beside the file.
+`start_weights.json` in the run folder records where the weights came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+DARKNET_SUFFIX = ".weights"
+CONVERTED = "start_weights.weights.h5"
+SOURCE_RECORD = "start_weights.json"
+# Bytes of the official Darknet files, header included (docs/training.md).
+OFFICIAL_SIZES = {
+    248_007_048: "yolov3",
+    35_434_956: "yolov3-tiny",
+    257_717_640: "yolov4",
+    24_251_276: "yolov4-tiny",
+}
+
+
+def is_darknet_weights(path: str | None) -> bool:
+    """True for a Darknet `.weights` file (not a Keras `.weights.h5`)."""
+    return bool(path) and path.endswith(DARKNET_SUFFIX)
+
+
+def find_cfg(weights_path: str, cfg_path: str | None = None) -> str:
+    """The Darknet cfg of `weights_path`: `cfg_path`, a same-named `.cfg`, or the official net's by file size.
+
+    Raises:
+        FileNotFoundError: no cfg found; the message says where it looked
+            and which official net the size matches, if any.
+    """
+    if cfg_path:
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"--cfg: file not found: {cfg_path}")
+        return cfg_path
+    folder = os.path.dirname(os.path.abspath(weights_path))
+    candidates = [weights_path[: -len(DARKNET_SUFFIX)] + ".cfg"]
+    official = OFFICIAL_SIZES.get(os.path.getsize(weights_path))
+    if official:
+        candidates.append(os.path.join(folder, official + ".cfg"))
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return candidate
+    recognised = f"; its size is the official {official}'s" if official else ""
+    raise FileNotFoundError(
+        f"{weights_path} is Darknet weights: its network needs a cfg{recognised}. Looked for "
+        f"{' and '.join(candidates)}; pass --cfg path/to/net.cfg"
+    )
+
+
+def _md5(path: str) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_start_weights(config, run_dir: str) -> None:
+    """Points `config.weights` at a Keras file: Darknet weights are converted into `run_dir` first.
+
+    A resumed run reuses its converted file. Leaves a `.weights.h5` /
+    `.keras` / `.h5` path as it is. `args.json` keeps the Darknet path
+    (written before this runs); `run_dir/start_weights.json` records the
+    source file, its cfg, size and md5.
+    """
+    if not is_darknet_weights(config.weights):
+        return
+    converted = os.path.join(run_dir, CONVERTED)
+    if not (config.resume and os.path.isfile(converted)):
+        from keras_yolo_mgpu.weights.convert import convert
+
+        cfg = find_cfg(config.weights, config.cfg)
+        logger.info("--weights %s: Darknet weights, converting with %s (as convert.py)", config.weights, cfg)
+        result = convert(cfg, config.weights, converted)
+        record = {
+            "source": os.path.abspath(config.weights),
+            "cfg": os.path.abspath(cfg),
+            "bytes": os.path.getsize(config.weights),
+            "md5": _md5(config.weights),
+            "official_net": OFFICIAL_SIZES.get(os.path.getsize(config.weights)),
+            "architecture": result.architecture,
+            "converted": converted,
+        }
+        with open(os.path.join(run_dir, SOURCE_RECORD), "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2)
+    config.weights = converted

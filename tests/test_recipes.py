@@ -1,0 +1,217 @@
+"""Named recipes (--recipe), checkpoints kept, anchor fit and Darknet start weights.
+
+`keras-yolo3`'s recipe must be today's defaults exactly: the resolved
+configuration (below) and the weights of a run (bit for bit against the
+same run with those values spelled out as flags). The float64 1-vs-N runs
+of both recipes are in test_recipe_equivalence.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DARKNET = os.environ.get("DARKNET_CFG_DIR", os.path.join(REPO, "..", "shared", "darknet"))
+# The values train.py used before recipes existed (its argparse defaults and
+# config_from_args's rules), written out: epochs 100, stage 1 the first half
+# with all but the output convs frozen, Adam 1e-3 then 1e-4, val_loss
+# monitored with no mAP, no EMA, zero output bias, the model's anchor
+# assignment, a file per improving epoch.
+KERAS_YOLO3_VALUES = dict(
+    epochs=100,
+    freeze_epochs=50,
+    freeze_body=2,
+    optimizer="adam",
+    lr1=1e-3,
+    lr2=1e-4,
+    eval_every=0,
+    monitor="val_loss",
+    lr_schedule="plateau",
+    warmup_epochs=0.0,
+    ema=0.0,
+    objectness_prior=0.0,
+    iou_thresh=None,
+    save_period=None,
+    batch_size=32,
+)
+
+
+def _config(*flags):
+    from keras_yolo_mgpu.cli.train import build_parser, config_from_args
+
+    return config_from_args(build_parser().parse_args(["--annotations", "a.txt", "--log-dir", "x", *flags]))
+
+
+def test_keras_yolo3_recipe_resolves_to_the_old_defaults():
+    from keras_yolo_mgpu.training.trainer import TrainConfig
+
+    config = _config("--recipe", "keras-yolo3")
+    assert {key: getattr(config, key) for key in KERAS_YOLO3_VALUES} == KERAS_YOLO3_VALUES
+    # Every other setting too: TrainConfig's own defaults are keras-yolo3's.
+    plain = TrainConfig(annotations="a.txt", classes=None, log_dir="x")
+    assert dataclasses.asdict(config) == dataclasses.asdict(plain)
+    assert _config("--recipe", "keras-yolo3", "--epochs", "16").freeze_epochs == 8  # half, as before
+
+
+def test_default_recipe_and_explicit_flags_override_only_their_part():
+    config = _config()
+    assert config.recipe == "default"
+    assert (config.epochs, config.freeze_epochs, config.freeze_body, config.lr1) == (100, 100, 0, 3e-3)
+    assert (config.eval_every, config.monitor, config.ema, config.objectness_prior) == (1, "val_mAP50", 0.99, 0.01)
+    assert (config.iou_thresh, config.save_period) == (0.213, 0)
+    config = _config("--epochs", "16", "--ema", "0", "--save-period", "4")
+    assert (config.epochs, config.freeze_epochs, config.ema, config.save_period) == (16, 16, 0.0, 4)
+    assert (config.monitor, config.objectness_prior) == ("val_mAP50", 0.01)  # untouched parts stay the recipe's
+    config = _config("--recipe", "keras-yolo3", "--monitor", "val_mAP")
+    assert (config.monitor, config.eval_every, config.ema) == ("val_mAP", 1, 0.0)
+
+
+def test_args_json_from_before_recipes_resumes_as_keras_yolo3():
+    from keras_yolo_mgpu.training.trainer import TrainConfig
+
+    saved = json.loads(_config("--recipe", "keras-yolo3").to_json())
+    for key in ("recipe", "save_period", "cfg"):  # settings an older args.json lacks
+        del saved[key]
+    config = TrainConfig.from_json(json.dumps(saved))
+    assert (config.recipe, config.save_period, config.cfg) == ("keras-yolo3", None, None)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_synthetic_dataset(tmp_path_factory.mktemp("data"), num_train=8, num_val=4, image_size=64, seed=0)
+
+
+def _run(dataset, log_dir, *flags):
+    """train.py's main on 64 px tiny YOLOv3, 2 steps per epoch; returns the run folder's files."""
+    from keras_yolo_mgpu.cli.train import main
+
+    argv = [
+        *("--annotations", dataset.train, "--val-annotations", dataset.val, "--classes", dataset.classes),
+        *("--tiny", "--input-size", "64", "--batch-size", "4", "--steps-per-epoch", "2", "--seed", "0"),
+        *("--log-dir", str(log_dir), "--quiet", *flags),
+    ]
+    assert main(argv) == 0
+    return sorted(os.listdir(log_dir))
+
+
+def _arrays(path):
+    import h5py
+
+    arrays = {}
+    with h5py.File(path, "r") as handle:
+        handle.visititems(lambda name, item: arrays.update({name: np.array(item)}) if hasattr(item, "dtype") else None)
+    return arrays
+
+
+def test_keras_yolo3_recipe_gives_the_weights_of_the_old_defaults_spelled_out(dataset, tmp_path):
+    final = "trained_weights_final.weights.h5"
+    named = _run(dataset, tmp_path / "named", "--recipe", "keras-yolo3", "--epochs", "2")
+    spelled = [
+        *("--epochs", "2", "--freeze-epochs", "1", "--freeze-body", "2", "--optimizer", "adam"),
+        *("--lr", "1e-3", "--lr2", "1e-4", "--monitor", "val_loss", "--eval-every", "0"),
+        *("--ema", "0", "--objectness-prior", "0", "--iou-thresh", "1", "--save-period", "1"),
+    ]
+    _run(dataset, tmp_path / "spelled", *spelled)  # under the default recipe
+    first, second = _arrays(tmp_path / "named" / final), _arrays(tmp_path / "spelled" / final)
+    assert first.keys() == second.keys()
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    # keras-yolo3's recipe keeps its file per improving epoch.
+    assert any(name.startswith("ep001-") for name in named)
+
+
+def test_default_recipe_keeps_best_last_and_periodic_files_only(dataset, tmp_path):
+    # Epoch 1 is the first evaluated epoch, an improvement: keras-yolo3 would write ep001-*.
+    files = _run(dataset, tmp_path / "periodic", "--epochs", "2", "--save-period", "2")
+    assert {"best.weights.h5", "last.weights.h5", "trained_weights_final.weights.h5"} <= set(files)
+    assert [name for name in files if name.startswith("ep")] == [f for f in files if f.startswith("ep002-")]
+    assert len([name for name in files if name.startswith("ep")]) == 1
+
+
+# --- anchor fit -------------------------------------------------------------
+# Hand-computed with YOLOv5 AutoAnchor's definitions: r = min(w/aw, aw/w, h/ah, ah/h),
+# best r per box, BPR = share of boxes with best r > 1/4; IoU of centred boxes.
+#   box (10,10):  anchor (10,10) r 1                       IoU 1
+#   box (40,10):  (10,10) r min(4,.25,1,1)=.25; (50,50) .2  IoU max(100/400, 400/2500) = .25
+#   box (100,100): (50,50) r .5                             IoU 2500/10000 = .25
+# BPR: .25 is not > .25, so 2 of 3; mean best IoU (1 + .25 + .25) / 3 = .5.
+SIZES = np.array([[10, 10], [40, 10], [100, 100]], float)
+ANCHORS = np.array([[10, 10], [50, 50]], float)
+
+
+def test_best_possible_recall_and_mean_iou_match_the_hand_computed_reference():
+    from keras_yolo_mgpu.data.kmeans import mean_iou
+    from keras_yolo_mgpu.training.anchor_fit import best_possible_recall, best_ratio
+
+    np.testing.assert_allclose(best_ratio(SIZES, ANCHORS), [1.0, 0.25, 0.5])
+    assert best_possible_recall(SIZES, ANCHORS) == pytest.approx(2 / 3)
+    assert best_possible_recall(SIZES, ANCHORS, threshold=4.01) == 1.0
+    assert mean_iou(SIZES, ANCHORS) == pytest.approx(0.5)
+
+
+def test_report_counts_used_anchors_only_and_warns(caplog):
+    from keras_yolo_mgpu.training.anchor_fit import fit_anchors, report_anchor_fit
+
+    anchors = np.array([[100, 100], [10, 10], [50, 50]], float)  # anchor 0 unused by the masks
+    with caplog.at_level("INFO"):
+        bpr, iou = report_anchor_fit(SIZES, anchors, [[1, 2]], (416, 416))
+    assert (bpr, iou) == (pytest.approx(2 / 3), pytest.approx(0.5))
+    assert "fit this dataset badly" in caplog.text and "--anchors auto" in caplog.text
+    fitted = fit_anchors(SIZES, 3, [[1, 2]])
+    assert (fitted[0] == [2, 2]).all()  # a quarter of the smallest box: never a box's best
+    assert report_anchor_fit(SIZES, fitted, [[1, 2]], (416, 416))[0] == 1.0
+
+
+# --- Darknet start weights ---------------------------------------------------
+
+
+def _tiny_darknet(tmp_path, name="net.weights"):
+    from keras_yolo_mgpu.weights import darknet
+
+    cfg = os.path.join(SHARED_DARKNET, "yolov3-tiny.cfg")
+    if not os.path.isfile(cfg):
+        pytest.skip(f"{cfg} not available")
+    convs, _ = darknet.infer_layers(darknet.parse_cfg(cfg))
+    weights = tmp_path / name
+    darknet.write_weights(weights, darknet.random_weights(convs, seed=3))
+    return cfg, str(weights)
+
+
+def test_darknet_cfg_found_beside_or_by_official_size(tmp_path):
+    from keras_yolo_mgpu.weights.start_weights import find_cfg
+
+    cfg, weights = _tiny_darknet(tmp_path)
+    # Generated with the official cfg: the official file's size, 35,434,956 bytes.
+    assert os.path.getsize(weights) == 35_434_956
+    with pytest.raises(FileNotFoundError, match="official yolov3-tiny's"):
+        find_cfg(weights)
+    shutil.copy(cfg, tmp_path / "yolov3-tiny.cfg")
+    assert find_cfg(weights) == str(tmp_path / "yolov3-tiny.cfg")
+    shutil.copy(cfg, tmp_path / "net.cfg")
+    assert find_cfg(weights) == str(tmp_path / "net.cfg")
+    with pytest.raises(FileNotFoundError, match="--cfg"):
+        find_cfg(weights, str(tmp_path / "missing.cfg"))
+
+
+def test_train_from_darknet_weights_converts_as_convert_py(dataset, tmp_path):
+    from keras_yolo_mgpu.cli.convert import main as convert_main
+
+    cfg, weights = _tiny_darknet(tmp_path)
+    assert convert_main([cfg, weights, str(tmp_path / "by_convert_py.weights.h5")]) == 0
+    run = tmp_path / "run"
+    _run(dataset, run, "--recipe", "keras-yolo3", "--weights", weights, "--cfg", cfg, "--epochs", "1")
+    ours, reference = _arrays(run / "start_weights.weights.h5"), _arrays(tmp_path / "by_convert_py.weights.h5")
+    assert ours.keys() == reference.keys()
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
+    record = json.loads((run / "start_weights.json").read_text())
+    assert record["source"] == os.path.abspath(weights) and record["official_net"] == "yolov3-tiny"
+    assert json.loads((run / "args.json").read_text())["weights"] == weights  # the source, for --resume
