@@ -220,6 +220,53 @@ def _breakdown(sides, rounds) -> dict:
     return report
 
 
+def _check_options(variants: tuple[str, ...], optimizer: str, reference: str | None) -> None:
+    """Raises ValueError for a variant, optimizer or reference that cannot be timed, before any device is set up."""
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}")
+    if "keras-adam" in variants and optimizer != "adam":
+        raise ValueError("variant keras-adam compares Adam updates: add optimizer='adam' (--optimizer adam)")
+    if reference not in (None, *REFERENCES):
+        raise ValueError(f"reference must be one of {REFERENCES}. Received: reference={reference!r}")
+
+
+def _time_rounds(sides: list, warmup_steps: int, steps: int, rounds: int, on_round) -> None:
+    """Warms every side up, then times `rounds` x `steps` steps per side, alternating their order each round."""
+    for side in sides:  # tracing, first-step allocations
+        side.fit(warmup_steps)
+        side.cpu_times.clear()
+    for round_index in range(rounds):
+        for side in sides if round_index % 2 == 0 else sides[::-1]:
+            side.rounds.append(side.fit(steps))
+        if on_round:
+            on_round(round_index, {side.name: side.images_per_sec(side.rounds[-1]) for side in sides})
+
+
+def _add_side_figures(result: dict, sides: list) -> None:
+    """Adds each side's images/sec, step times and CPU times to `result`, and every other side's ratio to ours."""
+    for side in sides:
+        per_round = [round(side.images_per_sec(times), 2) for times in side.rounds]
+        key = "" if side.name == "ours" else f"{side.name}_"
+        result[f"{key}images_per_sec_rounds"] = per_round
+        result[f"{key}images_per_sec"] = round(statistics.median(per_round), 2)
+        result[f"{key}median_step_ms"] = round(statistics.median([t for r in side.rounds for t in r]) * 1000, 2)
+        # Process CPU time (all threads) per step: the work done, less sensitive to other jobs' load.
+        result[f"{key}median_step_cpu_ms"] = round(statistics.median(side.cpu_times) * 1000, 2)
+    ours = sides[0]
+    for side in sides[1:]:
+        ratios = [ours.images_per_sec(a) / side.images_per_sec(b) for a, b in zip(ours.rounds, side.rounds)]
+        result[f"ratio_vs_{side.name}"] = round(result["images_per_sec"] / result[f"{side.name}_images_per_sec"], 3)
+        result[f"ratio_vs_{side.name}_rounds"] = [round(r, 3) for r in ratios]
+        # Rounds are back to back: their ratio is the least affected by load drifting during the run.
+        result[f"ratio_vs_{side.name}_median_of_rounds"] = round(statistics.median(ratios), 3)
+        result[f"cpu_ratio_vs_{side.name}"] = round(
+            statistics.median(side.cpu_times) / statistics.median(ours.cpu_times), 3
+        )
+
+
 def run_train_benchmark(
     *,
     gpus: int | None = None,
@@ -247,6 +294,8 @@ def run_train_benchmark(
 ) -> dict:
     """Times `rounds` x `steps` training steps per side after `warmup_steps`; returns the result record.
 
+    Long only for its keyword arguments and their docstring: the body is one short step per line.
+
     Args:
         batch_size: GLOBAL batch (default: 8 per replica); must divide over the replicas.
         model: the network (`model.architectures.MODEL_NAMES`); `tiny` is the
@@ -271,15 +320,7 @@ def run_train_benchmark(
     Raises:
         ValueError: a combination that cannot be timed (see the messages).
     """
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        raise ValueError(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}")
-    if "keras-adam" in variants and optimizer != "adam":
-        raise ValueError("variant keras-adam compares Adam updates: add optimizer='adam' (--optimizer adam)")
-    if reference not in (None, *REFERENCES):
-        raise ValueError(f"reference must be one of {REFERENCES}. Received: reference={reference!r}")
+    _check_options(variants, optimizer, reference)
     if simulate and simulated_gpu_memory_mb:
         from keras_yolo_mgpu.parallel import devices as device_selection
 
@@ -325,14 +366,7 @@ def run_train_benchmark(
         sides.append(_build_reference(options, anchors, x, y, global_batch))
     sides += [_build_ours(name, options, engine, anchors, x, y, global_batch) for name in variants]
 
-    for side in sides:  # tracing, first-step allocations
-        side.fit(warmup_steps)
-        side.cpu_times.clear()
-    for round_index in range(rounds):
-        for side in sides if round_index % 2 == 0 else sides[::-1]:
-            side.rounds.append(side.fit(steps))
-        if on_round:
-            on_round(round_index, {side.name: side.images_per_sec(side.rounds[-1]) for side in sides})
+    _time_rounds(sides, warmup_steps, steps, rounds, on_round)
 
     result = {
         "benchmark": "train",
@@ -350,24 +384,7 @@ def run_train_benchmark(
         "steps_per_round": steps,
         "rounds": rounds,
     }
-    for side in sides:
-        per_round = [round(side.images_per_sec(times), 2) for times in side.rounds]
-        key = "" if side.name == "ours" else f"{side.name}_"
-        result[f"{key}images_per_sec_rounds"] = per_round
-        result[f"{key}images_per_sec"] = round(statistics.median(per_round), 2)
-        result[f"{key}median_step_ms"] = round(statistics.median([t for r in side.rounds for t in r]) * 1000, 2)
-        # Process CPU time (all threads) per step: the work done, less sensitive to other jobs' load.
-        result[f"{key}median_step_cpu_ms"] = round(statistics.median(side.cpu_times) * 1000, 2)
-    ours = sides[0]
-    for side in sides[1:]:
-        ratios = [ours.images_per_sec(a) / side.images_per_sec(b) for a, b in zip(ours.rounds, side.rounds)]
-        result[f"ratio_vs_{side.name}"] = round(result["images_per_sec"] / result[f"{side.name}_images_per_sec"], 3)
-        result[f"ratio_vs_{side.name}_rounds"] = [round(r, 3) for r in ratios]
-        # Rounds are back to back: their ratio is the least affected by load drifting during the run.
-        result[f"ratio_vs_{side.name}_median_of_rounds"] = round(statistics.median(ratios), 3)
-        result[f"cpu_ratio_vs_{side.name}"] = round(
-            statistics.median(side.cpu_times) / statistics.median(ours.cpu_times), 3
-        )
+    _add_side_figures(result, sides)
     if breakdown:
         result["breakdown"] = _breakdown(sides, rounds)
     return result

@@ -75,12 +75,7 @@ def build_parser() -> cli.ArgumentParser:
     )
     devices = parser.add_argument_group("devices")
     cli.add_device_args(devices)
-    devices.add_argument(
-        "--parallel",
-        choices=("strategy", "multi_gpu_model"),
-        default="strategy",
-        help="tf.distribute MirroredStrategy or the in-graph multi_gpu_model",
-    )
+    cli.add_parallel_arg(devices)
     parser.add_argument("--top", type=cli.positive_int, default=20, help="layers listed (largest difference first)")
     return parser
 

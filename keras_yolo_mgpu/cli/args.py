@@ -213,6 +213,17 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_parallel_arg(parser: argparse.ArgumentParser) -> None:
+    """--parallel: how the replicas run (train.py, align, the training benchmark); parallel.engine builds it."""
+    parser.add_argument(
+        "--parallel",
+        choices=("strategy", "multi_gpu_model"),
+        default="strategy",
+        help="tf.distribute strategy (MirroredStrategy, or --strategy's) or the in-graph multi_gpu_model "
+        "(default: strategy)",
+    )
+
+
 def add_iou_thresh_arg(parser: argparse.ArgumentParser) -> None:
     """--iou-thresh: Darknet's anchor assignment for the training targets (train.py, align)."""
     parser.add_argument(

@@ -55,7 +55,7 @@ def build_parser() -> cli.ArgumentParser:
         "--batch-size", type=cli.positive_int, default=None, help="GLOBAL batch (default: 8 per replica)"
     )
     cli.add_freeze_args(parser, default=0)
-    parser.add_argument("--parallel", choices=("strategy", "multi_gpu_model"), default="strategy")
+    cli.add_parallel_arg(parser)
     parser.add_argument("--mixed-precision", action="store_true", help="mixed_float16 (ours only)")
     parser.add_argument("--jit", action="store_true", help="XLA (jit_compile=True) with the static ignore mask")
     parser.add_argument(

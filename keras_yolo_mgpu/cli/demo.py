@@ -157,6 +157,9 @@ def run_demo(
 ) -> dict:
     """Runs the whole demo; returns the summary (also written to summary.json).
 
+    Long for its keyword arguments, their docstring and the summary's fields:
+    each step is one `times.step` block calling a helper.
+
     Args:
         out_dir: folder for every output; the previous demo's outputs in it
             are replaced.

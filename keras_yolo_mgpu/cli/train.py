@@ -130,12 +130,7 @@ def build_parser() -> cli.ArgumentParser:
     devices.add_argument(
         "--strategy", choices=("mirrored", "multiworker"), default="mirrored", help="multiworker reads TF_CONFIG"
     )
-    devices.add_argument(
-        "--parallel",
-        choices=("strategy", "multi_gpu_model"),
-        default="strategy",
-        help="tf.distribute strategy or the in-graph multi_gpu_model",
-    )
+    cli.add_parallel_arg(devices)
     run = parser.add_argument_group("run")
     run.add_argument("--log-dir", default=None, help="run folder (default: next free logs/NNN)")
     run.add_argument(

@@ -1,0 +1,167 @@
+"""The configuration of a training run: `TrainConfig`, its validation and its args.json form, and `TrainResult`.
+
+`train.py` flags map onto `TrainConfig` fields 1:1; `training.trainer.train`
+runs one and returns a `TrainResult`. A run's folder records its
+`TrainConfig.to_json` as args.json, which `--resume` reads back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; `train.py` flags map onto these 1:1."""
+
+    # A keras-yolo3 annotation file, or (`data`) a dataset of any kind
+    # data.dataset_source reads; `classes` may be left out when it names them.
+    annotations: str | None = None
+    classes: str | None = None
+    data: str | None = None
+    image_dir: str | None = None
+    anchors: str | None = None
+    tiny: bool = False
+    # Network, one of model.architectures.MODEL_NAMES; None: the start
+    # weights' kind, else YOLOv3 (tiny YOLOv3 with `tiny` or 6 anchors).
+    model: str | None = None
+    # Anchor indices per output scale, coarsest first; None: keras-yolo3's
+    # (or those stored in the start weights' metadata).
+    masks: list | None = None
+    input_shape: tuple[int, int] = (416, 416)
+    weights: str | None = None
+    # Darknet cfg of Darknet `.weights` start weights (weights/start_weights.py).
+    cfg: str | None = None
+    weights_partial: bool = False
+    val_annotations: str | None = None
+    val_split: float = 0.1
+    batch_size: int = 32
+    batch_size2: int | None = None
+    freeze_epochs: int = 50
+    epochs: int = 100
+    freeze_body: int = 2
+    optimizer: str = "adam"
+    lr1: float = 1e-3
+    lr2: float = 1e-4
+    # None: `train` draws one and records it in args.json.
+    seed: int | None = None
+    augment: bool = True
+    log_dir: str = "logs/000"
+    gpus: int | None = None
+    simulate_devices: bool = False
+    strategy: str = "mirrored"
+    parallel: str = "strategy"
+    sync_bn: bool = True
+    # None: the device's default (training/precision.py: on for GPUs, off
+    # for the CPU), checked at start-up; args.json records what ran.
+    mixed_precision: bool | None = None
+    jit: bool | None = None
+    resume: bool = False
+    strict: bool = False
+    cache: str | None = None
+    steps_per_epoch: int | None = None
+    reduce_lr_patience: int = 3
+    early_stopping_patience: int = 10
+    verbose: int = 1
+    # The modern recipe's options (training/recipe.py); defaults: keras-yolo3's.
+    eval_every: int = 0
+    monitor: str = "val_loss"
+    lr_schedule: str = "plateau"
+    warmup_epochs: float = 0.0
+    ema: float = 0.0
+    multi_scale: tuple[int, int] | None = None
+    mosaic: float = 0.0
+    # Objectness probability the output convolutions start from where they
+    # are not loaded from `weights` (model.yolo3.set_objectness_prior); 0
+    # keeps keras-yolo3's zero bias (every cell starts at 0.5).
+    objectness_prior: float = 0.0
+    # "yolov3" or "ciou" (model.architectures.BOX_LOSSES); None: the model's own.
+    box_loss: str | None = None
+    # Weight of the CIoU term; None: the model's (Architecture.ciou_weight).
+    ciou_weight: float | None = None
+    # Darknet's `iou_thresh` for the targets: a box also trains every other
+    # anchor of its masks with IoU above it (model.targets); 1.0: its best
+    # anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
+    iou_thresh: float | None = None
+    # The run's pictures (training.pictures): labels.jpg, train_batch*.jpg,
+    # results.png, val_pred.jpg.
+    pictures: bool = True
+    # The named recipe the values came from (training/recipes.py); a run
+    # folder from before recipes existed resumes as keras-yolo3's.
+    recipe: str = "keras-yolo3"
+    # Periodic checkpoints (training/checkpoint_policy.py): None writes
+    # keras-yolo3's ep*.weights.h5 at every improvement, 0 none (best and
+    # last only), N every Nth epoch.
+    save_period: int | None = None
+
+    def validate(self) -> None:
+        """Raises ValueError naming the bad setting; checks nothing on disk."""
+        if bool(self.data) == bool(self.annotations):
+            raise ValueError("give one of data (a dataset of any kind) or annotations (a keras-yolo3 file)")
+        if self.epochs < 1 or self.freeze_epochs < 0 or self.freeze_epochs > self.epochs:
+            raise ValueError(
+                f"need 0 <= freeze_epochs <= epochs and epochs >= 1. "
+                f"Received: freeze_epochs={self.freeze_epochs}, epochs={self.epochs}"
+            )
+        for name in ("batch_size", "batch_size2", "steps_per_epoch", "gpus"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1. Received: {name}={value}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd'. Received: optimizer={self.optimizer!r}")
+        if self.parallel not in ("strategy", "multi_gpu_model"):
+            raise ValueError(f"parallel must be 'strategy' or 'multi_gpu_model'. Received: parallel={self.parallel!r}")
+        if self.strategy not in ("mirrored", "multiworker"):
+            raise ValueError(f"strategy must be 'mirrored' or 'multiworker'. Received: strategy={self.strategy!r}")
+        if self.parallel == "multi_gpu_model" and self.strategy == "multiworker":
+            raise ValueError("multi_gpu_model replicates inside one process; use it with strategy='mirrored'")
+        if not 0.0 <= self.val_split < 1.0:
+            raise ValueError(f"val_split must be in [0, 1). Received: val_split={self.val_split}")
+        if self.freeze_body not in (0, 1, 2):
+            raise ValueError(f"freeze_body must be 0, 1 or 2. Received: freeze_body={self.freeze_body}")
+        from keras_yolo_mgpu.model.architectures import model_name
+
+        model_name(self.model, self.tiny)  # raises on an unknown or contradicting choice
+        if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
+            raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
+        from keras_yolo_mgpu.training.recipe import validate_recipe
+
+        validate_recipe(self)
+        from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period
+
+        validate_save_period(self.save_period)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        values = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"args.json has unknown settings {unknown}")
+        for key in ("input_shape", "multi_scale"):
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
+        # A run saved before --iou-thresh existed trained each box's best
+        # anchor only, whatever its model's default is now; resuming keeps that.
+        values.setdefault("iou_thresh", 1.0)
+        return cls(**values)
+
+
+@dataclass
+class TrainResult:
+    log_dir: str
+    final_weights: str
+    history: dict[str, list[float]] = field(default_factory=dict)
+    epochs_run: int = 0
+    replicas: int = 1
+
+
+def draw_seed() -> int:
+    """A fresh seed for a run started without one (recorded in args.json)."""
+    return int.from_bytes(os.urandom(4), "little") % (2**31)

@@ -1,0 +1,84 @@
+"""The run folder: creating it with args.json, rewriting args.json, and tidying it when a run stops or resumes.
+
+A new run starts in an empty folder; a resumed one finds its args.json there.
+A new run that stops before its first epoch ends takes its folder with it,
+and a resumed run drops the history.csv rows of epochs it repeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+from keras_yolo_mgpu.training.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+FINAL_WEIGHTS = "trained_weights_final.weights.h5"
+
+
+def _prepare_log_dir(config: TrainConfig) -> None:
+    args_path = os.path.join(config.log_dir, "args.json")
+    if config.resume:
+        if not os.path.isfile(args_path):
+            raise FileNotFoundError(f"--resume: {args_path} not found; nothing to resume in {config.log_dir}")
+        return
+    if os.path.isdir(config.log_dir) and os.listdir(config.log_dir):
+        raise FileExistsError(
+            f"log dir {config.log_dir} already holds a run. Pass --resume to continue it, "
+            "or choose another --log-dir (nothing was changed)."
+        )
+    os.makedirs(config.log_dir, exist_ok=True)
+    with open(args_path, "w", encoding="utf-8") as handle:
+        handle.write(config.to_json() + "\n")
+
+
+def _write_args_json(config: TrainConfig) -> None:
+    from keras_yolo_mgpu.fileio import atomic_write
+
+    def write(temporary):
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(config.to_json() + "\n")
+
+    atomic_write(os.path.join(config.log_dir, "args.json"), write)
+
+
+def _remove_unstarted_run(log_dir: str) -> None:
+    """Deletes `log_dir` unless an epoch finished there (its run state is then what --resume continues)."""
+    from keras_yolo_mgpu.training.run_state import RUN_STATE_FILE
+
+    if os.path.isdir(log_dir) and not os.path.isfile(os.path.join(log_dir, RUN_STATE_FILE)):
+        shutil.rmtree(log_dir, ignore_errors=True)
+        logger.info("removed %s: the run stopped before its first epoch ended", log_dir)
+
+
+def _trim_history(history_csv: str, epochs_done: int) -> None:
+    """Drops rows of epochs a resumed run repeats (finished after the last saved state)."""
+    import csv
+
+    if not os.path.isfile(history_csv):
+        return
+    with open(history_csv, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or "epoch" not in rows[0]:
+        return
+    column = rows[0].index("epoch")
+    kept = [rows[0]]
+    for row in rows[1:]:
+        try:
+            # Epochs are numbered from 1: the rows 1..epochs_done are the saved state's.
+            complete = len(row) == len(rows[0]) and int(row[column]) <= epochs_done
+        except ValueError:  # a row cut short by the kill
+            complete = False
+        if complete:
+            kept.append(row)
+    if len(kept) == len(rows):
+        return
+    from keras_yolo_mgpu.fileio import atomic_write
+
+    def write(temporary):
+        with open(temporary, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(kept)
+
+    atomic_write(history_csv, write)

@@ -1,0 +1,230 @@
+"""The steps of a training run before its first `fit`: the run folder, the settings and data, the models, the callbacks.
+
+`RunSetup` holds them as methods of one run; `trainer._TrainingRun` adds the
+two stages and calls every step in order. Each step fills in attributes the
+later ones read (see `trainer._TrainingRun`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+
+from keras_yolo_mgpu.training.model_settings import MAX_BOXES, _initial_weights, _model_settings, _target_cells_bound
+from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _prepare_log_dir, _trim_history, _write_args_json
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"
+CHECKPOINT_PATTERN_NO_VAL = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
+CHECKPOINT_PATTERN_MAP = "ep{epoch:03d}-loss{loss:.3f}-val_mAP{val_mAP:.3f}.weights.h5"
+
+
+class RunSetup:
+    """The set-up steps of `trainer._TrainingRun`.
+
+    They read the attributes its `__init__` sets: `config`, `engine`, `chief`,
+    `run_dir`, `history_csv` and `batch_sizes`.
+    """
+
+    def open_log_dir(self):
+        """Creates the run folder with args.json, or finds where a resumed run stands.
+
+        A resumed run drops the files and history.csv rows of epochs after its
+        last saved state. Returns that `RunState`, or None: a new run, or a
+        resumed one killed before its first epoch ended (it starts over, as it
+        began).
+        """
+        from keras_yolo_mgpu.training import run_state
+
+        config = self.config
+        if self.chief:
+            _prepare_log_dir(config)
+        state = run_state.read_run_state(config.log_dir) if config.resume else None
+        if state is not None and state.finished:
+            raise ValueError(
+                f"the run in {config.log_dir} already finished ({FINAL_WEIGHTS} is written); nothing to resume. "
+                f"To train further, start a new run with --weights {os.path.join(config.log_dir, FINAL_WEIGHTS)}."
+            )
+        if config.resume and self.chief:
+            run_state.remove_stale_files(config.log_dir, keep=state.weights if state else None)
+            _trim_history(self.history_csv, state.epoch if state else 0)
+            if state is not None:
+                logger.info(
+                    "resume: %d epoch(s) done (stage %d), stream at image %d",
+                    state.epoch,
+                    state.stage,
+                    state.stream_position,
+                )
+        return state
+
+    def read_settings_and_data(self) -> None:
+        """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
+        from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
+        from keras_yolo_mgpu.training.anchor_fit import run_anchors
+        from keras_yolo_mgpu.training.training_data import open_training_data
+        from keras_yolo_mgpu.weights.metadata import make_metadata
+        from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
+
+        config = self.config
+        resolve_start_weights(config, self.run_dir)
+        data = open_training_data(config)
+        self.class_names, self.anchors, self.masks, self.kind = _model_settings(config, data.class_names)
+        self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
+        self.train_annotations, self.val_annotations = data.splits(self.run_dir)
+        self.anchors = run_anchors(config, self.anchors, self.masks, self.train_annotations, self.run_dir)
+        # Stored in every checkpoint, so a trained file alone is enough to detect with.
+        self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
+        logger.info(
+            "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
+            len(self.train_annotations),
+            len(self.val_annotations),
+            len(self.class_names),
+            len(self.anchors),
+            self.engine.replicas,
+            ", ".join(self.engine.devices) or "the cluster",
+        )
+
+    def choose_precision_and_jit(self) -> None:
+        """Mixed precision and XLA: the device's defaults, checked on the first batch (training/precision.py).
+
+        A resumed run keeps what its args.json records; a new one rewrites
+        args.json with what passed the checks.
+        """
+        from keras_yolo_mgpu.training import precision
+
+        config = self.config
+        if not (config.resume and None not in (config.mixed_precision, config.jit)):
+            kind = precision.training_device_kind(self.engine.devices)
+            plan = precision.plan_settings(
+                kind,
+                mixed_precision=config.mixed_precision,
+                jit=config.jit,
+                multi_scale=config.multi_scale,
+                replicas=self.engine.replicas,
+            )
+            for reason in plan.reasons:
+                logger.info(reason)
+            config.mixed_precision, config.jit = precision.run_checks(plan, self.check_model, self.first_inputs)
+            if self.chief:
+                _write_args_json(config)
+        precision.apply_policy(config.mixed_precision)
+
+    def start_weights(self) -> list:
+        """The seeded start weights of a new run (and --weights), built once."""
+        if getattr(self, "_start_weights", None) is None:
+            self._start_weights = _initial_weights(self.config, self.anchors, len(self.class_names), self.kind)
+        return self._start_weights
+
+    def model_settings(self, jit: bool) -> dict:
+        """`create_model`'s arguments for this run, but `freeze_body` and `sync_bn`."""
+        config = self.config
+        return dict(
+            # Multi-scale: one model for every training size (validation keeps --input-size).
+            input_shape=(None, None) if config.multi_scale else config.input_shape,
+            anchors=self.anchors,
+            num_classes=len(self.class_names),
+            # XLA needs static shapes: gather at most as many true boxes per
+            # scale as the pipeline's targets can hold, so the gather is exact.
+            max_true_boxes=_target_cells_bound(self.iou_thresh, self.masks) if jit else None,
+            masks=self.masks,
+            model=self.kind,
+            box_loss=config.box_loss,
+            ciou_weight=config.ciou_weight,
+        )
+
+    def check_model(self):
+        """A training model on the default device from the start weights, for the start-up checks."""
+        from keras_yolo_mgpu.model.yolo3 import create_model
+
+        body, train_model = create_model(freeze_body=0, **self.model_settings(jit=True))
+        body.set_weights(self.start_weights())
+        return train_model
+
+    def first_inputs(self):
+        """The model inputs of one replica's first training batch (for the start-up checks)."""
+        from keras_yolo_mgpu.data.pipeline import make_dataset
+
+        config = self.config
+        batch = max(1, self.batch_sizes[0] // self.engine.replicas)
+        dataset = make_dataset(
+            self.train_annotations,
+            config.input_shape,
+            self.anchors,
+            len(self.class_names),
+            batch,
+            training=True,
+            augment=config.augment,
+            seed=config.seed,
+            max_boxes=MAX_BOXES,
+            masks=self.masks,
+            multi_scale=config.multi_scale,
+            mosaic=config.mosaic,
+            iou_thresh=self.iou_thresh,
+        )
+        return next(iter(dataset))[0]
+
+    def build_models(self, freeze_body: int) -> None:
+        """The template body and its training model under the strategy, with the run's start weights.
+
+        A resumed run takes every weight from its backup later (`fit_stage`);
+        a new one starts from the seeded template (and --weights), built once
+        outside the strategy.
+        """
+        from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
+        from keras_yolo_mgpu.model.yolo3 import create_model
+
+        config = self.config
+        initial_weights = self.start_weights() if self.state is None else None
+        with self.engine.strategy.scope():
+            self.body, train_model = create_model(
+                freeze_body=freeze_body, sync_bn=self.engine.sync_bn, **self.model_settings(config.jit)
+            )
+            if initial_weights is not None:
+                self.body.set_weights(initial_weights)
+            self.fit_model = self.engine.wrap(train_model)
+        if config.strategy == "multiworker":
+            # Two Keras 3.15 bugs with the collective strategy, see keras_compat.py.
+            patch_multiworker_first_batch_build(self.fit_model)
+            patch_multiworker_log_reduction()
+
+    def make_callbacks(self) -> None:
+        """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
+        import keras
+
+        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
+        from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
+        from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
+        from keras_yolo_mgpu.training.recipe import RecipeCallbacks
+
+        run_dir = self.run_dir
+        self.recipe = RecipeCallbacks(
+            self.config,
+            self.body,
+            run_dir,
+            self.val_annotations,
+            self.class_names,
+            self.anchors,
+            self.metadata,
+            masks=self.masks,
+            kind=self.kind,
+        )
+        checkpoint_pattern = CHECKPOINT_PATTERN if self.val_annotations else CHECKPOINT_PATTERN_NO_VAL
+        if self.recipe.monitor in ("val_mAP", "val_mAP50"):
+            checkpoint_pattern = CHECKPOINT_PATTERN_MAP
+        self.throughput = Throughput(self.batch_sizes[0])
+        self.common_callbacks = [
+            self.throughput,
+            # Append: both stages (and a resumed run) add rows to one file; a new
+            # run always starts in an empty folder.
+            HistoryCSVLogger(self.history_csv, self.recipe.required_columns, append=True),
+            RunPictures(
+                self.history_csv,
+                run_dir,
+                partial(write_data_pictures, self) if self.chief and self.config.pictures else None,
+                results=self.config.pictures,
+            ),
+            keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
+            *epoch_checkpoints(self.config, self.recipe, run_dir, checkpoint_pattern, self.body, self.metadata),
+        ]
