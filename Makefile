@@ -7,10 +7,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast install clean bench-gpu
 
-# Two xdist workers (one per core of the 2-core CI machine). --dist loadgroup
-# keeps tests that share one expensive child run (xdist_group marks) on one
-# worker; the rest are spread test by test.
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup
+# Two xdist workers (one per core of the 2-core CI machine). Tests that share
+# one expensive child run compute it once per run across the workers
+# (tests/isolation.py, computed_once).
+PYTEST := $(PY) -m pytest -q -n 2
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -19,9 +19,12 @@ again in the test, with the child's traceback in its message.
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
+import pickle
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 NUM_LOGICAL_DEVICES = 4
 # KERAS_YOLO_TEST_DEVICES=GPU splits the first GPU instead (4 logical GPUs of
@@ -71,3 +74,44 @@ def run_isolated(function, /, *args, floatx: str = "float32", **kwargs):
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=context, initializer=_prepare_child, initargs=(floatx,)) as pool:
         return pool.submit(function, *args, **kwargs).result()
+
+
+_computed = {}
+
+
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder that every pytest-xdist worker of this test run shares (this process's own without xdist).
+
+    A worker's base temporary folder is `<run's base>/popen-gwN`; the run's base
+    lives until the whole run ends.
+    """
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def computed_once(key: str, compute, folder: Path):
+    """`compute()`'s (picklable) result, computed once per test run, also across pytest-xdist workers.
+
+    Tests that share one expensive child run (1, 2 and 4 replicas of one
+    option) may be sent to different workers: the first to ask computes it
+    under a file lock in `folder` (`shared_folder`), the others wait and read
+    the pickled result. (pytest-xdist's `--dist loadgroup` would keep them on
+    one worker, but with pytest 9 it does not: xdist 3.8 renames the items'
+    node ids, which pytest 9 no longer reads back, so the groups are ignored.)
+    """
+    if key in _computed:
+        return _computed[key]
+    path = Path(folder) / f"{key}.pickle"
+    with open(Path(folder) / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            with open(path, "rb") as handle:
+                result = pickle.load(handle)
+        else:
+            result = compute()
+            temporary = path.with_suffix(".partial")
+            with open(temporary, "wb") as handle:
+                pickle.dump(result, handle)
+            os.replace(temporary, path)
+    _computed[key] = result
+    return result

@@ -7,11 +7,13 @@ a one-device trajectory runs in its own float64 child process
 (`isolation.py`): the pytest process keeps none of their graphs.
 """
 
+from functools import partial
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from isolation import logical_device_names, run_isolated
+from isolation import computed_once, logical_device_names, run_isolated, shared_folder
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes
 from keras_yolo_mgpu.parallel.align import max_difference, replicate, train_steps
@@ -138,19 +140,19 @@ def _run_group(freeze_body, model):
     return result
 
 
-_group_results = {}
+@pytest.fixture(scope="module")
+def group_results(tmp_path_factory):
+    """`get(freeze_body, model)`: `_run_group`'s result, computed once per test run in a child process.
 
+    The child's graphs die with it; the xdist workers share the result (`computed_once`).
+    """
+    shared = shared_folder(tmp_path_factory)
 
-def _group(freeze_body, model):
-    """`_run_group`'s result, computed once per process in a child (its graphs die with it)."""
-    if (freeze_body, model) not in _group_results:
-        _group_results[freeze_body, model] = run_isolated(_run_group, freeze_body, model, floatx="float64")
-    return _group_results[freeze_body, model]
+    def get(freeze_body, model):
+        compute = partial(run_isolated, _run_group, freeze_body, model, floatx="float64")
+        return computed_once(f"parallel-{freeze_body}-{model}", compute, shared)
 
-
-def _in_group(freeze_body, model):
-    """xdist keeps a group's tests on one worker: they share its child run."""
-    return pytest.mark.xdist_group(f"parallel-{freeze_body}-{model}")
+    return get
 
 
 # yolov4-tiny runs on the default engine only: multi_gpu_model's slicing does
@@ -159,7 +161,6 @@ REPLICA_CASES = [
     pytest.param(
         *(engine, num_devices, freeze_body, model),
         id=f"{engine}-{num_devices}-{stage}-{model}",
-        marks=_in_group(freeze_body, model),
     )
     for model in MODELS
     for engine in (["strategy", "multi_gpu_model"] if model == "yolov3-tiny" else ["strategy"])
@@ -170,14 +171,14 @@ REPLICA_CASES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine, num_devices, freeze_body, model", REPLICA_CASES)
-def test_replicas_match_one_device(engine, num_devices, freeze_body, model):
+def test_replicas_match_one_device(group_results, engine, num_devices, freeze_body, model):
     """Every step on N replicas equals the step one device takes from the same weights.
 
     Steps are compared along the single-device trajectory: each replica step
     starts from the reference weights before it, so every step is checked on
     its own (measured in float64: <= 2.2e-16 against steps of ~1e-3).
     """
-    steps = _group(freeze_body, model)["forced"][engine, num_devices]
+    steps = group_results(freeze_body, model)["forced"][engine, num_devices]
     for step, (step_size, difference, whole_step) in enumerate(steps):
         # Each gradient step must move the trainable weights far more than the
         # tolerance: a gradient-scale error (2x or 4x the step) would then
@@ -202,24 +203,23 @@ def test_replicas_match_one_device(engine, num_devices, freeze_body, model):
 @pytest.mark.parametrize(
     "freeze_body, model",
     [
-        pytest.param(2, "yolov3-tiny", id="frozen-yolov3-tiny", marks=_in_group(2, "yolov3-tiny")),
-        pytest.param(0, "yolov3-tiny", id="unfrozen-yolov3-tiny", marks=_in_group(0, "yolov3-tiny")),
-        pytest.param(0, "yolov4-tiny", id="unfrozen-yolov4-tiny", marks=_in_group(0, "yolov4-tiny")),
+        pytest.param(2, "yolov3-tiny", id="frozen-yolov3-tiny"),
+        pytest.param(0, "yolov3-tiny", id="unfrozen-yolov3-tiny"),
+        pytest.param(0, "yolov4-tiny", id="unfrozen-yolov4-tiny"),
     ],
 )
-def test_free_running_replicas_track_one_device(freeze_body, model):
+def test_free_running_replicas_track_one_device(group_results, freeze_body, model):
     """Several steps without resetting: the same losses and the same final weights."""
-    results = _group(freeze_body, model)
+    results = group_results(freeze_body, model)
     losses, final_difference = results["free_running"]
     np.testing.assert_allclose(losses, results["reference_losses"], rtol=1e-7)
     assert final_difference <= TOLERANCE
 
 
 @pytest.mark.slow
-@_in_group(2, "yolov3-tiny")
-def test_multi_gpu_model_uneven_slices_match_one_device():
+def test_multi_gpu_model_uneven_slices_match_one_device(group_results):
     # 8 images over 3 devices: slices of 3, 3 and 2.
-    for step, (_, difference, _) in enumerate(_group(2, "yolov3-tiny")["forced"]["multi_gpu_model", 3]):
+    for step, (_, difference, _) in enumerate(group_results(2, "yolov3-tiny")["forced"]["multi_gpu_model", 3]):
         assert difference <= TOLERANCE, (step, difference)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from isolation import run_isolated
+from isolation import computed_once, run_isolated, shared_folder
 
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
@@ -158,26 +158,28 @@ def _difference_from_saved(dataset, start_weights, work_dir, options, train_kwar
         return _max_difference(files[0], [saved[f"arr_{i}"] for i in range(len(saved.files))])
 
 
-_replica_runs = {}
-
-
 @pytest.fixture(scope="module")
 def replica_runs(dataset, start_weights, tmp_path_factory):
-    """`get(name, options, start=True, **train_kwargs)`: `_compare_replica_runs`' result, once per name.
+    """`get(name, options, start=True, **train_kwargs)`: `_compare_replica_runs`' result, once per test run.
 
     Each name's three runs share one child process (they trace three float64
-    steps), so the pytest process never holds their graphs.
+    steps), so the pytest process never holds their graphs; the result is
+    shared by the xdist workers (`computed_once`), with `work_dir` in a
+    folder they all read.
     """
+    shared = shared_folder(tmp_path_factory)
 
     def get(name, options, start=True, **train_kwargs):
-        if name not in _replica_runs:
-            work_dir = tmp_path_factory.mktemp(name)
+        def compute():
+            work_dir = shared / f"recipe-{name}"
+            work_dir.mkdir()
             weights = start_weights if start else None
-            _replica_runs[name] = run_isolated(
+            result = run_isolated(
                 _compare_replica_runs, dataset, weights, str(work_dir), options, train_kwargs, floatx="float64"
             )
-            _replica_runs[name]["work_dir"] = work_dir
-        return _replica_runs[name]
+            return {**result, "work_dir": work_dir}
+
+        return computed_once(f"recipe-{name}", compute, shared)
 
     return get
 
@@ -191,21 +193,15 @@ def _assert_same_run(runs, gpus):
             np.testing.assert_allclose(history[key], reference[key], rtol=1e-7, equal_nan=True, err_msg=key)
 
 
-def _grouped(*names):
-    """Parameters that xdist keeps on one worker per name (they share that name's child run)."""
-    return [pytest.param(name, marks=pytest.mark.xdist_group(f"recipe-{name}")) for name in names]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("gpus", [2, 4])
-@pytest.mark.parametrize("option", _grouped(*OPTIONS))
+@pytest.mark.parametrize("option", list(OPTIONS))
 def test_option_alone_on_replicas_matches_one_device(replica_runs, option, gpus):
     runs = replica_runs(option, OPTIONS[option], validation=option in NEEDS_VALIDATION)
     _assert_same_run(runs, gpus)
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("recipe-all")
 @pytest.mark.parametrize("gpus", [2, 4])
 def test_all_options_together_through_both_stages_match_one_device(replica_runs, gpus):
     # One epoch per stage; multi-scale's 12 steps cross its first size change (step 10).
@@ -216,14 +212,12 @@ def test_all_options_together_through_both_stages_match_one_device(replica_runs,
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("recipe-ema")
 def test_the_tolerance_is_far_below_a_step(replica_runs):
     """Training moves the weights by orders of magnitude more than TOLERANCE (the check can fail)."""
     assert replica_runs("ema", OPTIONS["ema"], validation=False)["moved"] > 1e3 * TOLERANCE
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("recipe-iou_thresh")
 def test_iou_thresh_changes_what_train_py_trains(dataset, start_weights, replica_runs, tmp_path):
     """--iou-thresh reaches the targets through train.py: its run differs from the best-anchor-only run."""
     runs = replica_runs("iou_thresh", OPTIONS["iou_thresh"], validation=False)
@@ -236,7 +230,6 @@ def test_iou_thresh_changes_what_train_py_trains(dataset, start_weights, replica
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("recipe-iou_thresh")
 def test_xla_on_one_device_trains_like_the_uncompiled_run(dataset, start_weights, replica_runs, tmp_path):
     """--jit (XLA, the one-GPU default) through train.py trains the final weights of the same run without it.
 
