@@ -70,6 +70,8 @@ def _build_training_model(engine, settings: dict, plan, num_classes: int, anchor
     return model
 
 
+# Over 60 lines: one benchmark read top to bottom (setup, interleaved rounds of both sides,
+# the report); its parts are used nowhere else.
 def run_e2e(
     annotations,
     input_shape: tuple[int, int],

@@ -128,6 +128,8 @@ def run_infer_benchmark(
         return _measure(yolo, body, video_dir, num_frames=frames, frame_size=frame_size, full=full, repeats=repeats)
 
 
+# Over 60 lines: both sides of one measurement on the same generated video, kept together so
+# they are timed the same way.
 def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) -> dict:
     """Both measurements on a generated video in `folder`; `yolo` sets the input size, batch and classes."""
     import tensorflow as tf

@@ -18,6 +18,7 @@ from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES, DEFAU
 logger = logging.getLogger("export")
 
 
+# Over 60 lines by design: the command's flat list of flags, as --help prints them.
 def build_parser() -> cli.ArgumentParser:
     parser = cli.ArgumentParser(
         prog="python -m keras_yolo_mgpu.export",
