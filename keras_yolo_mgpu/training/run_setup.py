@@ -7,6 +7,7 @@ later ones read (see `trainer._TrainingRun`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from functools import partial
@@ -68,6 +69,9 @@ class RunSetup:
         from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
 
         config = self.config
+        # args.json names the weights as given (a Darknet file stays one, for --resume);
+        # the run itself starts from their conversion.
+        self.weights_as_given = config.weights
         resolve_start_weights(config, self.run_dir)
         data = open_training_data(config)
         self.class_names, self.anchors, self.masks, self.kind = _model_settings(config, data.class_names)
@@ -108,7 +112,7 @@ class RunSetup:
                 logger.info(reason)
             config.mixed_precision, config.jit = precision.run_checks(plan, self.check_model, self.first_inputs)
             if self.chief:
-                _write_args_json(config)
+                _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
         precision.apply_policy(config.mixed_precision)
 
     def start_weights(self) -> list:
