@@ -36,19 +36,11 @@ ANCHORS_FILE = "anchors.txt"
 def box_sizes_at_input(annotations, input_shape) -> np.ndarray:
     """`(N, 2)` float64 widths and heights of every box, scaled into the `(height, width)` input as the letterbox does.
 
-    Boxes without area are left out.
+    Boxes without area are left out. The geometry is `labels.jpg`'s (`plots.labels.letterboxed_boxes`).
     """
-    from keras_yolo_mgpu.data.images import image_size
+    from keras_yolo_mgpu.plots.labels import letterboxed_boxes
 
-    height, width = input_shape
-    sizes = []
-    for annotation in annotations:
-        if not len(annotation.boxes):
-            continue
-        image_width, image_height = image_size(annotation.image_path)
-        wh = (annotation.boxes[:, 2:4] - annotation.boxes[:, 0:2]).astype(np.float64)
-        sizes.append(wh * min(width / image_width, height / image_height))
-    sizes = np.concatenate(sizes) if sizes else np.zeros((0, 2))
+    sizes = letterboxed_boxes(annotations, input_shape)[:, 2:4]
     return sizes[(sizes > 0).all(axis=1)]
 
 
