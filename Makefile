@@ -8,8 +8,9 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test test-fast install clean bench-gpu
 
 # Two xdist workers (one per core of the 2-core CI machine). Tests that share
-# one expensive child run compute it once per run across the workers
-# (tests/isolation.py, computed_once).
+# one expensive child run compute it once (tests/isolation.py, computed_once)
+# and go to one worker as one unit, the longest units first
+# (tests/scheduling.py).
 PYTEST := $(PY) -m pytest -q -n 2
 
 $(STAMP): pyproject.toml

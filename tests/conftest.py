@@ -15,6 +15,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # are deterministic per shape but differ between batch sizes, so keep them
 # off in tests for the cleanest comparison.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# glibc gives each thread that allocates its own arena (up to 8 per core),
+# and TensorFlow's thread pools keep freed memory in all of them. Two arenas
+# per process cut a float64 replica child's peak by ~10 % at the same speed
+# (4.3 -> 3.9 GB, 66 s either way, 2026-11-25). Set here, before the xdist
+# workers and their children start: glibc reads it when a process starts.
+os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
 import pytest  # noqa: E402
 from isolation import configure_test_devices, logical_device_names  # noqa: E402
@@ -35,6 +41,14 @@ def pytest_configure(config):
         _sampler.start()
     if not _is_xdist_controller(config):
         configure_test_devices()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole work units, longest first (tests/scheduling.py)."""
+    from scheduling import GroupedLoadScheduling
+
+    return GroupedLoadScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter):

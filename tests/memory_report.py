@@ -18,15 +18,32 @@ import psutil
 INTERVAL_S = 0.5
 
 
-def tree_resident_bytes(process: psutil.Process) -> int:
-    """Resident bytes of `process` and every live descendant."""
-    total = 0
+def tree_members(process: psutil.Process) -> list[tuple[str, int]]:
+    """(role, resident bytes) of `process` and each live descendant.
+
+    Roles: "pytest" (`process`), "worker" (its direct children: the xdist
+    workers) and "child" (theirs: `isolation.py`'s processes).
+    """
+    members = []
     for member in [process, *process.children(recursive=True)]:
         try:
-            total += member.memory_info().rss
+            rss = member.memory_info().rss
+            parent = member.ppid()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass  # ended between the listing and the reading
-    return total
+            continue  # ended between the listing and the reading
+        role = "pytest" if member.pid == process.pid else "worker" if parent == process.pid else "child"
+        members.append((role, rss))
+    return members
+
+
+def describe_members(members: list[tuple[str, int]]) -> str:
+    """e.g. "pytest 0.3, workers 1.2 + 2.1, children 3.4 + 3.5 GB"."""
+    parts = []
+    for role, plural in (("pytest", "pytest"), ("worker", "workers"), ("child", "children")):
+        sizes = [f"{rss / 1e9:.1f}" for member_role, rss in members if member_role == role]
+        if sizes:
+            parts.append(f"{plural if len(sizes) > 1 else role} {' + '.join(sizes)}")
+    return ", ".join(parts) + " GB"
 
 
 class TreeMemorySampler:
@@ -35,6 +52,7 @@ class TreeMemorySampler:
     def __init__(self, interval_s: float = INTERVAL_S):
         self.interval_s = interval_s
         self.peak_bytes = 0
+        self.peak_members: list[tuple[str, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-memory-sampler", daemon=True)
         self._started = None
@@ -46,14 +64,20 @@ class TreeMemorySampler:
     def _run(self) -> None:
         root = psutil.Process()
         while not self._stop.is_set():
-            self.peak_bytes = max(self.peak_bytes, tree_resident_bytes(root))
+            self._sample(root)
             self._stop.wait(self.interval_s)
+
+    def _sample(self, root: psutil.Process) -> None:
+        members = tree_members(root)
+        total = sum(rss for _, rss in members)
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_members = total, members
 
     def summary(self) -> str:
         """One line: wall time since `start()` and the peak, e.g. for pytest's terminal summary."""
-        self.peak_bytes = max(self.peak_bytes, tree_resident_bytes(psutil.Process()))
+        self._sample(psutil.Process())
         seconds = time.perf_counter() - self._started
         return (
             f"test run: wall {seconds / 60:.1f} min ({seconds:.0f} s), peak resident memory "
-            f"of the process tree {self.peak_bytes / 1e9:.1f} GB (pytest, its workers and their children)"
+            f"of the process tree {self.peak_bytes / 1e9:.1f} GB ({describe_members(self.peak_members)})"
         )

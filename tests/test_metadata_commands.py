@@ -1,17 +1,25 @@
-"""Commands given a weights file with metadata and no model flags: align diff, evaluate --data."""
+"""Commands given a weights file with metadata and no model flags: align diff, evaluate, train, the checker.
+
+(detect and export on metadata-only files: test_export_runtime.py.)
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from dataset_writers import CLASSES, write_yolo
+from dataset_writers import CLASSES, write_coco, write_voc, write_yolo
 
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
-from keras_yolo_mgpu.weights.metadata import make_metadata
+from keras_yolo_mgpu.weights.metadata import make_metadata, read_metadata
+
+TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
 
 TINY_ANCHORS = np.array([(10, 14), (23, 27), (37, 58), (81, 82), (135, 169), (344, 319)], np.float32)
 
@@ -56,3 +64,35 @@ def test_evaluate_data_takes_classes_and_network_from_the_weights(tiny_files, tm
     assert report["unreadable_images"] == [str(tmp_path / "images" / "val" / "zz_broken.png")]
     assert "scored 3 of 4 images listed (1 unreadable, skipped:" in out
     assert list(report["per_class"]) == CLASSES
+
+
+def test_coco_and_voc_train_evaluate_and_check_with_no_class_or_model_flags(tiny_files, tmp_path, capsys):
+    """A COCO JSON trains and a VOC folder evaluates, each from the weights' metadata and the dataset's names."""
+    from keras_yolo_mgpu.cli.check_dataset import main as check_main
+    from keras_yolo_mgpu.cli.evaluate import main as evaluate_main
+
+    paths = make_synthetic_dataset(tmp_path / "data", num_train=6, num_val=2, image_size=64, classes=CLASSES)
+    coco = tmp_path / "data" / "images" / "train" / "instances.json"  # the images beside it
+    write_coco(coco, read_annotations(paths.train))
+    voc = tmp_path / "voc"
+    write_voc(voc, read_annotations(paths.val))
+    os.symlink(tmp_path / "data" / "images" / "val", voc / "JPEGImages")
+
+    assert check_main(["--data", str(coco)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{coco}: coco dataset, 2 classes: circle, square"
+
+    run = tmp_path / "run"
+    argv = ["--data", str(coco), "--weights", tiny_files[0], "--input-size", "64", "--batch-size", "2"]
+    argv += ["--epochs", "1", "--steps-per-epoch", "1", "--val-split", "0.34", "--no-pictures"]
+    argv += ["--log-dir", str(run), "--quiet"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run([sys.executable, TRAIN, *argv], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "coco dataset, classes ['circle', 'square']" in result.stderr
+    trained = read_metadata(str(run / "last.weights.h5"))
+    assert (trained.kind, list(trained.class_names)) == ("yolov3-tiny", CLASSES)
+
+    capsys.readouterr()
+    assert evaluate_main(["--data", str(voc), "--weights", str(run / "last.weights.h5"), "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["num_images"] == 2 and list(report["per_class"]) == CLASSES

@@ -109,8 +109,31 @@ class BatchNormalization(keras.layers.BatchNormalization):
 
 
 def _all_reduce_sum(values: tf.Tensor) -> tf.Tensor:
-    """Sum of a 1-D float32 tensor over the replicas of the current replica function."""
-    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, values)
+    """Sum of a 1-D float32 tensor over the replicas of the current replica function, with no gradient.
+
+    `ReplicaContext.all_reduce` reduces exactly this way, but inside a
+    `tf.custom_gradient` (the gradient of a sum being a sum). In a traced
+    function that wrapper walks the graph back from the reduced tensor to
+    find the variables it depends on, and a cross-replica sum depends on
+    every replica's graph: each call walked the whole replicated graph, so
+    tracing grew with the square of the network's BatchNormalization layers
+    (a 4-replica tiny YOLOv4 step: 42 s to trace in float32, 2026-11-25).
+    Neither caller differentiates the sum (the statistics are computed from
+    `tf.stop_gradient` inputs; the backward pass's sums are part of a
+    written-out gradient), so the reduction is called without the wrapper.
+    """
+    context = tf.distribute.get_replica_context()
+    extended = context.strategy.extended
+    total, options = tf.distribute.ReduceOp.SUM, tf.distribute.experimental.CommunicationOptions()
+    # all_reduce's two branches: merge_call, except where XLA compiles the
+    # replica function on GPUs (collective ops launched from each replica).
+    if extended._use_merge_call():
+
+        def batch_all_reduce(strategy, per_replica):
+            return strategy.extended.batch_reduce_to(total, [(per_replica, per_replica)], options)[0]
+
+        return context.merge_call(batch_all_reduce, args=(values,))
+    return extended._replica_ctx_all_reduce(total, values, options)
 
 
 def _global_moments(inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

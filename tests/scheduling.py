@@ -1,0 +1,66 @@
+"""Which xdist worker runs which test: one expensive child run per worker at a time, longest first.
+
+Several tests share one expensive float64 child run (`isolation.computed_once`):
+the 2- and 4-replica tests of one option, or every replica case of one
+network and stage. With xdist's default `load` scheduling, the tests of one
+run can land on both workers: one computes it, the other waits on the lock,
+and half the machine idles. And the longest runs (up to ~4 min each) landed
+at the end of the suite, where the other worker had nothing left to do.
+
+`GroupedLoadScheduling` hands each worker whole work units: the tests of one
+shared run form one unit (`work_unit_of`), any other test is a unit of its
+own; units start longest first (`EXPECTED_SECONDS`, measured alone on the
+2-core CI machine, 2026-11-25), so the short tests fill the end. The
+controller only sees node ids (it imports neither TensorFlow nor the test
+modules), hence the patterns below; a test they miss is still run, as a unit
+of its own.
+"""
+
+from __future__ import annotations
+
+import re
+
+from xdist.scheduler import LoadScopeScheduling
+
+# (node id pattern, work unit name or None for the test's own node id,
+# expected seconds of the whole unit). The first match wins.
+_PARAMETRIZED_OPTION = r"test_recipe_equivalence\.py::test_option_alone_on_replicas_matches_one_device\[(\w+)-\d\]"
+_REPLICA_CASE = r"test_parallel\.py::test_replicas_match_one_device\[\w+-\d-(\w+)-([\w-]+)\]"
+_FREE_RUNNING = r"test_parallel\.py::test_free_running_replicas_track_one_device\[(\w+)-([\w-]+)\]"
+WORK_UNITS = [
+    (r"test_recipe_equivalence\.py::test_all_options_together", "recipe-all", 250),
+    (r"test_recipe_equivalence\.py::test_the_tolerance_is_far_below_a_step", "recipe-ema", 70),
+    (r"test_recipe_equivalence\.py::test_(iou_thresh_changes|xla_on_one_device)", "recipe-iou_thresh", 120),
+    (_PARAMETRIZED_OPTION, "recipe-{0}", 90),
+    (_REPLICA_CASE, "parallel-{0}-{1}", 120),
+    (_FREE_RUNNING, "parallel-{0}-{1}", 120),
+    (r"test_parallel\.py::test_multi_gpu_model_uneven_slices", "parallel-frozen-yolov3-tiny", 40),
+    (r"test_run_reproducible\.py::", None, 75),
+]
+# Units measured longer than their pattern's figure above.
+UNIT_SECONDS = {"parallel-unfrozen-yolov4-tiny": 225, "parallel-frozen-yolov3-tiny": 40, "recipe-mosaic": 105}
+DEFAULT_SECONDS = 5
+
+
+def work_unit_of(nodeid: str) -> tuple[str, float]:
+    """(the work unit `nodeid` belongs to, the unit's expected seconds)."""
+    for pattern, unit, seconds in WORK_UNITS:
+        match = re.search(pattern, nodeid)
+        if match:
+            name = unit.format(*match.groups()) if unit else nodeid
+            return name, UNIT_SECONDS.get(name, seconds)
+    return nodeid, DEFAULT_SECONDS
+
+
+class GroupedLoadScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with `work_unit_of` as the scope, the longest unit left sent first."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit_of(nodeid)[0]
+
+    def _assign_work_unit(self, node) -> None:
+        # Move the longest unit left to the front (the first of equals: the
+        # collection order), then let xdist send it.
+        longest = max(self.workqueue, key=lambda unit: work_unit_of(next(iter(self.workqueue[unit])))[1])
+        self.workqueue.move_to_end(longest, last=False)
+        super()._assign_work_unit(node)
