@@ -22,11 +22,17 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 # workers and their children start: glibc reads it when a process starts.
 os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
+import tempfile  # noqa: E402
+
+import psutil  # noqa: E402
 import pytest  # noqa: E402
 from isolation import configure_test_devices, logical_device_names  # noqa: E402
-from memory_report import TreeMemorySampler  # noqa: E402
+from memory_report import TreeMemorySampler, largest_growths, record_module_growth, release_memory  # noqa: E402
 
 _sampler = None
+# Each test module's resident growth in its worker, one line per module:
+# set by the controller, inherited by the workers it starts.
+_GROWTH_LOG = "KERAS_YOLO_TEST_MEMORY_LOG"
 
 
 def _is_xdist_controller(config) -> bool:
@@ -39,6 +45,7 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist), not a worker
         _sampler = TreeMemorySampler()
         _sampler.start()
+        os.environ[_GROWTH_LOG] = tempfile.mkstemp(prefix="test-memory-", suffix=".tsv")[1]
     if not _is_xdist_controller(config):
         configure_test_devices()
 
@@ -54,6 +61,20 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_terminal_summary(terminalreporter):
     if _sampler is not None:
         terminalreporter.write_line(_sampler.summary())
+        terminalreporter.write_line(largest_growths(os.environ[_GROWTH_LOG]))
+        os.remove(os.environ[_GROWTH_LOG])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_memory_after_each_module(request):
+    """Gives back what each test module freed, and logs what it kept (the summary names the largest)."""
+    process = psutil.Process()
+    before = process.memory_info().rss
+    yield
+    release_memory()
+    log = os.environ.get(_GROWTH_LOG)
+    if log:
+        record_module_growth(log, request.module.__name__, before, process.memory_info().rss)
 
 
 @pytest.fixture

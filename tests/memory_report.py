@@ -81,3 +81,38 @@ class TreeMemorySampler:
             f"test run: wall {seconds / 60:.1f} min ({seconds:.0f} s), peak resident memory "
             f"of the process tree {self.peak_bytes / 1e9:.1f} GB ({describe_members(self.peak_members)})"
         )
+
+
+def release_memory() -> None:
+    """Frees what a finished test module left: Keras's global state, Python garbage, glibc's free pages.
+
+    TensorFlow keeps the graphs a process traced (isolation.py), but much of
+    a module's growth is freed memory that glibc keeps mapped;
+    `malloc_trim(0)` gives those pages back to the system.
+    """
+    import ctypes
+    import gc
+
+    import keras
+
+    keras.backend.clear_session()
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def record_module_growth(log_path: str, module: str, before: int, after: int) -> None:
+    """Appends `module`'s resident growth (bytes, after `release_memory`) to the run's log."""
+    with open(log_path, "a", encoding="utf-8") as handle:
+        handle.write(f"{after - before}\t{after}\t{module}\n")
+
+
+def largest_growths(log_path: str, count: int = 3) -> str:
+    """e.g. "largest growth of a worker by module: test_train.py +0.8 GB (to 3.1 GB), ..."."""
+    try:
+        with open(log_path, encoding="utf-8") as handle:
+            rows = [line.rstrip("\n").split("\t") for line in handle if line.strip()]
+    except FileNotFoundError:
+        return ""
+    rows.sort(key=lambda row: -int(row[0]))
+    parts = [f"{module} {int(grown) / 1e9:+.1f} GB (to {int(size) / 1e9:.1f} GB)" for grown, size, module in rows]
+    return "largest growth of a worker by test module: " + ", ".join(parts[:count])

@@ -20,7 +20,6 @@ import sys
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import run_command
-from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 logger = logging.getLogger("align")
 
@@ -95,10 +94,7 @@ def build_diff_parser() -> cli.ArgumentParser:
     parser.add_argument(
         "--anchors", default=None, help="anchors file (default: the files' metadata, else the standard ones)"
     )
-    parser.add_argument(
-        "--model", choices=MODEL_NAMES, default=None, help="network (default: the files' metadata, else yolov3)"
-    )
-    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
+    cli.add_network_args(parser, default_help="the files' metadata, else yolov3")
     parser.add_argument("--threshold", type=float, default=0.0, help="exit 1 when max |A - B| exceeds this")
     parser.add_argument("--top", type=cli.positive_int, default=20, help="tensors listed (largest difference first)")
     return parser

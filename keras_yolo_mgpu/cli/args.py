@@ -120,14 +120,11 @@ def add_model_args(
         help="anchors file (default: the weights' metadata, else model_data/yolo_anchors.txt, "
         "or tiny_yolo_anchors.txt with --tiny)",
     )
-    parser.add_argument(
-        model_flag,
-        dest="model",
-        choices=MODEL_NAMES,
-        default=None,
-        help="network (default: the weights' metadata, else yolov3, or yolov3-tiny for 6 anchors)",
+    add_network_args(
+        parser,
+        default_help="the weights' metadata, else yolov3, or yolov3-tiny for 6 anchors",
+        model_flag=model_flag,
     )
-    parser.add_argument("--tiny", action="store_true", help=f"alias of {model_flag} yolov3-tiny")
     parser.add_argument(
         "--masks",
         type=masks_arg,
@@ -162,6 +159,14 @@ def resolve_model_settings(args: argparse.Namespace, weights: str | None):
         input_shape=args.input_size,
         model=getattr(args, "model", None),
     )
+
+
+def add_network_args(parser: argparse.ArgumentParser, *, default_help: str, model_flag: str = "--model") -> None:
+    """--model NAME (stored as `model`) and --tiny, its alias for yolov3-tiny; `default_help` says the default."""
+    parser.add_argument(
+        model_flag, dest="model", choices=MODEL_NAMES, default=None, help=f"network (default: {default_help})"
+    )
+    parser.add_argument("--tiny", action="store_true", help=f"alias of {model_flag} yolov3-tiny")
 
 
 def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, iou: float = 0.45) -> None:

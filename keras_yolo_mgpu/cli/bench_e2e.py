@@ -16,7 +16,6 @@ from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
 from keras_yolo_mgpu.cli.train import add_precision_args
-from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -26,8 +25,7 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--annotations", required=True, help="keras-yolo3 annotation file (the JPEGs to read)")
     parser.add_argument("--classes", required=True, help="class names file, one per line")
     parser.add_argument("--anchors", default=None, help="anchors file (default: the model's)")
-    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
-    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3)")
+    cli.add_network_args(parser, default_help="yolov3")
     parser.add_argument("--input-size", type=cli.input_size, default=(416, 416), metavar="HxW")
     parser.add_argument("--batch-size", type=cli.positive_int, default=32, help="GLOBAL batch (default: 32)")
     parser.add_argument("--steps", type=cli.positive_int, default=20, help="timed steps per round (default: 20)")

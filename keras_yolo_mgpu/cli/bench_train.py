@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
-from keras_yolo_mgpu.model.architectures import MODEL_NAMES
 
 
 def _variant_list(text: str) -> list[str]:
@@ -47,8 +46,7 @@ def build_parser() -> cli.ArgumentParser:
         metavar="MiB",
         help="with --simulate-devices on a GPU: memory of each logical GPU (default: the library's)",
     )
-    parser.add_argument("--tiny", action="store_true", help="alias of --model yolov3-tiny")
-    parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="network (default: yolov3)")
+    cli.add_network_args(parser, default_help="yolov3")
     parser.add_argument("--input-size", type=cli.input_size, default=(416, 416), metavar="HxW")
     parser.add_argument("--num-classes", type=cli.positive_int, default=80)
     parser.add_argument(
