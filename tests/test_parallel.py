@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from isolation import computed_once, logical_device_names, run_isolated, shared_folder
+from memory_report import release_memory
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes
 from keras_yolo_mgpu.parallel.align import max_difference, replicate, train_steps
@@ -125,6 +126,7 @@ def _run_group(freeze_body, model):
     trainable = _trainable_mask(freeze_body, model)
     result = {"forced": {}, "reference_losses": reference_losses, "free_running": None}
     for engine, num_devices in GROUPS[freeze_body, model]["forced"]:
+        release_memory()  # what the previous run of this child freed
         steps = _forced_steps(reference, freeze_body, engine, devices[:num_devices], model=model)
         result["forced"][engine, num_devices] = [
             (

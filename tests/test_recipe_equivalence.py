@@ -30,6 +30,7 @@ import keras
 import numpy as np
 import pytest
 from isolation import computed_once, run_isolated, shared_folder
+from memory_report import release_memory
 
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
@@ -122,6 +123,7 @@ def _train(dataset, start_weights, log_dir, gpus, options, *, validation, epochs
     files = ("trained_weights_final.weights.h5", "best.weights.h5", "last.weights.h5")
     run = [_weights(log_dir / name) for name in files], read_history(str(log_dir / "history.csv"))
     shutil.rmtree(log_dir)
+    release_memory()  # the next run of this child starts from what this one freed
     return run
 
 
