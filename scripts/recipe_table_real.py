@@ -99,6 +99,8 @@ def summarise(log_dir: Path) -> dict:
         "peak_mAP50": round(map50[peak], 4),
         "peak_epoch": peak + 1,
         "epoch8_mAP50": round(map50[7], 4) if len(map50) >= 8 else None,
+        "epoch16_mAP50": round(map50[15], 4) if len(map50) >= 16 else None,
+        "last_mAP50": round(map50[-1], 4),
         "kept_epoch": kept + 1,
         "kept_mAP50": round(map50[kept], 4),
         "kept_mAP": round(history["val_mAP"][kept], 4),
@@ -132,13 +134,17 @@ def run_real_table(args, wanted: list[str]) -> int:
         results[name] = {"is": description, "flags": " ".join(flags), **summarise(log_dir)}
         results_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         logging.getLogger("recipe_table").info("%s: %s", name, results[name])
-    print("| row | flags | peak val mAP@0.5 (epoch) | epoch 8 | kept best: epoch, mAP@0.5, mAP@[.5:.95] |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| row | flags | peak val mAP@0.5 (epoch) | epoch 8 | epoch 16 | last epoch "
+        "| kept best: epoch, mAP@0.5, mAP@[.5:.95] | training s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in ROW_NAMES:
         if name in results:
             r = results[name]
             print(
                 f"| {name} | `{r['flags']}` | {r['peak_mAP50']:.3f} ({r['peak_epoch']}) | {r['epoch8_mAP50']} "
-                f"| {r['kept_epoch']}, {r['kept_mAP50']:.3f}, {r['kept_mAP']:.3f} |"
+                f"| {r.get('epoch16_mAP50')} | {r.get('last_mAP50')} "
+                f"| {r['kept_epoch']}, {r['kept_mAP50']:.3f}, {r['kept_mAP']:.3f} | {r['train_seconds']:.0f} |"
             )
     return 0
