@@ -91,12 +91,10 @@ def release_memory() -> None:
     `malloc_trim(0)` gives those pages back to the system.
     """
     import ctypes
-    import gc
 
     import keras
 
-    keras.backend.clear_session()
-    gc.collect()
+    keras.backend.clear_session()  # collects Python's garbage too (free_memory=True)
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 

@@ -18,6 +18,7 @@ of its own.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from xdist.scheduler import LoadScopeScheduling
@@ -42,6 +43,7 @@ UNIT_SECONDS = {"parallel-unfrozen-yolov4-tiny": 225, "parallel-frozen-yolov3-ti
 DEFAULT_SECONDS = 5
 
 
+@functools.cache  # asked for every unit left at each assignment
 def work_unit_of(nodeid: str) -> tuple[str, float]:
     """(the work unit `nodeid` belongs to, the unit's expected seconds)."""
     for pattern, unit, seconds in WORK_UNITS:
