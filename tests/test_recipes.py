@@ -74,6 +74,17 @@ def test_default_recipe_and_explicit_flags_override_only_their_part():
     assert (config.monitor, config.eval_every, config.ema) == ("val_mAP", 1, 0.0)
 
 
+def test_default_recipe_fine_tunes_at_a_lower_rate():
+    # From scratch 3e-3, from --weights 1e-3 (PRETRAINED_VALUES); a given --lr still wins,
+    # and keras-yolo3's rates do not depend on the start weights.
+    assert (_config().lr1, _config().lr2) == (3e-3, 3e-4)
+    assert (_config("--weights", "w.h5").lr1, _config("--weights", "w.h5").lr2) == (1e-3, 1e-4)
+    assert _config("--weights", "w.h5", "--lr", "3e-3").lr1 == 3e-3
+    assert _config("--weights", "w.h5", "--recipe", "keras-yolo3").lr1 == 1e-3
+    assert _config("--weights", "w.h5", "--recipe", "keras-yolo3").lr2 == 1e-4
+    assert _config("--weights", "w.h5").ema == _config().ema  # only the rates change
+
+
 def test_args_json_from_before_recipes_resumes_as_keras_yolo3():
     from keras_yolo_mgpu.training.trainer import TrainConfig
 

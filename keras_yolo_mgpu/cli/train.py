@@ -109,7 +109,12 @@ def build_parser() -> cli.ArgumentParser:
     )
     recipe.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     recipe.add_argument(
-        "--lr", "--lr1", dest="lr1", type=float, default=None, help="stage 1 learning rate (default: the recipe's)"
+        "--lr",
+        "--lr1",
+        dest="lr1",
+        type=float,
+        default=None,
+        help="stage 1 learning rate (default: the recipe's; default recipe: 3e-3 from scratch, 1e-3 with --weights)",
     )
     recipe.add_argument("--lr2", type=float, default=None, help="stage 2 learning rate (default: the recipe's)")
     recipe.add_argument(
@@ -314,7 +319,8 @@ def config_from_args(args):
 
     converted = {field: convert(getattr(args, dest)) for dest, (field, convert) in _FLAG_FIELDS.items()}
     # Every recipe flag defaults to None: given ones override the recipe's values.
-    recipe = resolve_recipe(args.recipe or DEFAULT_RECIPE, {field: getattr(args, field) for field in RECIPE_FIELDS})
+    given = {field: getattr(args, field) for field in RECIPE_FIELDS}
+    recipe = resolve_recipe(args.recipe or DEFAULT_RECIPE, given, pretrained=args.weights is not None)
     return TrainConfig(
         **cli.flag_values(
             TrainConfig,

@@ -105,10 +105,25 @@ def _input_signature(model):
     ]
 
 
-def export_savedmodel(model, path: str) -> str:
-    """Writes a SavedModel directory with a `serving_default` signature."""
+def export_savedmodel(model, path: str, fixed_batch: bool = False) -> str:
+    """Writes a SavedModel directory with a `serving_default` signature.
+
+    `fixed_batch`: the signature keeps the model's own batch size instead of
+    any batch. The TFLite export needs it: traced with a batch of None,
+    padded NMS becomes a `tf.map_fn`, a TFLite WHILE whose body is a second
+    subgraph, and INT8 quantisation then quantises that body's box gathers
+    (the denylist of float tensors covers the main graph only), which
+    returned all-zero boxes for a trained network.
+    """
+    signature = None
+    if fixed_batch:
+        import tensorflow as tf
+
+        signature = [[tf.TensorSpec(x.shape, x.dtype, name=x.name) for x in model.inputs]]
     # A failed export leaves an existing folder at `path` as it was.
-    return replace_directory(path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False))
+    return replace_directory(
+        path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False, input_signature=signature)
+    )
 
 
 def _export_marked_savedmodel(model, path: str) -> str:
@@ -154,7 +169,7 @@ def export_tflite(model, path: str, precision: str = "float32", calibration=None
     from keras_yolo_mgpu.inference.quantize import convert_quantized
 
     with tempfile.TemporaryDirectory() as folder:
-        saved = export_savedmodel(model, os.path.join(folder, "saved_model"))
+        saved = export_savedmodel(model, os.path.join(folder, "saved_model"), fixed_batch=True)
         try:
             flatbuffer = convert_quantized(saved, precision, calibration, network=_network_name(model))
         except ValueError:  # our own argument errors, not the converter's
