@@ -35,6 +35,7 @@ REAL_ROWS = [
     ("lr3e-3", "default at Adam 3e-3 (its rate from scratch) instead of 1e-3", ["--lr", "3e-3", "--lr2", "3e-4"]),
     ("frozen_half", "default with keras-yolo3's frozen first half", ["--freeze-body", "2", "--freeze-epochs", HALF]),
     ("anchors_auto", "default with k-means anchors (--anchors auto)", ["--anchors", "auto"]),
+    ("no_patience", "default running every epoch (no early stopping)", ["--patience", "0"]),
 ]
 ROW_NAMES = [name for name, *_ in REAL_ROWS]
 

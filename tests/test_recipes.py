@@ -66,7 +66,7 @@ def test_default_recipe_and_explicit_flags_override_only_their_part():
     assert config.recipe == "default"
     assert (config.epochs, config.freeze_epochs, config.freeze_body, config.lr1) == (100, 100, 0, 3e-3)
     assert (config.eval_every, config.monitor, config.ema, config.objectness_prior) == (1, "val_mAP50", 0.99, 0.01)
-    assert (config.iou_thresh, config.save_period) == (0.213, 0)
+    assert (config.iou_thresh, config.save_period, config.patience) == (0.213, 0, 30)
     config = _config("--epochs", "16", "--ema", "0", "--save-period", "4")
     assert (config.epochs, config.freeze_epochs, config.ema, config.save_period) == (16, 16, 0.0, 4)
     assert (config.monitor, config.objectness_prior) == ("val_mAP50", 0.01)  # untouched parts stay the recipe's
@@ -145,6 +145,81 @@ def test_default_recipe_keeps_best_last_and_periodic_files_only(dataset, tmp_pat
     assert {"best.weights.h5", "last.weights.h5", "trained_weights_final.weights.h5"} <= set(files)
     assert [name for name in files if name.startswith("ep")] == [f for f in files if f.startswith("ep002-")]
     assert len([name for name in files if name.startswith("ep")]) == 1
+
+
+def _stop_epoch(values, patience):
+    """Keras EarlyStopping's rule (mode max, min_delta 0): the epoch (1-based) it ends after, or None."""
+    best, wait = -np.inf, 0
+    for epoch, value in enumerate(values, 1):
+        if value > best:
+            best, wait = value, 0
+        else:
+            wait += 1
+            if wait >= patience:
+                return epoch
+    return None
+
+
+class _Killed(Exception):
+    pass
+
+
+def _kill_at(monkeypatch, where: str):
+    """Raises `_Killed` instead of writing stage 1's end (`stage1_end`) or the final weights (`final`)."""
+    from keras_yolo_mgpu.training import run_state
+    from keras_yolo_mgpu.training.trainer import _TrainingRun
+
+    def killed(*args, **kwargs):
+        raise _Killed
+
+    if where == "final":
+        monkeypatch.setattr(_TrainingRun, "save_final_weights", killed)
+        return
+    write = run_state.write_run_state
+
+    def write_until_stage1_end(run_dir, state):
+        if state.weights_kind == "body":
+            raise _Killed
+        write(run_dir, state)
+
+    monkeypatch.setattr(run_state, "write_run_state", write_until_stage1_end)
+
+
+@pytest.mark.parametrize("where", ["stage1_end", "final"])
+def test_patience_ends_the_one_stage_run_and_a_stopped_run_killed_resumes_to_its_weights(
+    dataset, tmp_path, monkeypatch, where
+):
+    from keras_yolo_mgpu.cli.train import main
+    from keras_yolo_mgpu.training.callbacks import read_history
+
+    # The default recipe's one stage (EMA on); --lr 0: val mAP@0.5 does not
+    # improve after epoch 1 (seed 0), so --patience 1 ends the run at epoch 2.
+    run = tmp_path / "run"
+    _kill_at(monkeypatch, where)
+    with pytest.raises(_Killed):
+        _run(dataset, run, "--epochs", "6", "--patience", "1", "--lr", "0")
+    monkeypatch.undo()
+    state = json.loads((run / "run_state.json").read_text())
+    history = read_history(str(run / "history.csv"))
+    stop = _stop_epoch(history["val_mAP50"], 1)
+    assert stop is not None and stop < 6, history["val_mAP50"]
+    assert (state["stopped"], state["epoch"], len(history["loss"])) == (True, stop, stop)
+    assert state["weights_kind"] == {"stage1_end": "fit", "final": "body"}[where]
+    assert main(["--resume", "--log-dir", str(run), "--quiet"]) == 0
+    # The final weights are the last epoch's EMA weights (last.weights.h5), not the start's.
+    final, last = _arrays(run / "trained_weights_final.weights.h5"), _arrays(run / "last.weights.h5")
+    assert final.keys() == last.keys()
+    for name in final:
+        np.testing.assert_array_equal(final[name], last[name], err_msg=name)
+    assert len(read_history(str(run / "history.csv"))["loss"]) == stop  # nothing trained again
+
+
+def test_a_frozen_stage_never_stops_early(dataset, tmp_path):
+    from keras_yolo_mgpu.training.callbacks import read_history
+
+    flags = ["--recipe", "keras-yolo3", "--epochs", "3", "--freeze-epochs", "3", "--patience", "1", "--lr", "0"]
+    _run(dataset, tmp_path / "frozen", *flags, "--eval-every", "1", "--monitor", "val_mAP50", "--save-period", "0")
+    assert len(read_history(str(tmp_path / "frozen" / "history.csv"))["loss"]) == 3
 
 
 # --- anchor fit -------------------------------------------------------------

@@ -220,6 +220,14 @@ def add_recipe_name_arg(group) -> None:
         help="also keep the weights of every Nth epoch as ep*.weights.h5 (default: the recipe's: 0 = only "
         "best.weights.h5 and last.weights.h5; keras-yolo3 keeps a file at every improvement)",
     )
+    group.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        metavar="N",
+        help="end a one-stage run (nothing frozen) after N evaluations without a better --monitor; 0 runs every "
+        "epoch (default: the recipe's: 30 for default; keras-yolo3 stops only in stage 2, after 10)",
+    )
 
 
 # Over 60 lines by design: one flag after another, as --help lists the recipe group.

@@ -96,6 +96,11 @@ class TrainConfig:
     # keras-yolo3's ep*.weights.h5 at every improvement, 0 none (best and
     # last only), N every Nth epoch.
     save_period: int | None = None
+    # EarlyStopping of a one-stage run with nothing frozen (the default
+    # recipe's shape): the run ends after this many evaluations without an
+    # improvement of `monitor`. None or 0: it runs every epoch (a two-stage
+    # run's stage 2 keeps `early_stopping_patience`, keras-yolo3's).
+    patience: int | None = None
 
     def validate(self) -> None:
         """Raises ValueError naming the bad setting; checks nothing on disk."""
@@ -106,6 +111,8 @@ class TrainConfig:
                 f"need 0 <= freeze_epochs <= epochs and epochs >= 1. "
                 f"Received: freeze_epochs={self.freeze_epochs}, epochs={self.epochs}"
             )
+        if self.patience is not None and self.patience < 0:
+            raise ValueError(f"patience must be >= 0 (0: never stop early). Received: patience={self.patience}")
         for name in ("batch_size", "batch_size2", "steps_per_epoch", "gpus"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -196,9 +196,13 @@ class RecipeCallbacks:
                     verbose=1,
                 )
             )
-        callbacks.append(
-            keras.callbacks.EarlyStopping(
-                monitor=self.monitor, mode=self.mode, min_delta=0, patience=early_stopping_patience, verbose=1
-            )
+        return [*(self.monitored(c) for c in callbacks), *self.early_stopping(early_stopping_patience)]
+
+    def early_stopping(self, patience: int | None) -> list:
+        """`[EarlyStopping]` on the monitored value after `patience` evaluations without improvement; [] for 0/None."""
+        if not patience:
+            return []
+        stopping = keras.callbacks.EarlyStopping(
+            monitor=self.monitor, mode=self.mode, min_delta=0, patience=patience, verbose=1
         )
-        return [self.monitored(c) for c in callbacks]
+        return [self.monitored(stopping)]

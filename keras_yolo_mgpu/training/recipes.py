@@ -45,6 +45,10 @@ RECIPES: dict[str, dict] = {
         objectness_prior=0.01,
         iou_thresh=0.213,
         save_period=0,
+        # Ends the one stage after 30 evaluations without a better val
+        # mAP@0.5 (docs/training.md, "How long"): on the kangaroo photos the
+        # best epoch came at 32 of 100 ...
+        patience=30,
     ),
     "keras-yolo3": dict(
         epochs=100,
@@ -58,6 +62,7 @@ RECIPES: dict[str, dict] = {
         objectness_prior=0.0,
         iou_thresh=None,  # the model's: best anchor only for YOLOv3
         save_period=None,  # ep*.weights.h5 at every improvement
+        patience=None,  # stage 2's EarlyStopping (early_stopping_patience 10) only
     ),
 }
 RECIPE_FIELDS = tuple(RECIPES[DEFAULT_RECIPE])

@@ -156,7 +156,13 @@ class _TrainingRun(RunSetup):
         last = self.state
         epoch = last.epoch if last else 0
         position = last.stream_position if last else 0
-        if stage1_left:
+        if last is not None and last.stopped and last.weights_kind == "fit":
+            # EarlyStopping ended the run before it was interrupted: its last
+            # epoch's weights (restored by fit_stage) become the final ones.
+            stage, end = last.stage, last.epoch
+            rate = (self.config.lr1, self.config.lr2)[stage - 1]
+            _, last = self.fit_stage(stage, rate, self.batch_sizes[stage - 1], end, end, [], position, last)
+        elif stage1_left:
             stage_history, last = self.run_stage1(epoch, position)
             _extend_history(history, stage_history)
             epoch, position = last.epoch, last.stream_position
@@ -231,7 +237,12 @@ class _TrainingRun(RunSetup):
             tracked=tracked,
             restore=restore.callbacks if restore is not None else None,
         )
-        if initial_epoch >= end_epoch:  # a resumed stage whose last epoch was done
+        if initial_epoch >= end_epoch:  # a resumed stage whose last epoch was done (or that had stopped early)
+            if restore is not None and restore.weights_kind == "fit":
+                # What the end of the interrupted `fit` would have done: with
+                # --ema the averages become the weights (ema.py).
+                with self.engine.strategy.scope():
+                    fit_model.optimizer.finalize_variable_values(fit_model.trainable_weights)
             return {}, restore
         logger.info(
             "stage %d: epochs %d-%d, lr %g, global batch %d (%d per replica), %d steps/epoch, %d trainable weights",
@@ -264,14 +275,19 @@ class _TrainingRun(RunSetup):
         from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
 
         config = self.config
+        # A one-stage run with nothing frozen (the default recipe's) stops
+        # early on `patience`; keras-yolo3's frozen stage 1 never does.
+        only_stage = config.freeze_epochs >= config.epochs and config.freeze_body == 0
+        stopping = self.recipe.early_stopping(config.patience) if only_stage else []
         stage_history, last = self.fit_stage(
-            1, config.lr1, self.batch_sizes[0], epoch, config.freeze_epochs, [], position, self.state
+            1, config.lr1, self.batch_sizes[0], epoch, config.freeze_epochs, stopping, position, self.state
         )
         # Stage 2 starts from stage 1's weights with a fresh optimizer, so
         # its starting point is the body's weights alone.
         stage2_start = run_state.RunState(
             stage=2,
-            epoch=config.freeze_epochs,
+            epoch=last.epoch,  # freeze_epochs, unless EarlyStopping ended a one-stage run
+            stopped=last.stopped,
             stream_position=last.stream_position,
             weights=STAGE1_WEIGHTS,
             weights_kind="body",
@@ -296,11 +312,13 @@ class _TrainingRun(RunSetup):
         # Stage 2 continues a saved state only on resume; after stage 1 in this
         # process its callbacks and weights are already where they should be.
         resume = self.state if self.state is not None and self.state.stage == 2 else None
+        if resume is not None and resume.weights_kind == "body":
+            # Stage 1's final weights: stage 2's start, or the final weights
+            # of a one-stage run killed before it saved them.
+            self.body.load_weights(os.path.join(config.log_dir, resume.weights))
         if config.epochs <= config.freeze_epochs or (resume is not None and resume.stopped):
             return {}, last
         freeze_layers(self.body, 0)
-        if resume is not None and resume.weights_kind == "body":
-            self.body.load_weights(os.path.join(config.log_dir, resume.weights))
         stage2_callbacks = self.recipe.plateau_callbacks(config.reduce_lr_patience, config.early_stopping_patience)
         return self.fit_stage(
             2, config.lr2, self.batch_sizes[1], epoch, config.epochs, stage2_callbacks, position, resume
