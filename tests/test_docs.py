@@ -375,6 +375,11 @@ def check_command(command: Command) -> str | None:
         if not command.source.exists():
             return f"{command.source.relative_to(ROOT)} does not exist"
         text = command.source.read_text(encoding="utf-8")
+        # A script's flags may come from a helper beside it (`import recipe_table_real`).
+        for helper in re.findall(r"^import (\w+)", text, re.MULTILINE):
+            beside = command.source.parent / f"{helper}.py"
+            if command.source.parent.name == "scripts" and beside.exists():
+                text += beside.read_text(encoding="utf-8")
         missing = [flag for flag in flags if f'"{flag}"' not in text and not _pending(flag)]
         return f"flags not defined in {command.source.relative_to(ROOT)}: {missing}" if missing else None
     known = {option for action in parser._actions for option in action.option_strings}
