@@ -115,11 +115,7 @@ def export_savedmodel(model, path: str, fixed_batch: bool = False) -> str:
     (the denylist of float tensors covers the main graph only), which
     returned all-zero boxes for a trained network.
     """
-    signature = None
-    if fixed_batch:
-        import tensorflow as tf
-
-        signature = [[tf.TensorSpec(x.shape, x.dtype, name=x.name) for x in model.inputs]]
+    signature = [_input_signature(model)] if fixed_batch else None
     # A failed export leaves an existing folder at `path` as it was.
     return replace_directory(
         path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False, input_signature=signature)
