@@ -36,7 +36,7 @@ def dataset(tmp_path):
         "images/not_an_image.jpg",  # 5 unreadable-image
         "images/good.jpg 1,2,30,40,0 1,2,65,40,1",  # 6 box-outside-image (x2 > 64)
         "images/good.jpg -1,2,30,40,0",  # 7 box-outside-image (negative)
-        "images/good.jpg 30,2,30,40,0 5,40,9,39,0",  # 8 degenerate-box x2, then y2 <= y1
+        "images/good.jpg 30,2,30,40,0 5,40,9,39,0 1,2,30,40,1",  # 8 degenerate-box x2 == x1, then y2 < y1
         "images/good.jpg 1,2,30,40,20",  # 9 class-out-of-range
         "images/good.jpg 1,2,30,40,0 5,5,9,9,1 1,2,30,40,0",  # 10 duplicate-box
         "images/good.jpg 1,2,3,4",  # 11 malformed
@@ -73,12 +73,21 @@ def test_reports_each_problem_on_its_line(dataset):
     ]
     assert set(KINDS) - {"label-without-image"} == {kind for _, kind in found}  # YOLO-format only
     # Lines whose only problems are repairable (boxes outside the image,
-    # repeats) stay usable with boxes clipped and deduplicated.
-    assert [a.line_number for a in report.annotations] == [1, 6, 7, 10, 12]
+    # repeats, degenerate boxes) stay usable with boxes clipped, deduplicated
+    # and degenerate ones dropped, as keras-yolo3's generator did.
+    assert [a.line_number for a in report.annotations] == [1, 6, 7, 8, 10, 12]
     repaired = {a.line_number: a.boxes.tolist() for a in report.annotations}
     assert repaired[6] == [[1, 2, 30, 40, 0], [1, 2, 64, 40, 1]]  # x_max clipped to the 64 px width
     assert repaired[7] == [[0, 2, 30, 40, 0]]  # x_min clipped to 0
+    assert repaired[8] == [[1, 2, 30, 40, 1]]  # the two degenerate boxes dropped, the good one kept
     assert repaired[10] == [[1, 2, 30, 40, 0], [5, 5, 9, 9, 1]]  # the repeat dropped
+    degenerate = [str(p) for p in report.problems if p.kind == "degenerate-box"]
+    assert degenerate == [
+        f"{dataset}:8: box 1 (30,2,30,40,0): zero width (x_max == x_min); "
+        "the box is dropped, the image and its other boxes kept",
+        f"{dataset}:8: box 2 (5,40,9,39,0): negative height (y_max < y_min); "
+        "the box is dropped, the image and its other boxes kept",
+    ]
     by_line = {p.line_number: p for p in report.problems}
     assert str(by_line[3]) == f"{dataset}:3: image not found: {dataset.parent / 'images' / 'missing.jpg'}"
     assert "truncated" in str(by_line[4])
@@ -91,7 +100,7 @@ def test_reports_each_problem_on_its_line(dataset):
 def test_summary_counts(dataset):
     report = check_annotations(str(dataset), num_classes=20)
     assert (report.num_lines, report.num_images, report.num_backgrounds) == (12, 11, 2)
-    assert report.num_boxes == 14
+    assert report.num_boxes == 15
     assert report.num_bad_lines == 10
     assert report.problems_by_kind == {
         "malformed": 1,
@@ -104,7 +113,7 @@ def test_summary_counts(dataset):
     }
     text = report.summary_text()
     assert text.startswith(
-        f"{dataset}: 12 lines, 5 usable; 11 images, 14 boxes, 2 backgrounds; 11 problems on 10 lines"
+        f"{dataset}: 12 lines, 6 usable; 11 images, 15 boxes, 2 backgrounds; 11 problems on 10 lines"
     )
     assert "unreadable-image 2" in text
 
@@ -141,7 +150,7 @@ def test_cli_prints_file_line_problems_and_exits_nonzero_without_modifying(datas
     out = capsys.readouterr().out.splitlines()
     assert status == 1
     assert len(out) == 12 and all(line.startswith(f"{dataset}:") for line in out[:-1])
-    assert out[-1].startswith(f"{dataset}: 12 lines, 5 usable")
+    assert out[-1].startswith(f"{dataset}: 12 lines, 6 usable")
     assert _snapshot(tmp_path) == before  # read-only
 
 

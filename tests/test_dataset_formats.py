@@ -81,7 +81,7 @@ def test_bad_yolo_labels_are_reported_with_file_and_line(reference, tmp_path):
         "00000.txt": "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2\n",  # line 2: four fields
         "00001.txt": "1 0.5 1.5 0.2 0.2\n",  # outside [0, 1]
         "00002.txt": "\n2 0.5 0.5 0.2 0.2\n",  # line 2: class 2 past the two names
-        "00003.txt": "0 0.5 0.5 0 0.2\n",  # zero area
+        "00003.txt": "0 0.5 0.5 0 0.2\n1 0.25 0.5 0.5 0.5\n",  # zero width: that box alone dropped
         "00004.txt": "1 0.25 0.5 0.5 0.5\n",  # good
         "99999.txt": "0 0.5 0.5 0.1 0.1\n",  # no image
     }
@@ -100,9 +100,14 @@ def test_bad_yolo_labels_are_reported_with_file_and_line(reference, tmp_path):
         ("99999.txt", 0, "label-without-image"),
     ]
     assert str(report.problems[0]).startswith(f"{labels / '00000.txt'}:2: 4 fields, expected 5")
-    assert [os.path.basename(a.image_path) for a in report.annotations] == ["00004.png"]
-    width, height = image_size(train[4].image_path)
-    np.testing.assert_array_equal(report.annotations[0].boxes, [[0, height * 0.25, width * 0.5, height * 0.75, 1]])
+    assert str(report.problems[3]) == (
+        f"{labels / '00003.txt'}:1: box 1 (0 0.5 0.5 0 0.2): zero width (x_max == x_min); the box is dropped, "
+        f"the image and its other boxes kept (image {folder / 'images' / '00003.png'})"
+    )
+    assert [os.path.basename(a.image_path) for a in report.annotations] == ["00003.png", "00004.png"]
+    for record, original in zip(report.annotations, train[3:5]):
+        width, height = image_size(original.image_path)
+        np.testing.assert_array_equal(record.boxes, [[0, height * 0.25, width * 0.5, height * 0.75, 1]])
     assert _snapshot(folder) == before  # nothing modified
 
 

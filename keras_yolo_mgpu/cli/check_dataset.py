@@ -3,9 +3,12 @@
     python -m keras_yolo_mgpu.check_dataset --data my_dataset/data.yaml
     python -m keras_yolo_mgpu.check_dataset train.txt --classes model_data/voc_classes.txt
 
-Prints `FILE:LINE: problem` lines and a summary. Exit status: 0 clean, 1 when
-there are problems, 2 when the command itself is wrong (a missing file, a
-bad classes file). Never modifies a file; never imports TensorFlow.
+Prints `FILE:LINE: problem` lines and a summary per split, then, when a split
+has no box left (training would refuse it) or more than half of its images
+have no labels, where the labels were looked for. Exit status: 0 clean, 1
+when there are problems or a split without a box, 2 when the command itself
+is wrong (a missing file, a bad classes file). Never modifies a file; never
+imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -78,7 +81,15 @@ def run(args) -> int:
                 for problem in report.problems:
                     print(problem)
                 print(report.summary_text() if split == "train" else f"{split}: {report.summary_text()}")
-                any_problem = any_problem or bool(report.problems)
+                split_word = "training" if split == "train" else "validation"
+                no_boxes = report.no_boxes_message(split_word)
+                warning = report.unlabelled_warning(split_word)
+                if warning:
+                    print(f"warning: {warning}")
+                if no_boxes:
+                    refusal = "training refuses to start" if split == "train" else "a run monitoring mAP refuses it"
+                    print(f"error: {no_boxes}; {refusal}")
+                any_problem = any_problem or bool(report.problems) or bool(no_boxes)
         except OSError as error:
             raise CommandError(f"cannot read {path}: {error}") from error
     return 1 if any_problem else 0

@@ -11,7 +11,7 @@ modified. Problem kinds:
     missing-file        the image does not exist
     unreadable-image    PIL cannot decode it (unknown format, truncated, corrupt)
     box-outside-image   a coordinate below 0 or beyond the image's width/height
-    degenerate-box      x_max <= x_min or y_max <= y_min
+    degenerate-box      zero or negative width or height, or under 1 px once clipped to the image
     class-out-of-range  class id not in [0, num_classes)
     duplicate-box       the same box twice on one line
     label-without-image a YOLO-format label file whose image does not exist
@@ -24,8 +24,14 @@ the images they could read to the same image and box checks.
 
 Training runs `check_annotations` first and uses `report.annotations`: the
 lines without any problem, plus the lines whose only problems are boxes
-outside the image or repeated boxes, repaired (boxes clipped to the image,
-repeats dropped) as keras-yolo3's generator clipped them.
+outside the image, repeated or degenerate boxes, repaired (boxes clipped to
+the image, repeats and boxes under 1 px dropped, the image and its other
+boxes kept) as keras-yolo3's generator clipped them.
+
+Whether labels were found at all is judged here too, the same way for every
+format: `CheckReport.no_boxes_message` (no box left in a split: training
+refuses to start) and `CheckReport.unlabelled_warning` (more than half of
+the images without labels). Both say where the reader looked for labels.
 """
 
 from __future__ import annotations
@@ -39,10 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from keras_yolo_mgpu.data.annotations import Annotation, AnnotationError, iter_annotation_lines, parse_annotation_line
+from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.images import read_image
 
-__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "check_records"]
+__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "check_records", "degenerate_box_reason"]
 
 KINDS = (
     "malformed",
@@ -83,6 +89,10 @@ class CheckReport:
         num_boxes: boxes on those lines.
         num_backgrounds: lines with no box.
         source: the annotation file.
+        num_unlabelled: images for which the reader found no labels at all
+            (see `SplitRecords.num_unlabelled`).
+        labels_looked_for: where the reader looked for labels, with an
+            example path (see `SplitRecords.labels_looked_for`).
     """
 
     annotations: list[Annotation]
@@ -95,6 +105,13 @@ class CheckReport:
     images_checked: bool = True
     # What `num_lines` counts: annotation lines, or the images a dataset lists.
     entry_word: str = "lines"
+    num_unlabelled: int = 0
+    labels_looked_for: str = ""
+
+    @property
+    def num_usable_boxes(self) -> int:
+        """Boxes training gets: those of `annotations`, after the repairs."""
+        return sum(len(a.boxes) for a in self.annotations)
 
     @property
     def num_bad_lines(self) -> int:
@@ -118,6 +135,37 @@ class CheckReport:
         kinds = ", ".join(f"{kind} {count}" for kind, count in self.problems_by_kind.items())
         return f"{text}; {len(self.problems)} problems on {self.num_bad_lines} lines ({kinds})"
 
+    def no_boxes_message(self, split: str = "training") -> str | None:
+        """Why the split gives no box to learn from, where labels were looked for; None when it gives some.
+
+        Args:
+            split: the split's name in the message ("training", "validation").
+        """
+        if self.num_usable_boxes or not self.num_lines:
+            return None
+        if self.num_unlabelled >= self.num_lines:
+            text = f"{self.source}: no labels found for any of the {self.num_lines} {split} images"
+        else:
+            found = [f"{self.num_unlabelled} without labels"] if self.num_unlabelled else []
+            if self.problems:
+                found.append(f"{self.num_bad_lines} with problems, the first: {self.problems[0]}")
+            backgrounds = self.num_lines - self.num_unlabelled - self.num_bad_lines
+            if backgrounds > 0:
+                found.append(f"{backgrounds} backgrounds")
+            text = f"{self.source}: no box left in the {self.num_lines} {split} images read ({'; '.join(found)})"
+        if self.labels_looked_for:
+            text += f"; labels are looked for {self.labels_looked_for}"
+        return text
+
+    def unlabelled_warning(self, split: str = "training") -> str | None:
+        """A warning when more than half of the images have no labels at all; None otherwise."""
+        if self.num_unlabelled * 2 <= self.num_lines:
+            return None
+        text = f"{self.source}: {self.num_unlabelled} of the {self.num_lines} {split} images have no labels"
+        if self.labels_looked_for:
+            text += f"; labels are looked for {self.labels_looked_for}"
+        return text + ". They count as backgrounds (no object): if they hold objects, put their labels there"
+
     def write_problems(self, path: str) -> None:
         """Writes every problem, one `FILE:LINE: message` per line, then the summary."""
         with open(path, "w", encoding="utf-8") as f:
@@ -137,23 +185,58 @@ def _inspect_image(path: str) -> tuple[tuple[int, int] | None, str | None, str |
         return None, "unreadable-image", f"unreadable image {path}: {type(error).__name__}: {error}"
 
 
-# Problems training can repair: clip boxes to the image and drop repeats, as
-# keras-yolo3's generator clipped them. The checker still reports them.
-REPAIRABLE = frozenset({"box-outside-image", "duplicate-box"})
+# Problems training can repair: clip boxes to the image, drop repeats and
+# degenerate boxes (the image and its other boxes stay), as keras-yolo3's
+# generator did. The checker still reports them.
+REPAIRABLE = frozenset({"box-outside-image", "duplicate-box", "degenerate-box"})
+
+# keras-yolo3's generator drops a box 1 px or less wide or high once clipped
+# and resized to the input (the pipeline still does); the checker drops, in
+# the image's own pixels, a box under 1 px once clipped, and only that box.
+MIN_BOX_SIZE = 1.0
+# The end of every degenerate-box message, in every format.
+DROPPED = "the box is dropped, the image and its other boxes kept"
+
+
+def degenerate_box_reason(box, size: tuple[int, int] | None = None) -> str | None:
+    """Why the box is dropped, or None when it is kept.
+
+    Args:
+        box: x_min, y_min, x_max, y_max (more values, such as the class id, are ignored), pixels.
+        size: (width, height) of the image the box is clipped to; None clips at 0 only.
+
+    Returns:
+        e.g. "zero width (x_max == x_min)" or "under 1 px once clipped to the 64x48 image (0.5 x 20 px)".
+    """
+    x1, y1, x2, y2 = (float(v) for v in box[:4])
+    for name, low, high, axis in (("width", x1, x2, "x"), ("height", y1, y2, "y")):
+        if high == low:
+            return f"zero {name} ({axis}_max == {axis}_min)"
+        if high < low:
+            return f"negative {name} ({axis}_max < {axis}_min)"
+    width = (min(x2, size[0]) if size else x2) - max(x1, 0.0)
+    height = (min(y2, size[1]) if size else y2) - max(y1, 0.0)
+    if width < MIN_BOX_SIZE or height < MIN_BOX_SIZE:
+        where = f"clipped to the {size[0]}x{size[1]} image" if size else "clipped at 0"
+        if width <= 0 or height <= 0:
+            return f"nothing left once {where}"
+        return f"under {MIN_BOX_SIZE:g} px once {where} ({width:g} x {height:g} px)"
+    return None
 
 
 def repair_boxes(annotation: Annotation, size: tuple[int, int] | None) -> Annotation:
-    """Boxes clipped to the (width, height) image, repeats and boxes left empty dropped."""
+    """Boxes clipped to the (width, height) image; repeats and degenerate boxes dropped."""
     boxes = annotation.boxes.copy()
     if len(boxes):
+        keep = [degenerate_box_reason(box, size) is None for box in boxes]
+        boxes = boxes[np.array(keep, bool)]
         boxes[:, 0:2] = np.maximum(boxes[:, 0:2], 0)
         if size is not None:
             boxes[:, 2] = np.minimum(boxes[:, 2], size[0])
             boxes[:, 3] = np.minimum(boxes[:, 3], size[1])
         _, first = np.unique(boxes, axis=0, return_index=True)
         boxes = boxes[np.sort(first)]
-        boxes = boxes[(boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])]
-    return dataclasses.replace(annotation, boxes=boxes.astype(np.float32))
+    return dataclasses.replace(annotation, boxes=boxes.reshape(-1, 5).astype(np.float32))
 
 
 def _box_text(box) -> str:
@@ -166,8 +249,9 @@ def _box_problems(annotation: Annotation, num_classes: int, size: tuple[int, int
     for number, box in enumerate(annotation.boxes.tolist(), start=1):
         x1, y1, x2, y2, class_id = box
         text = f"box {number} ({_box_text(box)})"
-        if x2 <= x1 or y2 <= y1:
-            problems.append(("degenerate-box", f"{text}: x_max <= x_min or y_max <= y_min"))
+        reason = degenerate_box_reason(box, size)
+        if reason:
+            problems.append(("degenerate-box", f"{text}: {reason}; {DROPPED}"))
         if x1 < 0 or y1 < 0 or (size is not None and (x2 > size[0] or y2 > size[1])):
             where = f"the {size[0]}x{size[1]} image" if size is not None else "the image (negative coordinate)"
             problems.append(("box-outside-image", f"{text} extends outside {where}"))
@@ -209,24 +293,20 @@ def check_annotations(
     Raises:
         OSError: the annotation file cannot be read.
     """
-    parsed: list[Annotation] = []
-    problems: list[Problem] = []
-    num_lines = 0
-    for line_number, line in iter_annotation_lines(path):
-        num_lines += 1
-        try:
-            parsed.append(parse_annotation_line(line, source=path, line_number=line_number, root=root))
-        except AnnotationError as error:
-            problems.append(Problem(path, line_number, "malformed", error.problem))
+    from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file  # the formats import Problem
+
+    split = read_annotation_file(path, root)
     return check_records(
-        parsed,
+        split.records,
         num_classes,
         source=path,
-        read_problems=problems,
-        num_entries=num_lines,
+        read_problems=split.problems,
+        num_entries=split.num_entries,
         check_images=check_images,
         workers=workers,
         progress=progress,
+        num_unlabelled=split.num_unlabelled,
+        labels_looked_for=split.labels_looked_for,
     )
 
 
@@ -260,6 +340,8 @@ def check_records(
     check_images: bool = True,
     workers: int | None = None,
     progress: bool = False,
+    num_unlabelled: int = 0,
+    labels_looked_for: str = "",
 ) -> CheckReport:
     """Checks annotation records of any format and their images; never modifies anything.
 
@@ -272,6 +354,9 @@ def check_records(
             out of `records` (or whose bad boxes it left out).
         num_entries: entries listed (default: `len(records)`).
         check_images, workers, progress: as in `check_annotations`.
+        num_unlabelled, labels_looked_for: what the reader found about the
+            labels themselves (`formats.records.SplitRecords`), for
+            `CheckReport.no_boxes_message` and `unlabelled_warning`.
 
     Returns:
         A `CheckReport`; `report.annotations` holds the records with no
@@ -302,4 +387,6 @@ def check_records(
         num_backgrounds=sum(len(a.boxes) == 0 for a in records),
         source=source,
         images_checked=check_images,
+        num_unlabelled=num_unlabelled,
+        labels_looked_for=labels_looked_for,
     )

@@ -10,7 +10,9 @@
 Every reader gives the same records (`data.annotations.Annotation`, boxes in
 pixels) that the training pipeline, evaluation and k-means take, so the
 format changes nothing downstream. `Dataset.checked(split, num_classes)`
-runs the dataset checker over a split: problems name the file and line.
+runs the dataset checker over a split: problems name the file and line, and
+the report says where the reader looked for labels
+(`CheckReport.no_boxes_message`, `unlabelled_warning`).
 
 Class names: the dataset's (YOLO `names`, COCO categories, VOC object
 names) unless the dataset has none, then the `--classes` file; both given
@@ -103,6 +105,8 @@ class Dataset:
             read_problems=records.problems,
             num_entries=records.num_entries,
             check_images=check_images,
+            num_unlabelled=records.num_unlabelled,
+            labels_looked_for=records.labels_looked_for,
             **options,
         )
         if self.kind != "keras-yolo3":

@@ -7,6 +7,12 @@ checker: problems are listed in the run folder (`skipped_lines_<split>.txt`)
 and skipped, or refused with `strict`. Validation is the dataset's own `val`
 split, else `val_annotations`, else `val_split` of the training records
 drawn with the run's seed.
+
+A training split with no box left after the checks is refused, naming where
+labels were looked for (a labels folder in the wrong place trains a detector
+that detects nothing); so is a validation split without a box when the run
+monitors mAP. More than half of a split's images without labels is a
+warning. The rules are the checker's (`data.check.CheckReport`).
 """
 
 from __future__ import annotations
@@ -47,11 +53,28 @@ class TrainingData:
             return self.dataset.checked(split_name, num_classes)
         return check_annotations(path, num_classes)
 
-    def _checked(self, split_name: str, path: str | None, run_dir: str) -> list:
-        """The usable records of one split; problems listed in the run folder, or refused under `strict`."""
+    def _checked(self, split_name: str, path: str | None, run_dir: str, *, need_boxes: bool = True) -> list:
+        """The usable records of one split; problems listed in the run folder, or refused under `strict`.
+
+        Raises:
+            ValueError: no box left in the split while `need_boxes`, or
+                problems under `strict`, or no usable image.
+        """
         report = self._report(split_name, path, len(self.class_names))
         name = split_name if path is None else os.path.splitext(os.path.basename(path))[0]
         where = report.source
+        split_word = "training" if split_name == "train" else "validation"
+        no_boxes = report.no_boxes_message(split_word)
+        if no_boxes and need_boxes:
+            raise ValueError(
+                f"{no_boxes}.\nThe run would learn nothing and does not start: fix the labels or where they are, then "
+                f"check: python -m keras_yolo_mgpu.check_dataset {self._checker_args(path)}"
+            )
+        warning = report.unlabelled_warning(split_word)
+        if warning:
+            logger.warning("%s", warning)
+        if no_boxes:
+            logger.warning("%s; the validation loss measures backgrounds only", no_boxes)
         if report.problems:
             if self.config.strict:  # the run folder goes with the refusal: the checker lists them
                 shown = "\n  ".join(str(p) for p in report.problems[:10])
@@ -62,8 +85,8 @@ class TrainingData:
             listing = os.path.join(run_dir, f"skipped_lines_{name}.txt")
             report.write_problems(listing)
             logger.warning(
-                "%s: %d of %d entries with problems: %d skipped, the others kept with boxes clipped/deduplicated "
-                "(first: %s); list in %s",
+                "%s: %d of %d entries with problems: %d skipped, the others kept with boxes clipped, repeated "
+                "and degenerate ones dropped (first: %s); list in %s",
                 where,
                 report.num_bad_lines,
                 report.num_lines,
@@ -83,7 +106,11 @@ class TrainingData:
 
     def splits(self, run_dir: str) -> tuple[list, list]:
         """(training records, validation records), checked."""
+        from keras_yolo_mgpu.training.recipe import MAP_MONITORS
+
         config = self.config
+        # mAP over a validation split without a box is 0 at every epoch: nothing to select weights by.
+        val_boxes = config.monitor in MAP_MONITORS
         if self.dataset is not None:
             train = self._checked("train", None, run_dir)
             if "val" in self.dataset.splits:
@@ -92,16 +119,22 @@ class TrainingData:
                         f"--data {config.data} has its own val split; --val-annotations {config.val_annotations} "
                         "would replace it: drop one"
                     )
-                return train, self._checked("val", None, run_dir)
+                return train, self._checked("val", None, run_dir, need_boxes=val_boxes)
             if config.val_annotations:
-                return train, self._checked("val", config.val_annotations, run_dir)
+                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes)
             source = config.data
         else:
             train = self._checked("train", config.annotations, run_dir)
             if config.val_annotations:
-                return train, self._checked("val", config.val_annotations, run_dir)
+                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes)
             source = config.annotations
-        return _split_off_validation(train, config.val_split, config.seed, source)
+        train, val = _split_off_validation(train, config.val_split, config.seed, source)
+        if val_boxes and val and not any(len(a.boxes) for a in val):
+            raise ValueError(
+                f"{source}: the {len(val)} validation images drawn with val_split={config.val_split} hold no box, "
+                f"and the run monitors {config.monitor}: raise --val-split, or give a validation split with boxes"
+            )
+        return train, val
 
 
 def _split_off_validation(annotations: list, val_split: float, seed, source: str) -> tuple[list, list]:

@@ -6,6 +6,8 @@ become class indices 0, 1, ... (`data.coco.category_mapping`); their names
 are the dataset's class names. Crowd regions are left out, as keras-yolo3's
 COCO converter does. Each image is one record whose `source` names the
 JSON and the image id, so a problem reads `instances.json[image 7]: ...`.
+A bbox under 1 px wide or high is left out on its own (the image stays);
+an image no annotation names counts as unlabelled (`data.check`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.data.check import Problem
+from keras_yolo_mgpu.data.check import DROPPED, Problem, degenerate_box_reason
 from keras_yolo_mgpu.data.coco import category_mapping
 from keras_yolo_mgpu.data.formats.records import SplitRecords, pixel_box_rounding
 
@@ -52,8 +54,9 @@ def _box(ann: dict) -> tuple[list[float] | None, str | None, str | None]:
         return None, "malformed", f"bbox {bbox!r} holds a value that is not a number"
     if not all(math.isfinite(v) for v in (x, y, w, h)):
         return None, "malformed", f"bbox {bbox!r} is not finite"
-    if w <= 0 or h <= 0:
-        return None, "degenerate-box", f"zero-area bbox {bbox!r}"
+    reason = degenerate_box_reason([x, y, x + w, y + h])
+    if reason:
+        return None, "degenerate-box", f"bbox {bbox!r}: {reason}; {DROPPED}"
     return [x, y, x + w, y + h], None, None
 
 
@@ -86,7 +89,8 @@ def read_coco_json(json_path: str, image_dir: str | None = None) -> tuple[SplitR
             kind, message = "class-out-of-range", f"category_id {ann.get('category_id')} is not in the categories"
         if kind:
             split.problems.append(Problem(where, 0, kind, f"annotation {ann.get('id')}: {message}"))
-            bad_images.add(ann["image_id"])
+            if kind != "degenerate-box":  # that box alone is left out
+                bad_images.add(ann["image_id"])
             continue
         by_image[ann["image_id"]].append([*(pixel_box_rounding(v) for v in box), id_to_index[ann["category_id"]]])
     for image in images:
@@ -95,4 +99,14 @@ def read_coco_json(json_path: str, image_dir: str | None = None) -> tuple[SplitR
         boxes = np.array(by_image[image["id"]], np.float32).reshape(-1, 5)
         path = os.path.join(folder, str(image["file_name"]))
         split.records.append(Annotation(os.path.abspath(path), boxes, f"{json_path}[image {image['id']}]", 0))
+    annotations = instances.get("annotations", [])
+    annotated = {ann.get("image_id") for ann in annotations}
+    unlabelled = [image for image in images if image["id"] not in annotated]
+    split.num_unlabelled = len(unlabelled)
+    if images:
+        example = (unlabelled or images)[0]
+        split.labels_looked_for = (
+            f"in the {len(annotations)} annotations of {json_path}, by image_id, "
+            f"e.g. for image {example['id']} ({example.get('file_name')})"
+        )
     return split, names

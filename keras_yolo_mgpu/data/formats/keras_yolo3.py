@@ -18,4 +18,10 @@ def read_annotation_file(path: str, root: str | None = None) -> SplitRecords:
             split.records.append(parse_annotation_line(line, source=path, line_number=line_number, root=root))
         except AnnotationError as error:
             split.problems.append(Problem(path, line_number, "malformed", error.problem))
+    # A line without a box is how this format writes a background: it counts
+    # as unlabelled, since nothing else could tell the two apart.
+    without = [r for r in split.records if not len(r.boxes)]
+    split.num_unlabelled = len(without)
+    example = f", e.g. line {without[0].line_number} ({without[0].image_path}) has none" if without else ""
+    split.labels_looked_for = f"on each line of {path} after the image path (x_min,y_min,x_max,y_max,class_id){example}"
     return split

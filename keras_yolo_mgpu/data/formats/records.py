@@ -36,15 +36,25 @@ class SplitRecords:
         records: an `Annotation` per image the reader could read (boxes as
             (K, 5) float32 x_min, y_min, x_max, y_max, class_id in pixels).
         problems: what was wrong with the entries, `FILE:LINE` each; an
-            image with a problem here is not in `records`.
+            image with a problem here is not in `records`, but for a
+            `degenerate-box`: that box alone is left out.
         num_entries: images (or lines) the split lists, read or not.
         source: the file or folder the split comes from.
+        num_unlabelled: images for which no labels were found at all (a
+            YOLO image without a label file, a COCO image no annotation
+            names, a VOC XML without an object or missing, a keras-yolo3
+            line without a box). An empty YOLO label file marks a background
+            on purpose and is not counted.
+        labels_looked_for: where the reader looked for labels, with one
+            example, to end "labels are looked for ..." (`data.check`).
     """
 
     records: list[Annotation] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     num_entries: int = 0
     source: str = ""
+    num_unlabelled: int = 0
+    labels_looked_for: str = ""
 
     def __post_init__(self):
         self.source = os.fspath(self.source)

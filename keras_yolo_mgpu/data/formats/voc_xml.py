@@ -9,7 +9,10 @@ Each XML's `<filename>` (else its own name with `.jpg`) is looked up in
 names are the given list, else every object name the XML files use, sorted
 (VOC's own 20 names come out in VOC's order that way). Objects marked
 difficult are left out, as keras-yolo3 does. `ImageSets/Main/train.txt` and
-`val.txt`, when present, give the split.
+`val.txt`, when present, give the split. An XML file without any object, or
+one the image set lists that is missing, counts as unlabelled
+(`data.check`); a degenerate box is dropped by the checker, which names it
+`FILE.xml: box N` (N counts the boxes read, difficult objects left out).
 """
 
 from __future__ import annotations
@@ -75,9 +78,11 @@ def _image_for(xml_path: str, filename: str | None, folder: str) -> str:
 def _read_split(xml_paths: list[str], class_names: list[str], folder: str, source: str) -> SplitRecords:
     split = SplitRecords(source=source, num_entries=len(xml_paths))
     index = {name: i for i, name in enumerate(class_names)}
+    unlabelled = []
     for xml_path in xml_paths:
         if not os.path.isfile(xml_path):
             split.problems.append(Problem(xml_path, 0, "missing-file", "XML file listed in the image set not found"))
+            unlabelled.append(xml_path)
             continue
         try:
             image = parse_voc_xml(xml_path, class_names)
@@ -90,8 +95,14 @@ def _read_split(xml_paths: list[str], class_names: list[str], folder: str, sourc
                 Problem(xml_path, 0, "class-out-of-range", f"object class {unknown} not in the names {list(index)}")
             )
             continue
+        if not len(image.boxes) and not image.difficult_skipped:
+            unlabelled.append(xml_path)  # no <object> at all
         boxes = image.boxes.astype("float32")
         split.records.append(Annotation(_image_for(xml_path, image.filename, folder), boxes, xml_path, 0))
+    split.num_unlabelled = len(unlabelled)
+    if xml_paths:
+        example = (unlabelled or xml_paths)[0]
+        split.labels_looked_for = f"as the <object> elements of each image's XML file in {source}, e.g. {example}"
     return split
 
 

@@ -5,11 +5,14 @@
 
 An image's label file is its path with the last `images` folder replaced by
 `labels` and the extension by `.txt`; an image without one is a background
-image. `train` / `val` may each be a folder of images, a text file listing
-image paths, or a list of those. Relative paths resolve against `path`
-(itself relative to the YAML's folder), else the YAML's folder; Roboflow's
-`../train/images` is also tried without its `../`, as ultralytics does.
-`names` is a list or a `{index: name}` mapping.
+image, counted as unlabelled (an empty label file is a background on
+purpose): when no image of the training split has a box, training refuses
+to start, naming where labels were looked for. `train` / `val` may each be
+a folder of images, a text file listing image paths, or a list of those.
+Relative paths resolve against `path` (itself relative to the YAML's
+folder), else the YAML's folder; Roboflow's `../train/images` is also tried
+without its `../`, as ultralytics does. `names` is a list or a
+`{index: name}` mapping.
 
 A folder without `data.yaml` is read as `images/` + `labels/`, with
 `train/` and `val/` (or `valid/`) sub-folders when it has them (under
@@ -27,7 +30,7 @@ import os
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.data.check import Problem
+from keras_yolo_mgpu.data.check import DROPPED, Problem, degenerate_box_reason
 from keras_yolo_mgpu.data.formats.records import SplitRecords, is_image_file, pixel_box_rounding
 from keras_yolo_mgpu.data.images import image_size
 
@@ -64,47 +67,50 @@ def _parse_label_line(text: str, names_count: int | None) -> tuple[list[float] |
         return None, "class-out-of-range", f"class id {int(values[0])} not in [0, {names_count}) (the dataset's names)"
     if any(not 0.0 <= v <= 1.0 for v in values[1:]):
         return None, "box-outside-image", f"coordinates {' '.join(fields[1:])} outside [0, 1] (not normalised?)"
-    if values[3] <= 0 or values[4] <= 0:
-        return None, "degenerate-box", f"zero-area box (w {fields[3]}, h {fields[4]})"
-    return values, None, None
+    return values, None, None  # a zero width or height: `degenerate_box_reason`, in pixels
 
 
 def _read_label_file(label_path: str, image_path: str, names_count: int | None):
-    """(Annotation or None, problems) for one image and its label file."""
+    """(Annotation or None, problems) for one image and its label file.
+
+    A degenerate box is left out on its own (reported on its line); any
+    other problem leaves the image out.
+    """
     if not os.path.isfile(label_path):
         return Annotation(image_path, np.zeros((0, 5), np.float32), label_path, 0), []
     problems, rows = [], []
     with open(label_path, encoding="utf-8-sig") as handle:
         lines = [(number, line) for number, line in enumerate(handle, start=1) if line.strip()]
-    for number, line in lines:
+    for index, (number, line) in enumerate(lines, start=1):
         values, kind, message = _parse_label_line(line, names_count)
         if kind:
             problems.append(Problem(label_path, number, kind, f"{message} (image {image_path})"))
         else:
-            rows.append(values)
+            rows.append((index, number, line.strip(), values))
     if problems:
         return None, problems
-    boxes = np.zeros((0, 5), np.float32)
+    boxes = []
     if rows:
         try:
             width, height = image_size(image_path)  # the header only: normalised -> pixels
         except Exception as error:  # noqa: BLE001 - the checker reports the image itself
             return None, _unreadable(image_path, error)
-        boxes = np.array(
-            [
-                [
-                    pixel_box_rounding((cx - w / 2) * width),
-                    pixel_box_rounding((cy - h / 2) * height),
-                    pixel_box_rounding((cx + w / 2) * width),
-                    pixel_box_rounding((cy + h / 2) * height),
-                    c,
-                ]
-                for c, cx, cy, w, h in rows
-            ],
-            np.float32,
-        )
+        for index, number, text, (c, cx, cy, w, h) in rows:
+            box = [
+                pixel_box_rounding((cx - w / 2) * width),
+                pixel_box_rounding((cy - h / 2) * height),
+                pixel_box_rounding((cx + w / 2) * width),
+                pixel_box_rounding((cy + h / 2) * height),
+                c,
+            ]
+            reason = degenerate_box_reason(box, (width, height))
+            if reason:
+                message = f"box {index} ({text}): {reason}; {DROPPED} (image {image_path})"
+                problems.append(Problem(label_path, number, "degenerate-box", message))
+            else:
+                boxes.append(box)
     # Line 1: the checker's "box N" then counts the label file's boxes.
-    return Annotation(image_path, boxes, label_path, 1), []
+    return Annotation(image_path, np.array(boxes, np.float32).reshape(-1, 5), label_path, 1), problems
 
 
 def _unreadable(image_path: str, error: Exception) -> list[Problem]:
@@ -135,20 +141,35 @@ def _orphan_labels(image_paths: list[str]) -> list[Problem]:
     return orphans
 
 
+def _labels_looked_for(image_path: str) -> str:
+    """How `label_path_for` found (or did not find) the label of `image_path`, for `data.check`'s messages."""
+    label = label_path_for(image_path)
+    if "images" not in os.path.normpath(image_path).split(os.sep)[:-1]:
+        return f"beside each image, extension .txt (no images/ folder in its path to become labels/), e.g. {label}"
+    return f"at each image's path with its last images/ folder -> labels/ and the extension .txt, e.g. {label}"
+
+
 def read_yolo_split(entries: list[str], names_count: int | None, source: str) -> SplitRecords:
     """Every image of `entries` (folders or path lists) with its boxes in pixels."""
     split = SplitRecords(source=source)
     image_paths = [path for entry in entries for path in _list_images(entry)]
     split.num_entries = len(image_paths)
+    unlabelled = []
     for image_path in image_paths:
         if not os.path.isfile(image_path):
             split.problems.append(Problem(image_path, 0, "missing-file", f"image not found: {image_path}"))
             continue
-        record, problems = _read_label_file(label_path_for(image_path), image_path, names_count)
+        label_path = label_path_for(image_path)
+        if not os.path.isfile(label_path):
+            unlabelled.append(image_path)
+        record, problems = _read_label_file(label_path, image_path, names_count)
         split.problems += problems
         if record is not None:
             split.records.append(record)
     split.problems += _orphan_labels(image_paths)
+    split.num_unlabelled = len(unlabelled)
+    if image_paths:
+        split.labels_looked_for = _labels_looked_for((unlabelled or image_paths)[0])
     return split
 
 
