@@ -11,12 +11,14 @@ for `.tflite`, onnxruntime for `.onnx`.
 Every export also returns `decoded_boxes` and `decoded_scores` (all boxes
 before NMS); the detector runs NMS on those on the host with the score and
 IoU asked for now (evaluation needs a floor of 0.001, a deployment 0.3),
-with the same `YoloNMS` layer the export has inside. The network and the
+with the same NMS (`layers.non_max_suppression`) as the `YoloNMS` layer the
+export has inside. The network and the
 decoding (where quantisation acts) are always the export's own.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
@@ -112,18 +114,25 @@ def open_runner(path: str, fmt: str | None = None):
 
 
 def host_nms(outputs: dict, *, score: float, iou: float, max_boxes: int, max_detections: int) -> dict:
-    """NMS of an export's `decoded_boxes` (N, K, 4) / `decoded_scores` (N, K, C) with `YoloNMS`.
+    """NMS of an export's `decoded_boxes` (N, K, 4) / `decoded_scores` (N, K, C), as `YoloNMS` runs it.
 
     Returns:
         `boxes` (N, M, 4), `scores` (N, M), `classes` (N, M), `valid_detections` (N,) as numpy.
     """
-    from keras_yolo_mgpu.inference.layers import OUTPUT_NAMES, YoloNMS
+    from keras_yolo_mgpu.inference.layers import OUTPUT_NAMES
 
-    nms = YoloNMS(
-        max_detections=max_detections, max_boxes_per_class=max_boxes, score_threshold=score, iou_threshold=iou
+    nms = _nms_runner(float(score), float(iou), int(max_boxes), int(max_detections))
+    return dict(zip(OUTPUT_NAMES, nms(outputs["decoded_boxes"], outputs["decoded_scores"])))
+
+
+@functools.lru_cache(maxsize=8)
+def _nms_runner(score: float, iou: float, max_boxes: int, max_detections: int):
+    """One NMS function per setting, kept: on JAX each compiles once per batch shape."""
+    from keras_yolo_mgpu.inference.runners import make_nms_runner
+
+    return make_nms_runner(
+        max_boxes_per_class=max_boxes, max_detections=max_detections, iou_threshold=iou, score_threshold=score
     )
-    results = nms([np.asarray(outputs["decoded_boxes"], np.float32), np.asarray(outputs["decoded_scores"], np.float32)])
-    return {name: np.asarray(value) for name, value in zip(OUTPUT_NAMES, results)}
 
 
 def _export_settings(path: str, settings):

@@ -7,8 +7,9 @@ built for inference (never the training model): the body from
 project's checkpoints from a 4-GPU run, Keras 2 `.h5` files from keras-yolo3
 (nested `multi_gpu_model` files included) and `convert.py` output.
 
-`gpu_num > 1` spreads a batch of frames over that many GPUs, one model
-replica per GPU, each image whole on one GPU.
+`gpu_num > 1` spreads a batch of frames over that many GPUs, each image
+whole on one GPU. How the model runs on the devices is the backend's
+(`runners.py`); TensorFlow is needed only on the TensorFlow backend.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from typing import NamedTuple
 
 import keras
 import numpy as np
-import tensorflow as tf
 from PIL import Image
 
 from keras_yolo_mgpu.data.images import to_rgb_array
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_detection_model
+from keras_yolo_mgpu.inference.runners import inference_devices, make_detection_runner, outside_distribution
 from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 
@@ -64,26 +65,6 @@ class Detections(NamedTuple):
             }
             for b, s, c in zip(self.boxes, self.scores, self.classes)
         ]
-
-
-def _inference_devices(gpu_num: int) -> list[str | None]:
-    """Device per model replica: [None] (default placement) for one."""
-    if gpu_num < 1:
-        raise ValueError(f"gpu_num must be >= 1. Received: gpu_num={gpu_num}")
-    if gpu_num == 1:
-        return [None]
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    if len(gpus) >= gpu_num:
-        return gpus[:gpu_num]
-    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
-    if not gpus and len(cpus) >= gpu_num:
-        # Logical CPU devices (parallel.simulate_devices): a rehearsal.
-        logger.info("no GPU: spreading frames over %d logical CPU devices", gpu_num)
-        return cpus[:gpu_num]
-    raise ValueError(
-        f"gpu_num={gpu_num} but TensorFlow sees {len(gpus)} GPU(s) ({', '.join(gpus) or 'none'}). "
-        "Check CUDA_VISIBLE_DEVICES and the TensorFlow GPU install, or use gpu_num=1."
-    )
 
 
 def load_body(model_path: str, anchors, num_classes: int, kind: str | None = None) -> keras.Model:
@@ -172,7 +153,8 @@ class YOLO:
                 masks=masks,
                 input_shape=model_image_size,
             )
-        body = load_body(model_path, settings.anchors_array, settings.num_classes, settings.kind)
+        with outside_distribution():  # the detector's own weights, wherever it is built
+            body = load_body(model_path, settings.anchors_array, settings.num_classes, settings.kind)
         self.model_path = model_path
         self._setup(body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size)
 
@@ -224,17 +206,15 @@ class YOLO:
         self.batch_size = int(batch_size)
         self.colors = class_colors(len(self.class_names))
         self.body = body
-        self.devices = _inference_devices(self.gpu_num)
+        self.devices = inference_devices(self.gpu_num)
         self.inference_model = self._wrap(body)
-        # One replica per extra device, each with its own copy of the
-        # weights, so no GPU reads another's weights on every batch.
-        self._replicas = [self.inference_model]
-        for device in self.devices[1:]:
-            with tf.device(device):
-                replica_body = build_body(self.anchors, len(self.class_names), model=self.kind)
-                replica_body.set_weights(body.get_weights())
-                self._replicas.append(self._wrap(replica_body))
-        self._functions: dict[int, object] = {}
+        self._run = make_detection_runner(self.inference_model, self.devices, make_replica=self._replica)
+
+    def _replica(self) -> keras.Model:
+        """Another inference model with a copy of the body's weights (TensorFlow's extra devices)."""
+        replica_body = build_body(self.anchors, len(self.class_names), model=self.kind)
+        replica_body.set_weights(self.body.get_weights())
+        return self._wrap(replica_body)
 
     def _wrap(self, body):
         return build_detection_model(
@@ -248,31 +228,6 @@ class YOLO:
 
     # ------------------------------------------------------------------
     # Running the model
-
-    def _function(self, num_parts: int):
-        """A compiled function over `num_parts` slices of a batch, one per device."""
-        if num_parts in self._functions:
-            return self._functions[num_parts]
-        height, width = self.model_image_size
-        spec = (
-            tuple(tf.TensorSpec([None, height, width, 3], tf.uint8) for _ in range(num_parts)),
-            tuple(tf.TensorSpec([None, 2], tf.float32) for _ in range(num_parts)),
-        )
-        devices, replicas = self.devices[:num_parts], self._replicas[:num_parts]
-
-        @tf.function(input_signature=spec)
-        def run(images, shapes):
-            parts = []
-            for device, model, image, shape in zip(devices, replicas, images, shapes):
-                with tf.device(device):
-                    # keras-yolo3 divides float32 pixels by 255 the same way.
-                    parts.append(model([tf.cast(image, tf.float32) / 255.0, shape], training=False))
-            if len(parts) == 1:
-                return parts[0]
-            return {key: tf.concat([p[key] for p in parts], axis=0) for key in parts[0]}
-
-        self._functions[num_parts] = run
-        return run
 
     def preprocess(self, image) -> tuple[np.ndarray, tuple[int, int]]:
         """RGB image -> (letterboxed (H, W, 3) uint8, original (height, width))."""
@@ -290,14 +245,8 @@ class YOLO:
         shapes = np.asarray(image_shapes, dtype=np.float32).reshape(-1, 2)
         if len(images) == 0:
             return []
-        parts = min(len(self.devices), len(images))
-        image_parts = tuple(np.array_split(images, parts))
-        shape_parts = tuple(np.array_split(shapes, parts))
-        out = self._function(parts)(image_parts, shape_parts)
-        boxes = out["boxes"].numpy()
-        scores = out["scores"].numpy()
-        classes = out["classes"].numpy()
-        valid = out["valid_detections"].numpy()
+        out = self._run(images, shapes)
+        boxes, scores, classes, valid = (out[key] for key in ("boxes", "scores", "classes", "valid_detections"))
         results = []
         for i, (height, width) in enumerate(shapes):
             n = int(valid[i])

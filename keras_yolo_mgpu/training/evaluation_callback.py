@@ -8,7 +8,10 @@ validation annotations, at the validation input size. The results go into
 the epoch's logs as `val_mAP` (mAP@[.5:.95]) and `val_mAP50` (mAP@.5), so
 `history.csv`, TensorBoard, the progress line, checkpoints,
 ReduceLROnPlateau and EarlyStopping see them like `val_loss`;
-`val_mAP_seconds` and `epoch_seconds` say what the evaluation cost.
+`val_mAP_seconds` and `epoch_seconds` say what the evaluation cost. On JAX
+the callback runs inside training's `keras.distribution.DataParallel`; the
+detector's body and compiled program stay outside it, on one device, so a
+validation batch of any size runs (`inference.runners`).
 
 Epochs without an evaluation have no `val_mAP` in their logs; the callbacks
 that monitor it are wrapped in `OnEvaluatedEpochs`, so their patience counts
@@ -133,12 +136,17 @@ class MeanAPEvaluation(keras.callbacks.Callback):
     def _detector_with_current_weights(self):
         from keras_yolo_mgpu.evaluation.mean_ap import EVAL_MAX_DETECTIONS, EVAL_MIN_SCORE
         from keras_yolo_mgpu.inference.detector import YOLO
+        from keras_yolo_mgpu.inference.runners import outside_distribution
         from keras_yolo_mgpu.model.yolo3 import build_body
 
         if self._detector is None:
-            # A body of its own, outside any distribution strategy, so the
-            # detector's compiled function never touches mirrored variables.
-            body = build_body(self.anchors, len(self.class_names), model=self.kind)
+            # A body of its own, so the detector's compiled function never
+            # touches the training's variables (TensorFlow's mirrored ones);
+            # on JAX built outside training's DataParallel distribution, so
+            # its weights sit on one device instead of every training device
+            # (`runners.outside_distribution`).
+            with outside_distribution():
+                body = build_body(self.anchors, len(self.class_names), model=self.kind)
             self._detector = YOLO.from_body(
                 body,
                 self.anchors,
