@@ -4,18 +4,22 @@
     python scripts/make_bench_images.py --out /tmp/bench_images --num 256
     python scripts/pipeline_stages.py --annotations /tmp/bench_images/train.txt --rounds 3
 
-Variants, each the real `data.pipeline.DatasetBuilder` with one stage
-replaced (a subclass overrides one method), timed like `bench pipeline`
-(CPU time of every thread per image) in rounds that visit every variant,
-so that load from other processes disturbs all of them alike:
+Variants, each the real tf.data pipeline (`data.pipeline.DatasetBuilder`
+over `data.host.HostBatches`) with one stage changed (a subclass overrides
+one method), timed like `bench pipeline` (CPU time of every thread per image)
+in rounds that visit every variant, so that load from other processes
+disturbs all of them alike:
 
-- `full`: training as `train.py` runs it (keras-yolo3's augmentation, targets);
-- `no-hsv`: the HSV jitter (OpenCV in `tf.numpy_function`) left out;
-- `no-place`: resize + placement on the canvas + flip replaced by one
-  bilinear resize of the decoded image to the input size;
-- `fused-place`: resize + placement + flip as one `ImageProjectiveTransformV3`
-  (bilinear, no area averaging): the fused-resampling candidate;
-- `no-targets`: batches of images and boxes, no `y_true` built;
+- `dense`: the host does everything, as training did before the device
+  split: the HSV jitter (OpenCV) and the dense targets too;
+- `host`: the host's share only (uint8 canvas, padded boxes, HSV draws:
+  `make_dataset(..., device_targets=True)`); `dense - host` is what moved
+  into the train step;
+- `no-place`: `host` without resizing and placing the image (the decoded
+  image is not touched; the canvas stays grey);
+- `full-decode`: `host` decoding every JPEG whole (no reduced-scale DCT
+  decoding);
+- `host-ram`: `host` from a warm RAM cache (`--cache ram`): no decoding;
 - `decode-only`: `bench pipeline --generator decode-only`, the reference.
 
 Prints one line per round and a JSON summary: the median CPU-ms/image of
@@ -33,81 +37,61 @@ import time
 
 
 def _variants():
-    """name -> DatasetBuilder subclass (None: decode-only)."""
-    import tensorflow as tf
-
-    from keras_yolo_mgpu.data import pipeline
+    """name -> (DatasetBuilder options, HostBatches subclass or None); None: decode-only."""
+    from keras_yolo_mgpu.data import host
+    from keras_yolo_mgpu.data.images import decode_image
     from keras_yolo_mgpu.data.letterbox import GREY
 
-    class NoHsv(pipeline.DatasetBuilder):
-        def augment_image(self, pixels, extent, params, input_shape=None):
-            input_shape = input_shape or self.input_shape
-            canvas = pipeline.place_image(pixels, extent, params, input_shape)
-            canvas = tf.cond(params["flip"], lambda: tf.reverse(canvas, [1]), lambda: canvas)
-            return canvas / 255.0
+    class NoPlace(host.HostBatches):
+        def augmented(self, params, index, out, order):
+            self.source.read(self.source.decode, int(index), (int(params["nw"]), int(params["nh"])))
+            out[...] = GREY
+            boxes = host.augment_boxes(self.boxes_of(index), (1, 1), params, out.shape[:2], self.max_boxes, order)
+            return boxes, (params["hue"], params["sat"], params["val"])
 
-    class NoPlace(pipeline.DatasetBuilder):
-        def augment_image(self, pixels, extent, params, input_shape=None):
-            input_shape = input_shape or self.input_shape
-            canvas = tf.image.resize(pixels, input_shape)
-            image = tf.numpy_function(
-                pipeline._distort_hsv, [canvas, params["hue"], params["sat"], params["val"]], tf.float32
-            )
-            image.set_shape([*input_shape, 3])
-            return image
+    class WholeDecodes(host.ImageSource):
+        def decode(self, index, reduce_to=None):
+            pixels, _, size = decode_image(self.annotations[index].image_path)
+            return pixels, size, host.np.array(size, host.np.float32)
 
-    class FusedPlace(pipeline.DatasetBuilder):
-        def augment_image(self, pixels, extent, params, input_shape=None):
-            h, w = input_shape or self.input_shape
-            sx = extent[0] / tf.cast(params["nw"], tf.float32)  # decoded pixels per canvas pixel
-            sy = extent[1] / tf.cast(params["nh"], tf.float32)
-            dx, dy = tf.cast(params["dx"], tf.float32), tf.cast(params["dy"], tf.float32)
-            # Output (x, y) -> input (a0 x + a2, b1 y + b2), flipped: x -> w - 1 - x.
-            flip = tf.cast(params["flip"], tf.float32)
-            a0 = sx * (1.0 - 2.0 * flip)
-            a2 = tf.where(params["flip"], sx * (w - 1 - dx + 0.5) - 0.5, sx * (0.5 - dx) - 0.5)
-            b2 = sy * (0.5 - dy) - 0.5
-            transform = tf.stack([a0, 0.0, a2, 0.0, sy, b2, 0.0, 0.0])[None]
-            canvas = tf.raw_ops.ImageProjectiveTransformV3(
-                images=tf.cast(pixels, tf.float32)[None],
-                transforms=transform,
-                output_shape=tf.constant([h, w]),
-                fill_value=float(GREY),
-                interpolation="BILINEAR",
-                fill_mode="CONSTANT",
-            )[0]
-            image = tf.numpy_function(
-                pipeline._distort_hsv, [canvas, params["hue"], params["sat"], params["val"]], tf.float32
-            )
-            image.set_shape([h, w, 3])
-            return image
-
-    class NoTargets(pipeline.DatasetBuilder):
-        def to_model_inputs(self, images, boxes, *weights):
-            return ({"image": images, "boxes": boxes}, tf.zeros([self.shard_batch_size, 1]), *weights)
+    class FullDecode(host.HostBatches):
+        def __post_init__(self):
+            super().__post_init__()
+            self.source = WholeDecodes(self.annotations, self.input_shape, self.cache)
 
     return {
-        "full": pipeline.DatasetBuilder,
-        "no-hsv": NoHsv,
-        "no-place": NoPlace,
-        "fused-place": FusedPlace,
-        "no-targets": NoTargets,
+        "dense": ({}, None),
+        "host": ({"device_targets": True}, None),
+        "no-place": ({"device_targets": True}, NoPlace),
+        "full-decode": ({"device_targets": True}, FullDecode),
+        "host-ram": ({"device_targets": True, "cache": "ram"}, None),
         "decode-only": None,
     }
 
 
-def time_variant(builder, annotations, input_shape, anchors, num_classes, batch_size, batches, warmup=3):
+def time_variant(variant, annotations, input_shape, anchors, num_classes, batch_size, batches, warmup=3):
     """CPU-ms per image (all threads) and images/s of `batches` batches after `warmup`."""
-    from keras_yolo_mgpu.bench.pipeline import _decode_only_dataset
+    import os
 
-    if builder is None:
+    from keras_yolo_mgpu.bench.pipeline import _decode_only_dataset
+    from keras_yolo_mgpu.data.pipeline import DatasetBuilder
+
+    if variant is None:
         dataset = _decode_only_dataset(annotations, input_shape, batch_size)
     else:
-        dataset = builder(
-            annotations, input_shape, anchors, num_classes, batch_size, training=True, augment=True, seed=0
-        ).build()
+        options, host_class = variant
+        builder = DatasetBuilder(
+            annotations, input_shape, anchors, num_classes, batch_size, training=True, seed=0, **options
+        )
+        if host_class is not None:
+            old = builder.host
+            builder.host = host_class(
+                annotations, input_shape, num_classes, batch_size, training=True, seed=0, cache=old.cache
+            )
+        builder.host.source.warm()  # a cache, if any, is timed warm
+        dataset = builder.build()
     iterator = iter(dataset)
-    for _ in range(warmup):
+    for _ in range(max(warmup, (os.cpu_count() or 1) + 1)):  # past the parallel calls' first batches
         next(iterator)
     start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(batches):

@@ -1,4 +1,4 @@
-"""Pipeline benchmark: image generator script, the three generators, the CLI's JSON line."""
+"""Pipeline benchmark: image generator script, the generators, rows and rounds, the CLI's JSON line."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_yolo_mgpu.bench.pipeline import GENERATORS, run_benchmark
+from keras_yolo_mgpu.bench.pipeline import GENERATORS, parse_rows, run_benchmark, run_rounds
 from keras_yolo_mgpu.bench.reference_generator import data_generator
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.check import check_annotations
@@ -59,7 +59,28 @@ def test_other_generators_run(bench_images, generator):
     assert result["batch_size"] == 4 and result["batches"] == 2
     with pytest.raises(ValueError, match="generator"):
         run_benchmark("nope", annotations, (64, 64), anchors, 20, batch_size=4, batches=1)
-    assert set(GENERATORS) == {"tfdata", "reference", "decode-only"}
+    assert set(GENERATORS) == {"tfdata", "tfdata-device", "pydataset", "reference", "decode-only"}
+
+
+def test_rows_with_caches_in_interleaved_rounds(bench_images, tmp_path):
+    annotations = read_annotations(str(bench_images))
+    anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
+    rows = parse_rows(f"decode-only,tfdata-device@{tmp_path / 'cache'},pydataset@ram,tfdata", default_cache=None)
+    cache = str(tmp_path / "cache")
+    assert rows == [("decode-only", None), ("tfdata-device", cache), ("pydataset", "ram"), ("tfdata", None)]
+    result = run_rounds(rows, 2, annotations, (64, 64), anchors, 20, 4, 2, warmup=1, workers=2)
+    assert result["rounds"] == 2 and [r["generator"] for r in result["rows"]] == [g for g, _ in rows]
+    for row in result["rows"]:
+        assert len(row["cpu_ms_per_image"]) == 2 and row["median_cpu_ms_per_image"] > 0
+        assert "cpu_ratio_to_decode_only" in row
+        # A cached row is timed warm: the first round filled the cache with every image.
+        if row["cache"]:
+            assert row["cache_seconds"][0] is not None
+    assert len(os.listdir(tmp_path / "cache")) == 6  # every image, once
+    with pytest.raises(ValueError, match="generator"):
+        parse_rows("tfdata,nope")
+    with pytest.raises(ValueError, match="no cache"):
+        parse_rows("decode-only@ram")
 
 
 def test_reference_generator_batches(bench_images):
@@ -101,3 +122,26 @@ def test_cli_prints_json_last_line(bench_images):
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert record["generator"] == "tfdata" and record["images_per_sec"] > 0
     assert record["input_size"] == [64, 64] and record["augment"] is True
+
+
+def test_cli_times_the_pydataset_where_tensorflow_cannot_be_imported(bench_images):
+    from isolation import jax_environment
+
+    command = [sys.executable, "-m", "keras_yolo_mgpu.bench", "pipeline", "--annotations", str(bench_images)]
+    command += ["--classes", VOC_CLASSES, "--input-size", "64", "--batch-size", "4", "--batches", "2", "--warmup", "1"]
+    env = {**os.environ, **jax_environment(1)}
+    run = subprocess.run(
+        [*command, "--generator", "pydataset", "--workers", "2", "--without-tensorflow"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads(run.stdout.strip().splitlines()[-1])
+    assert record["generator"] == "pydataset" and record["tensorflow_loaded"] is False
+    refused = subprocess.run(
+        [*command, "--generator", "tfdata", "--without-tensorflow"], capture_output=True, text=True, cwd=REPO, env=env
+    )
+    assert refused.returncode == 2 and "needs KERAS_BACKEND=jax" in refused.stderr

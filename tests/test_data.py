@@ -1,4 +1,4 @@
-"""tf.data pipeline: targets, augmentation equivalence, batching, weights, robustness."""
+"""The input pipeline (tf.data over the host's batches): targets, augmentation, batching, weights, robustness."""
 
 import io
 import logging
@@ -12,17 +12,17 @@ from PIL import Image
 
 from keras_yolo_mgpu.bench.reference_generator import get_random_data
 from keras_yolo_mgpu.data.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
-from keras_yolo_mgpu.data.augment import augment_boxes, augmentation_params, distort_hsv, sample_augmentation
+from keras_yolo_mgpu.data.augment import (
+    augment_boxes,
+    augmentation_params,
+    box_orders,
+    distort_hsv,
+    sample_augmentation,
+)
+from keras_yolo_mgpu.data.host import NEUTRAL_HSV, HostBatches, element_seeds, hsv_to_float
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
-from keras_yolo_mgpu.data.pipeline import (
-    DatasetBuilder,
-    build_targets,
-    element_seed,
-    make_dataset,
-    shuffled_indices,
-    steps_per_epoch,
-)
+from keras_yolo_mgpu.data.pipeline import build_targets, make_dataset, steps_per_epoch
 from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
@@ -146,7 +146,9 @@ def test_training_images_follow_keras_yolo3_draw_for_draw(tmp_path, ext):
     images = np.concatenate([x["image"] for x, _ in dataset.take(3).as_numpy_iterator()])
     mean_errors = []
     for position, image in enumerate(images):
-        uniforms = tf.random.stateless_uniform([11], element_seed(3, position), dtype=tf.float64).numpy()
+        # The element's draws as TensorFlow's stateless generator makes them (made in numpy by the pipeline).
+        seed = tf.constant(element_seeds(3, position))
+        uniforms = tf.random.stateless_uniform([11], seed, dtype=tf.float64).numpy()
         feed = list(uniforms)
 
         def rand(a=0.0, b=1.0):
@@ -154,7 +156,7 @@ def test_training_images_follow_keras_yolo3_draw_for_draw(tmp_path, ext):
 
         reference, _ = get_random_data(annotation, (64, 96), rand=rand, shuffle=lambda boxes: None)
         assert not feed  # keras-yolo3 drew exactly 11 numbers, in this order
-        # Area/bicubic resampling instead of PIL's bicubic, float32 HSV:
+        # Area/bilinear resampling in uint8 instead of PIL's bicubic, float32 HSV:
         # close (measured: mean 0.3/255, worst pixel 5/255), not bitwise.
         error = np.abs(image - reference)
         assert error.max() < 10 / 255 and error.mean() < 1 / 255, position
@@ -174,7 +176,8 @@ def test_boxes_follow_keras_yolo3_draw_for_draw():
 
         params = augmentation_params(uniforms, (64, 96))
         ref_boxes = _reference_boxes(annotation, (160, 120), (64, 96), rand)
-        boxes = augment_boxes(annotation.boxes, [160, 120], params, (64, 96), 20, [0, trial]).numpy()
+        order = box_orders(np.array([[0, trial]]), [4])[0]
+        boxes = augment_boxes(annotation.boxes, (160, 120), params, (64, 96), 20, order)
         boxes, ref_boxes = boxes[boxes[:, 2] > 0], ref_boxes[ref_boxes[:, 2] > 0]
         # keras-yolo3 truncates to integers; boxes near the 1 px limit may differ.
         ours = {int(c): b for *b, c in boxes}
@@ -224,10 +227,7 @@ def test_hsv_jitter_matches_matplotlib_float64(hue, sat, val):
 
 
 def test_sampled_parameters_cover_keras_yolo3_ranges():
-    samples = tf.data.Dataset.range(2000).map(
-        lambda i: sample_augmentation(tf.stack([tf.constant(7, tf.int64), i]), (416, 416))
-    )
-    p = {k: np.array(v) for k, v in next(iter(samples.batch(2000))).items()}
+    p = sample_augmentation(np.stack([np.full(2000, 7), np.arange(2000)], axis=-1), (416, 416))
     assert 0.45 < p["flip"].mean() < 0.55
     assert -0.1 <= p["hue"].min() < -0.09 and 0.09 < p["hue"].max() <= 0.1
     for key in ("sat", "val"):
@@ -248,7 +248,7 @@ def _encode(pixels, fmt, mode=None, **options):
 
 
 def test_training_reads_every_format(tmp_path, caplog):
-    """TF decodes JPEG and PNG, PIL the rest (and odd JPEGs); none is refused."""
+    """Pillow decodes every format (JPEGs at reduced scale); none is refused."""
     rgb = _photo(80, 60, 2)
     files = {
         "a.jpg": _encode(rgb, "JPEG"),
@@ -278,13 +278,22 @@ def test_steps_per_epoch():
         steps_per_epoch(0, 4)
 
 
-def testshuffled_indices_cover_every_image_each_pass():
-    stream = list(shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
+def test_shuffled_passes_cover_every_image_and_equal_tfs_argsort(small_dataset):
+    host = HostBatches(small_dataset, (64, 96), 2, 4, training=True, seed=3)
+    stream = host.indices_at(np.arange(40)).tolist()
     passes = [stream[i : i + 10] for i in range(0, 40, 10)]
     assert all(sorted(p) == list(range(10)) for p in passes)
     assert len({tuple(p) for p in passes}) == 4  # reshuffled every pass
-    again = list(shuffled_indices(10, tf.constant([3, 4], tf.int64)).take(40).as_numpy_iterator())
-    assert again == stream
+    again = HostBatches(small_dataset, (64, 96), 2, 4, training=True, seed=3)
+    assert again.indices_at(np.arange(40)).tolist() == stream
+    # Pass e is tf.argsort of stateless uniforms, as the tf.data stream drew it before
+    # (ties, which 100k float32 uniforms have by the hundreds, fall the same way).
+    shuffle_seed = tf.random.experimental.stateless_fold_in(tf.constant([3, 0], tf.int64), 1)
+    for epoch, size in ((0, 10), (3, 10), (1, 100_000)):
+        seed = tf.random.experimental.stateless_fold_in(shuffle_seed, tf.constant(epoch, tf.int64))
+        expected = tf.argsort(tf.random.stateless_uniform([size], seed)).numpy()
+        host.num_samples, host._permutations = size, {}
+        np.testing.assert_array_equal(host._permutation(epoch), expected)
 
 
 @pytest.fixture(scope="module")
@@ -320,29 +329,32 @@ def test_training_batches_structure_and_determinism(small_dataset, anchors):
     assert not np.array_equal(batches[0][0]["image"], other[0][0]["image"])
 
 
-def test_builder_steps_alone_compose_into_make_dataset(small_dataset):
-    """Each step of DatasetBuilder can be run by itself and gives what the whole pipeline gives."""
-    builder = DatasetBuilder(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=True, seed=1)
-    pairs = list(builder.training_indices().take(10).as_numpy_iterator())
-    assert [p for p, _ in pairs] == list(range(10)) and sorted(i for _, i in pairs) == list(range(10))
+def test_host_steps_alone_compose_into_make_dataset(small_dataset):
+    """Each step of HostBatches can be run by itself and gives what the whole pipeline gives."""
+    host = HostBatches(small_dataset, (64, 96), 2, 4, training=True, seed=1)
+    positions = host.positions(0)
+    indices = host.indices_at(positions)
+    assert positions.tolist() == [0, 1, 2, 3] and host.positions(2).tolist() == [8, 9, 10, 11]
     batch = next(iter(make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=True, seed=1)))[0]
-    elements = [builder.augmented_element(tf.constant(p), tf.constant(i)) for p, i in pairs[:4]]
-    np.testing.assert_array_equal(np.stack([e[0] for e in elements]), batch["image"])
-    targets = builder.to_model_inputs(tf.stack([e[0] for e in elements]), tf.stack([e[1] for e in elements]))[0]
-    for key in ("y_true_0", "y_true_1"):
-        np.testing.assert_array_equal(targets[key], batch[key])
-    # Decoding alone: a PNG decoded by TF at full size is the reader's image.
-    params = {"nw": tf.constant(96), "nh": tf.constant(64)}
-    pixels, size, extent, ok = builder.decode(tf.constant(0, tf.int64), params)
+    images = np.empty((4, 64, 96, 3), np.uint8)
+    boxes, draws = host.elements(element_seeds(1, positions), indices, list(images), (64, 96))
+    hsv = np.tile(draws, 4)
+    np.testing.assert_array_equal(hsv_to_float(images, hsv), batch["image"])
+    for layer, y_true in enumerate(build_targets(boxes, (64, 96), TINY_ANCHORS, 2)):
+        np.testing.assert_array_equal(y_true, batch[f"y_true_{layer}"])
+    # Decoding alone: a PNG decoded at full size is the reader's image.
+    pixels, size, extent = host.source.decode(0, (96, 64))
     np.testing.assert_array_equal(pixels, read_image(small_dataset[0].image_path))
-    assert ok and size.numpy().tolist() == extent.numpy().tolist() == [96, 64]
+    assert size == (96, 64) and extent.tolist() == [96, 64]
     # The letterbox step, and a padding element of the validation stream.
-    image, boxes, ok = builder.letterbox(tf.constant(3, tf.int64))
-    expected = letterbox_array(read_image(small_dataset[3].image_path), (64, 96)).astype(np.float32) / np.float32(255)
-    np.testing.assert_array_equal(image, expected)
-    assert boxes.shape == (20, 5) and ok
-    image, boxes, weight = builder.validation_element(tf.constant(12, tf.int64))
-    assert float(weight) == 0.0 and not boxes.numpy().any() and np.allclose(image, 128 / 255)
+    image = np.empty((64, 96, 3), np.uint8)
+    boxes, draw, ok = host.letterboxed(3, image)
+    np.testing.assert_array_equal(image, letterbox_array(read_image(small_dataset[3].image_path), (64, 96)))
+    assert boxes.shape == (20, 5) and ok and draw == NEUTRAL_HSV
+    validation = HostBatches(small_dataset, (64, 96), 2, 4, training=False).batch(2)
+    np.testing.assert_allclose(validation.weights, [1.2, 1.2, 0, 0])
+    assert not validation.boxes[2:].any() and (validation.images[2:] == 128).all()
+    assert (validation.hsv == np.tile(NEUTRAL_HSV, 4)).all()
 
 
 def test_validation_letterboxes_in_order_pads_and_weights(small_dataset):
@@ -410,7 +422,7 @@ def test_failed_decode_mid_run_warns_and_keeps_going(tmp_path, caplog):
     start = data.find(b"\xff\xda") + 40
     data[start:-2] = bytes((b * 31 + 7) % 256 for b in data[start:-2])
     open(corrupt, "wb").write(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu.data.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu.data.host"):
         train_batches = list(dataset_train.take(3).as_numpy_iterator())
         val_batches = list(dataset_val.as_numpy_iterator())
     assert len(train_batches) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import struct
 import warnings
 import zlib
@@ -10,10 +11,10 @@ import zlib
 import cv2
 import numpy as np
 import pytest
+import tensorflow as tf
 from PIL import Image
 
-from keras_yolo_mgpu.data.images import JPEG, OTHER, PNG, image_size, read_image, sniff_image, to_rgb_array
-from keras_yolo_mgpu.data.pipeline import decode_jpeg_tf, decode_png_tf
+from keras_yolo_mgpu.data.images import decode_image, image_size, read_image, to_rgb_array
 
 RNG = np.random.default_rng(0)
 W16 = RNG.integers(0, 65536, (5, 7, 4)).astype(np.uint16)  # (H, W, 4) 16-bit samples
@@ -78,9 +79,9 @@ def test_png_of_every_kind_is_read_as_rgb_and_tf_agrees(tmp_path, kind):
     assert pixels.dtype == np.uint8 and pixels.shape == (5, 7, 3)
     np.testing.assert_array_equal(pixels, expected)
     assert image_size(str(path)) == (7, 5)
-    # The training pipeline decodes these with TF ops: the same pixels.
-    assert sniff_image(data) == (PNG, 7, 5)
-    np.testing.assert_array_equal(decode_png_tf(data).numpy(), pixels)
+    # TF's decoder (the training pipeline's before 2026-11-26) gives the same pixels.
+    np.testing.assert_array_equal(tf.io.decode_png(data, channels=3, dtype=tf.uint8).numpy(), pixels)
+    np.testing.assert_array_equal(decode_image(str(path), reduce_to=(1, 1))[0], pixels)  # only JPEGs shrink
 
 
 def _photo(height=30, width=40):
@@ -109,14 +110,20 @@ JPEG_KINDS = {
 
 
 @pytest.mark.parametrize("kind", list(JPEG_KINDS))
-def test_jpeg_tf_decoding_equals_the_reader(tmp_path, kind):
+def test_jpeg_decoding_at_every_scale_equals_tfs(tmp_path, kind):
+    """Full and reduced-scale decoding give TF's `decode_jpeg` pixels (what training decoded before)."""
     data = JPEG_KINDS[kind]()
     path = tmp_path / "photo.jpg"
     path.write_bytes(data)
     pixels = read_image(str(path))
     assert pixels.shape == (30, 40, 3)  # the stored grid: an EXIF orientation is not applied
-    assert sniff_image(data) == (JPEG, 40, 30)
-    np.testing.assert_array_equal(decode_jpeg_tf(data).numpy(), pixels)
+    # Target sizes -> the largest DCT reduction that keeps the image at least that large.
+    for reduce_to, scale in (((40, 30), 1), ((20, 16), 1), ((20, 15), 2), ((10, 7), 4), ((5, 3), 8), ((1, 1), 8)):
+        reduced, got_scale, size = decode_image(str(path), reduce_to)
+        assert (got_scale, size) == (scale, (40, 30))
+        expected = tf.io.decode_jpeg(data, channels=3, ratio=scale, dct_method="INTEGER_ACCURATE").numpy()
+        np.testing.assert_array_equal(reduced, expected)
+        assert reduced.shape == (-(-30 // scale), -(-40 // scale), 3)
     if kind == "baseline":  # close to the source (lossy)
         assert np.abs(pixels.astype(int) - _photo()).mean() < 3
 
@@ -128,8 +135,7 @@ def test_cmyk_and_formats_tf_does_not_decode(tmp_path):
     expected = np.rint((255 - cmyk[..., :3].astype(float)) * (255 - cmyk[..., 3:]) / 255)  # (189, 235, 143)
     (tmp_path / "cmyk.tif").write_bytes(_encode(cmyk, "TIFF", "CMYK"))
     np.testing.assert_array_equal(read_image(str(tmp_path / "cmyk.tif")), expected)
-    jpeg = _encode(cmyk, "JPEG", "CMYK", quality=100)
-    assert sniff_image(jpeg)[0] == OTHER  # TF cannot decode CMYK JPEGs: the reader does
+    jpeg = _encode(cmyk, "JPEG", "CMYK", quality=100)  # TF cannot decode CMYK JPEGs: the reader does
     (tmp_path / "cmyk.jpg").write_bytes(jpeg)
     assert np.abs(read_image(str(tmp_path / "cmyk.jpg")) - expected).max() <= 3
     # 16-bit TIFF and PGM (OpenCV writes them): high byte, like the PNGs.
@@ -166,15 +172,25 @@ def test_unreadable_files_raise(tmp_path):
             read_image(str(tmp_path / name))
 
 
-def test_sniff_image_sends_only_what_tf_decodes_like_the_reader_to_tf():
-    rgb = _photo()
-    jpeg = _encode(rgb, "JPEG")
-    assert sniff_image(_encode(np.full((30, 40, 4), 9, np.uint8), "JPEG", "CMYK"))[0] == OTHER
-    assert sniff_image(jpeg[: len(jpeg) // 2])[0] == OTHER  # truncated: the reader reports it
-    assert sniff_image(_encode(rgb, "PNG")[:-20])[0] == OTHER
-    for fmt in ("GIF", "BMP", "TIFF"):
-        assert sniff_image(_encode(rgb, fmt))[0] == OTHER
-    assert sniff_image(b"")[0] == OTHER and sniff_image(b"\xff\xd8\xff\xd9")[0] == OTHER
+def test_reduced_decoding_of_truncated_and_corrupt_jpegs(tmp_path, caplog):
+    """Truncated: recovered as far as it goes, at reduced scale too; corrupt scan data: raises, as TF's decoder did."""
+    data = _encode(_photo(128, 160), "JPEG")
+    (tmp_path / "truncated.jpg").write_bytes(data[: len(data) // 2])
+    with caplog.at_level(logging.WARNING):
+        reduced, scale, size = decode_image(str(tmp_path / "truncated.jpg"), reduce_to=(40, 32))
+    assert (reduced.shape, scale, size) == ((32, 40, 3), 4, (160, 128))
+    assert "truncated" in caplog.text
+    # Garbage scan data that libjpeg cannot decode (the training pipeline's
+    # TF decoder raised on it and fell back to this reader, which raised too).
+    corrupt = bytearray(_encode(RNG.integers(0, 256, (128, 160, 3), dtype=np.uint8), "JPEG"))
+    start = corrupt.find(b"\xff\xda") + 40
+    corrupt[start:-2] = bytes((b * 31 + 7) % 256 for b in corrupt[start:-2])
+    (tmp_path / "corrupt.jpg").write_bytes(bytes(corrupt))
+    for reduce_to in (None, (40, 32)):
+        with pytest.raises(OSError):
+            decode_image(str(tmp_path / "corrupt.jpg"), reduce_to)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.decode_jpeg(bytes(corrupt), channels=3)
 
 
 def test_to_rgb_array_normalises_in_memory_images():

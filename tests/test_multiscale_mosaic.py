@@ -6,11 +6,12 @@ import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.host import NEUTRAL_HSV, HostBatches, element_seeds
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
-from keras_yolo_mgpu.data.mosaic import mosaic_of_four
-from keras_yolo_mgpu.data.multiscale import BLOCK_STEPS, rescale_batch, sizes_of_batches
-from keras_yolo_mgpu.data.pipeline import DatasetBuilder, make_dataset
+from keras_yolo_mgpu.data.mosaic import draw_mosaics
+from keras_yolo_mgpu.data.multiscale import BLOCK_STEPS, rescale_batch, size_of_batch, sizes_of_batches
+from keras_yolo_mgpu.data.pipeline import make_dataset
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 
@@ -30,14 +31,21 @@ def test_sizes_change_every_ten_steps_within_the_range_from_the_seed_alone():
     assert set(sizes) <= {64, 96, 128, 160, 192} and len(set(sizes)) >= 4
     assert sizes == sizes_of_batches(5, 20 * BLOCK_STEPS, (64, 192))
     assert sizes != sizes_of_batches(6, 20 * BLOCK_STEPS, (64, 192))
+    # The draws TensorFlow's stateless generator made (the tf.data pipeline's before 2026-11-26).
+    base = tf.random.experimental.stateless_fold_in(tf.constant([5, 0], tf.int64), 3)
+    for batch_number in (0, 10, 95, 10**6):
+        block = tf.random.experimental.stateless_fold_in(base, tf.constant(batch_number // BLOCK_STEPS, tf.int64))
+        expected = tf.random.stateless_uniform([], block, minval=2, maxval=7, dtype=tf.int32) * 32
+        assert size_of_batch(5, batch_number, (64, 192)) == int(expected)
 
 
 def test_rescaled_batch_scales_boxes_and_drops_those_under_a_pixel():
-    images = tf.ones([1, 64, 64, 3])
-    boxes = tf.constant([[[8, 8, 40, 24, 1], [0, 0, 1.5, 10, 0], [0, 0, 0, 0, 0]]], tf.float32)
-    small, scaled = rescale_batch(images, boxes, tf.constant(32))
-    assert small.shape == (1, 32, 32, 3)
-    np.testing.assert_allclose(scaled[0].numpy(), [[4, 4, 20, 12, 1], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    images = np.zeros([1, 64, 64, 3], np.uint8)
+    images[:, :, ::2] = 200  # stripes of 200 and 0 average to 100
+    boxes = np.array([[[8, 8, 40, 24, 1], [0, 0, 1.5, 10, 0], [0, 0, 0, 0, 0]]], np.float32)
+    small, scaled = rescale_batch(images, boxes, 32)
+    assert small.shape == (1, 32, 32, 3) and small.dtype == np.uint8 and (small == 100).all()
+    np.testing.assert_array_equal(scaled[0], [[4, 4, 20, 12, 1], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
 
 
 def test_multi_scale_dataset_makes_each_batch_and_its_targets_at_its_steps_size(annotations):
@@ -51,11 +59,12 @@ def test_multi_scale_dataset_makes_each_batch_and_its_targets_at_its_steps_size(
 
 
 def test_mosaic_tiles_hold_their_images_boxes(annotations):
-    builder = DatasetBuilder(annotations, (64, 64), ANCHORS, 4, 4, training=True, seed=0, augment=False, mosaic=1.0)
-    seed = tf.constant([3, 4], tf.int64)
-    image, boxes = mosaic_of_four(builder, seed, tf.constant(2, tf.int64))
-    assert image.shape == (64, 64, 3)
-    boxes = boxes.numpy()
+    host = HostBatches(annotations, (64, 64), 4, 4, training=True, seed=0, augment=False, mosaic=1.0)
+    (draws,) = draw_mosaics(element_seeds(0, [3]), [2], 1.0, host.num_samples)
+    assert draws.indices[0] == 2 and draws.tile_seeds.shape == (4, 2)
+    image, hsv = np.empty((64, 64, 3), np.uint8), np.empty((4, 3))
+    boxes = host.mosaic_of_four(draws, image, hsv)
+    assert (hsv == NEUTRAL_HSV).all()  # letterboxed tiles: nothing to jitter
     real = boxes[boxes[:, 2] > boxes[:, 0]]
     # The top-left tile is image 2 letterboxed into 32 x 32: its boxes, halved (64 px images).
     top_left = annotations[2].boxes.astype(np.float32)
@@ -68,10 +77,14 @@ def test_mosaic_tiles_hold_their_images_boxes(annotations):
         assert (x2 <= 32 or x1 >= 32) and (y2 <= 32 or y1 >= 32)
     # Its pixels are the project's one letterbox (the pipeline's and validation's) on a 32 x 32 canvas.
     expected_pixels = letterbox_array(read_image(annotations[2].image_path), (32, 32))
-    np.testing.assert_allclose(image.numpy()[:32, :32], expected_pixels / 255.0, atol=1e-6)
-    again, again_boxes = mosaic_of_four(builder, seed, tf.constant(2, tf.int64))
-    np.testing.assert_array_equal(image.numpy(), again.numpy())
-    np.testing.assert_array_equal(boxes, again_boxes.numpy())
+    np.testing.assert_array_equal(image[:32, :32], expected_pixels)
+    again, again_hsv = np.empty_like(image), np.empty_like(hsv)
+    np.testing.assert_array_equal(host.mosaic_of_four(draws, again, again_hsv), boxes)
+    np.testing.assert_array_equal(image, again)
+    # Augmented tiles each keep their own HSV draw, for the device to apply per quadrant.
+    augmented = HostBatches(annotations, (64, 64), 4, 4, training=True, seed=0, mosaic=1.0)
+    augmented.mosaic_of_four(draws, image, hsv)
+    assert len({tuple(row) for row in hsv}) == 4
 
 
 def test_mosaic_probability_zero_is_the_plain_stream_and_one_changes_every_element(annotations):

@@ -6,7 +6,8 @@ import tensorflow as tf
 
 from keras_yolo_mgpu import get_anchors, model_data_path
 from keras_yolo_mgpu.data.annotations import read_annotations
-from keras_yolo_mgpu.data.pipeline import DatasetBuilder, distribute_training_dataset, make_dataset
+from keras_yolo_mgpu.data.host import HostBatches
+from keras_yolo_mgpu.data.pipeline import distribute_training_dataset, make_dataset
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
 ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
@@ -19,15 +20,20 @@ def annotations(tmp_path_factory):
     return read_annotations(paths.train)
 
 
-def _batches(annotations, steps, **shard):
-    dataset = make_dataset(annotations, (64, 64), ANCHORS, 4, BATCH, training=True, seed=3, **shard)
+def _batches(annotations, steps, **options):
+    dataset = make_dataset(annotations, (64, 64), ANCHORS, 4, BATCH, training=True, seed=3, **options)
     return [tf.nest.map_structure(lambda t: t.numpy(), batch) for batch in dataset.take(steps)]
 
 
-def test_two_shards_make_the_single_worker_global_batches(annotations):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"device_targets": True}, {"mosaic": 0.5, "start_position": 8, "device_targets": True}],
+    ids=["dense", "device-targets", "mosaic-resumed"],
+)
+def test_two_shards_make_the_single_worker_global_batches(annotations, options):
     """Shard w's k-th batch is the w-th half of global batch k: same images, same augmentation, same targets."""
-    whole = _batches(annotations, 3)
-    halves = [_batches(annotations, 3, num_shards=2, shard_index=w) for w in (0, 1)]
+    whole = _batches(annotations, 3, **options)
+    halves = [_batches(annotations, 3, num_shards=2, shard_index=w, **options) for w in (0, 1)]
     for step in range(3):
         x, y = whole[step]
         for key in x:
@@ -38,16 +44,21 @@ def test_two_shards_make_the_single_worker_global_batches(annotations):
 
 def test_a_shard_reads_only_its_positions(annotations):
     shard = {"num_shards": 2, "shard_index": 1}
-    builder = DatasetBuilder(annotations, (64, 64), ANCHORS, 4, BATCH, training=True, seed=3, **shard)
-    positions = [int(p) for p, _ in builder.training_indices().take(6)]
+    host = HostBatches(annotations, (64, 64), 4, BATCH, training=True, seed=3, **shard)
+    positions = [p for k in range(3) for p in host.positions(k).tolist()]
     assert positions == [2, 3, 6, 7, 10, 11]  # second half of each global batch of 4, nothing else
+    # Resumed mid-batch (start 5): its positions from there on, as the single stream's filter kept them.
+    resumed = HostBatches(annotations, (64, 64), 4, BATCH, training=True, seed=3, start_position=5, **shard)
+    assert [p for k in range(2) for p in resumed.positions(k).tolist()] == [6, 7, 10, 11]
+    first_half = HostBatches(annotations, (64, 64), 4, BATCH, training=True, start_position=7, num_shards=2)
+    assert first_half.positions(0).tolist() == [8, 9]
 
 
 def test_bad_shards_are_refused(annotations):
     with pytest.raises(ValueError, match="num_shards"):
-        DatasetBuilder(annotations, (64, 64), ANCHORS, 4, 6, training=True, num_shards=4)
+        HostBatches(annotations, (64, 64), 4, 6, training=True, num_shards=4)
     with pytest.raises(ValueError, match="training streams only"):
-        DatasetBuilder(annotations, (64, 64), ANCHORS, 4, 4, training=False, num_shards=2, shard_index=0)
+        HostBatches(annotations, (64, 64), 4, 4, training=False, num_shards=2, shard_index=0)
 
 
 def test_single_machine_strategies_get_the_plain_dataset(annotations):

@@ -3,19 +3,37 @@
     python scripts/make_bench_images.py --out /tmp/bench_images --num 256
     python -m keras_yolo_mgpu.bench pipeline --annotations /tmp/bench_images/train.txt \\
         --classes model_data/voc_classes.txt --input-size 416 --batch-size 32 --batches 20 \\
-        [--generator {tfdata,reference,decode-only}]
+        --generator decode-only,tfdata,tfdata-device,pydataset,pydataset@ram --rounds 3
 
-Times `--batches` training batches after `--warmup` batches and prints, as
-its last line, one JSON object (`images_per_sec`, `batches_per_sec`,
-`cpu_ms_per_image`: process CPU time of all threads per image, ...).
+Each row is a generator, optionally with its own image cache (`NAME@ram`,
+`NAME@/some/folder`; `--cache` is the default for rows without one). Rows
+are timed in interleaved rounds (every row once per round, in order), so
+load from other processes disturbs them alike. A row times `--batches`
+training batches after `--warmup` batches (at least one more than the
+parallel workers, whose first batches arrive at once); a row with a cache is timed
+warm: every image is decoded into the cache first (one full pass,
+`cache_seconds`). `cpu_ms_per_image` is the process's CPU time, all threads,
+per image: on a shared machine the robust figure.
 
-- `tfdata` (default): `data.make_dataset(training=True)`, full augmentation
-  and targets, as training consumes it.
+- `tfdata`: `data.make_dataset(training=True)` as training consumed it
+  until the device split: the host also does the HSV jitter (OpenCV) and
+  builds the dense targets;
+- `tfdata-device`: `make_dataset(..., device_targets=True)`: the host's part
+  only (uint8 images, padded boxes, HSV draws), for
+  `data.device_side.DeviceInputs`;
+- `pydataset`: the same batches from `data.py_dataset.make_py_dataset`
+  through Keras's `PyDataset` workers (threads): the pipeline of JAX
+  training, no TensorFlow needed (`--without-tensorflow` makes
+  `import tensorflow` fail, to prove it);
 - `reference`: keras-yolo3's single-threaded generator (see
-  `reference_generator`), the baseline.
+  `reference_generator`), the baseline;
 - `decode-only`: the same files read, decoded and resized (bilinear) to the
-  input size with TF's native ops in a parallel tf.data map; no augmentation,
-  no targets: the ceiling for any pipeline on these files.
+  input size with TF's native ops in a parallel tf.data map; no
+  augmentation, no targets: the reference the ratios are taken against.
+
+The last line is one JSON object: the row's record for one row and one
+round (`images_per_sec`, `cpu_ms_per_image`, ...), otherwise `rows` with
+each row's per-round figures, medians and `cpu_ratio_to_decode_only`.
 """
 
 from __future__ import annotations
@@ -23,17 +41,34 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import statistics
+import sys
 import time
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
 
-GENERATORS = ("tfdata", "reference", "decode-only")
+GENERATORS = ("tfdata", "tfdata-device", "pydataset", "reference", "decode-only")
+NEEDS_TENSORFLOW = ("tfdata", "tfdata-device", "decode-only")
+
+
+def parse_rows(specs: str, default_cache: str | None = None) -> list[tuple[str, str | None]]:
+    """'a,b@ram,c@/tmp/x' -> [(generator, cache), ...]; ValueError naming an unknown generator."""
+    rows = []
+    for spec in specs.split(","):
+        generator, _, cache = spec.strip().partition("@")
+        if generator not in GENERATORS:
+            raise ValueError(f"`generator` must be one of {GENERATORS}. Received: generator={generator!r}")
+        cache = cache or default_cache
+        if cache and generator in ("reference", "decode-only"):
+            raise ValueError(f"{generator!r} reads the files every time: it has no cache. Received: {spec!r}")
+        rows.append((generator, cache))
+    return rows
 
 
 def _decode_only_dataset(annotations, input_shape, batch_size: int):
-    """Read + decode + resize only, all in TF ops: the ceiling for any pipeline."""
+    """Read + decode + resize only, all in TF ops: the reference for any pipeline."""
     import tensorflow as tf
 
     def element(path):
@@ -45,21 +80,54 @@ def _decode_only_dataset(annotations, input_shape, batch_size: int):
     return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def _batches(generator: str, annotations, input_shape, anchors, num_classes, batch_size, seed, cache):
-    """An iterator over training batches of the chosen generator."""
-    if generator == "reference":
-        from keras_yolo_mgpu.bench.reference_generator import data_generator
+class _Row:
+    """One row's batches: `iterator`, the `host` (for the cache) or None, `close()`."""
 
-        np.random.seed(seed)
-        return data_generator(annotations, batch_size, input_shape, anchors, num_classes)
-    if generator == "decode-only":
-        return iter(_decode_only_dataset(annotations, input_shape, batch_size))
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    def __init__(self, generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache, workers):
+        self.host, self._adapter = None, None
+        if generator == "reference":
+            from keras_yolo_mgpu.bench.reference_generator import data_generator
 
-    dataset = make_dataset(
-        annotations, input_shape, anchors, num_classes, batch_size, training=True, augment=True, seed=seed, cache=cache
-    )
-    return iter(dataset)
+            np.random.seed(seed)
+            self.iterator = data_generator(annotations, batch_size, input_shape, anchors, num_classes)
+        elif generator == "decode-only":
+            self.iterator = iter(_decode_only_dataset(annotations, input_shape, batch_size))
+        elif generator == "pydataset":
+            from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+            from keras_yolo_mgpu.data.py_dataset import make_py_dataset
+
+            options = {"seed": seed, "cache": cache, "workers": workers}
+            dataset = make_py_dataset(annotations, input_shape, num_classes, batch_size, training=True, **options)
+            self.host = dataset.host
+            # What `fit` does with a PyDataset: its workers make batches ahead.
+            self._adapter = PyDatasetAdapter(dataset)
+            self._adapter.on_epoch_begin()
+            self.iterator = iter(self._adapter.get_numpy_iterator())
+        else:
+            from keras_yolo_mgpu.data.pipeline import DatasetBuilder
+
+            builder = DatasetBuilder(
+                annotations,
+                input_shape,
+                anchors,
+                num_classes,
+                batch_size,
+                training=True,
+                seed=seed,
+                cache=cache,
+                device_targets=generator == "tfdata-device",
+            )
+            self.host = builder.host
+            self.iterator = iter(builder.build())
+
+    def close(self):
+        if self._adapter is not None:
+            self._adapter.on_epoch_end()  # stops the workers
+        # tf.data worker threads calling back into Python can hang interpreter
+        # shutdown while an iterator is alive: end it now.
+        self.iterator = None
+        gc.collect()
 
 
 def run_benchmark(
@@ -73,29 +141,41 @@ def run_benchmark(
     warmup: int = 3,
     seed: int = 0,
     cache: str | None = None,
+    workers: int | None = None,
 ) -> dict:
-    """Times `batches` batches after `warmup`; returns the result record.
+    """Times `batches` batches of one row after `warmup` (and a full pass into its cache); its record.
 
-    `build_seconds` is the time to make the pipeline (part of `warmup_seconds`).
+    `build_seconds` is the time to make the pipeline (part of `warmup_seconds`);
+    `cache_seconds` the full pass that fills the cache (not part of either).
     """
     if generator not in GENERATORS:
         raise ValueError(f"`generator` must be one of {GENERATORS}. Received: generator={generator!r}")
     start = time.perf_counter()
-    iterator = _batches(generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache)
-    # Building the pipeline (tracing its map functions) is paid at every start of training and every stage.
+    row = _Row(generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache, workers)
+    # Building the pipeline is paid at every start of training and every stage.
     build_seconds = time.perf_counter() - start
-    for _ in range(warmup):
-        next(iterator)
-    warmup_seconds = time.perf_counter() - start
-    start, cpu_start = time.perf_counter(), time.process_time()
-    for _ in range(batches):
-        next(iterator)
-    seconds = time.perf_counter() - start
-    cpu_seconds = time.process_time() - cpu_start  # all threads of the process
-    # tf.data worker threads calling back into Python can hang interpreter
-    # shutdown while an iterator is alive: end it now.
-    del iterator
-    gc.collect()
+    cache_seconds = None
+    if cache is not None and row.host is not None:
+        cache_start = time.perf_counter()
+        cached = row.host.source.warm(workers)
+        cache_seconds = time.perf_counter() - cache_start
+        logger.info("%s@%s: %d of %d images in the cache", generator, cache, cached, len(annotations))
+        start += cache_seconds
+    if generator != "reference":
+        # Parallel workers start together and finish their first batches together: the
+        # timed batches must not be those, made ahead during the warm-up (CPU time missed).
+        warmup = max(warmup, (workers or os.cpu_count() or 1) + 1)
+    try:
+        for _ in range(warmup):
+            next(row.iterator)
+        warmup_seconds = time.perf_counter() - start
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for _ in range(batches):
+            next(row.iterator)
+        seconds = time.perf_counter() - start
+        cpu_seconds = time.process_time() - cpu_start  # all threads of the process
+    finally:
+        row.close()
     return {
         "benchmark": "pipeline",
         "generator": generator,
@@ -106,11 +186,68 @@ def run_benchmark(
         "warmup_batches": warmup,
         "build_seconds": round(build_seconds, 2),
         "warmup_seconds": round(warmup_seconds, 2),
+        "cache_seconds": None if cache_seconds is None else round(cache_seconds, 2),
         "seconds": round(seconds, 3),
         "cpu_ms_per_image": round(1000 * cpu_seconds / (batches * batch_size), 3),
         "input_size": list(input_shape),
         "num_images": len(annotations),
         "augment": generator != "decode-only",
         "cache": cache,
+        "workers": workers if generator == "pydataset" else None,
+        "tensorflow_loaded": "tensorflow" in sys.modules,
         "cpu_count": os.cpu_count(),
     }
+
+
+def run_rounds(rows: list[tuple[str, str | None]], rounds: int, annotations, *args, **kwargs) -> dict:
+    """Every row once per round, `rounds` times; per row its figures by round and their medians.
+
+    Args:
+        rows: (generator, cache) pairs (`parse_rows`).
+        rounds: interleaved rounds.
+        *args, **kwargs: `run_benchmark`'s, after `generator` and `annotations`
+            (`cache` comes from the rows).
+
+    Returns:
+        `{"benchmark": "pipeline", "rounds": ..., "rows": [...]}`; each row
+        has `cpu_ms_per_image` and `images_per_sec` by round, their
+        medians, and, when `decode-only` is a row, `cpu_ratio_to_decode_only`
+        (median over median).
+    """
+    records: dict[tuple[str, str | None], list[dict]] = {row: [] for row in rows}
+    for number in range(rounds):
+        for generator, cache in rows:
+            record = run_benchmark(generator, annotations, *args, cache=cache, **kwargs)
+            records[(generator, cache)].append(record)
+            logger.info(
+                "round %d %s%s: %.3f CPU-ms/image, %.1f images/s",
+                number + 1,
+                generator,
+                f"@{cache}" if cache else "",
+                record["cpu_ms_per_image"],
+                record["images_per_sec"],
+            )
+    summary = []
+    for (generator, cache), found in records.items():
+        cpu = [r["cpu_ms_per_image"] for r in found]
+        speed = [r["images_per_sec"] for r in found]
+        summary.append(
+            {
+                "generator": generator,
+                "cache": cache,
+                "cpu_ms_per_image": cpu,
+                "images_per_sec": speed,
+                "median_cpu_ms_per_image": round(statistics.median(cpu), 3),
+                "median_images_per_sec": round(statistics.median(speed), 2),
+                "build_seconds": [r["build_seconds"] for r in found],
+                "cache_seconds": [r["cache_seconds"] for r in found],
+            }
+        )
+    reference = next((row for row in summary if row["generator"] == "decode-only"), None)
+    for row in summary:
+        if reference is not None:
+            ratio = row["median_cpu_ms_per_image"] / reference["median_cpu_ms_per_image"]
+            row["cpu_ratio_to_decode_only"] = round(ratio, 3)
+    first = next(iter(records.values()))[0]
+    keys = ("batch_size", "batches", "warmup_batches", "input_size", "num_images", "cpu_count", "tensorflow_loaded")
+    return {"benchmark": "pipeline", "rounds": rounds, **{key: first[key] for key in keys}, "rows": summary}

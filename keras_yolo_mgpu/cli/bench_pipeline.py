@@ -1,21 +1,27 @@
 """`python -m keras_yolo_mgpu.bench pipeline`: input pipeline images/sec with augmentation.
 
     python -m keras_yolo_mgpu.bench pipeline --annotations /tmp/bench_images/train.txt \\
-        --classes model_data/voc_classes.txt --input-size 416 --batch-size 32 --batches 20
+        --classes model_data/voc_classes.txt --input-size 416 --batch-size 32 --batches 20 \\
+        --generator decode-only,tfdata-device,pydataset,pydataset@ram --rounds 3
 
 Prints progress, then one JSON object as the last line (see `bench/pipeline.py`).
+With `--without-tensorflow` (and `KERAS_BACKEND=jax`), `import tensorflow`
+fails in the process: the `pydataset` row then shows the pipeline runs, and
+what it costs, where TensorFlow is not installed.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import logging
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.bench.pipeline import GENERATORS  # light: TensorFlow loads later
+from keras_yolo_mgpu.bench.pipeline import GENERATORS, NEEDS_TENSORFLOW, parse_rows  # light: TensorFlow loads later
+from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.args import ArgumentParser, input_size, positive_int
 from keras_yolo_mgpu.cli.bench import print_result
-from keras_yolo_mgpu.cli.runner import CommandError, run_command
+from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
 
 logger = logging.getLogger("bench")
 
@@ -36,15 +42,48 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--batch-size", type=positive_int, default=32, help="global batch size (default: 32)")
     parser.add_argument("--batches", type=positive_int, default=20, help="timed batches (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
-    parser.add_argument("--generator", choices=GENERATORS, default="tfdata", help="what to time (default: tfdata)")
+    parser.add_argument(
+        "--generator",
+        default="tfdata",
+        help=f"rows to time, comma-separated, each one of {', '.join(GENERATORS)}, optionally with its own "
+        "cache as NAME@ram or NAME@DIR (default: tfdata)",
+    )
+    parser.add_argument("--rounds", type=positive_int, default=1, help="interleaved rounds over the rows (default: 1)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", default=None, help="tfdata only: 'ram' or a directory for decoded images")
+    parser.add_argument(
+        "--cache", default=None, help="cache of rows without their own: 'ram' or a directory (warmed before timing)"
+    )
+    parser.add_argument("--workers", type=positive_int, default=None, help="pydataset: worker threads (default: cores)")
+    parser.add_argument(
+        "--without-tensorflow",
+        action="store_true",
+        help="make `import tensorflow` fail in this process (needs KERAS_BACKEND=jax; pydataset and reference rows)",
+    )
     parser.add_argument("--root", default=None, help="folder for relative image paths (default: the annotation file's)")
     return parser
 
 
+class _NoTensorFlow(importlib.abc.MetaPathFinder):
+    """Makes `import tensorflow` fail, as on a machine where it is not installed."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError(f"No module named {name!r} (bench pipeline --without-tensorflow)")
+        return None
+
+
 def run(args) -> int:
-    from keras_yolo_mgpu.bench.pipeline import run_benchmark
+    rows = parse_rows(args.generator, args.cache)
+    if args.without_tensorflow:
+        needing = sorted({generator for generator, _ in rows if generator in NEEDS_TENSORFLOW})
+        if needing or quiet.keras_backend_name() == "tensorflow" or "tensorflow" in sys.modules:
+            raise UsageError(
+                "--without-tensorflow needs KERAS_BACKEND=jax and rows that do not use TensorFlow "
+                f"(pydataset, reference). Received rows needing it: {needing or 'none'}"
+            )
+        sys.meta_path.insert(0, _NoTensorFlow())
+
+    from keras_yolo_mgpu.bench.pipeline import run_benchmark, run_rounds
     from keras_yolo_mgpu.data.annotations import read_annotations
     from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
@@ -54,26 +93,22 @@ def run(args) -> int:
     if not annotations:
         raise CommandError(f"{args.annotations} holds no image")
     logger.info(
-        "timing %s: %d images, input %dx%d, batch %d, %d+%d batches",
+        "timing %s: %d images, input %dx%d, batch %d, %d+%d batches, %d round(s)",
         args.generator,
         len(annotations),
         *args.input_size,
         args.batch_size,
         args.warmup,
         args.batches,
+        args.rounds,
     )
-    result = run_benchmark(
-        args.generator,
-        annotations,
-        args.input_size,
-        anchors,
-        num_classes,
-        args.batch_size,
-        args.batches,
-        args.warmup,
-        args.seed,
-        args.cache,
-    )
+    options = {"warmup": args.warmup, "seed": args.seed, "workers": args.workers}
+    shape = (args.input_size, anchors, num_classes, args.batch_size, args.batches)
+    if len(rows) == 1 and args.rounds == 1:
+        ((generator, cache),) = rows
+        result = run_benchmark(generator, annotations, *shape, cache=cache, **options)
+    else:
+        result = run_rounds(rows, args.rounds, annotations, *shape, **options)
     return print_result(result)
 
 

@@ -1,4 +1,4 @@
-"""Training augmentation with keras-yolo3's distribution.
+"""Training augmentation with keras-yolo3's distribution: the host's part, in numpy and OpenCV.
 
 keras-yolo3's `get_random_data` draws, per image (input `w` x `h`):
 
@@ -14,23 +14,25 @@ keras-yolo3's `get_random_data` draws, per image (input `w` x `h`):
 - boxes: shuffled, scaled and shifted like the image, flipped, clipped to the
   canvas, dropped when 1 px wide/high or less, at most `max_boxes` kept.
 
-Here the random numbers come from TensorFlow's stateless generators (one
-seed per element: deterministic under parallel maps), the same formulas turn
-them into parameters (`augmentation_params`, tested against the reference
-generator draw for draw), and decoding, resizing, placing, flipping and the
-boxes are TF ops (no GIL, parallel). The HSV jitter runs in OpenCV
-(`distort_hsv`, GIL released), which is 5x faster than TF's HSV kernels.
-Differences from keras-yolo3, all deliberate:
+Here the random numbers are TensorFlow's stateless ones, made in numpy
+(`stateless_random`: the same draws with or without TensorFlow), one seed per
+stream position; the same formulas turn them into parameters
+(`augmentation_params`, tested against the reference generator draw for
+draw). The host resizes, places and flips the image in uint8 (`place_image`)
+and moves the boxes (`augment_boxes`); the HSV jitter is only drawn here: it
+runs on the device, in the train step (`data.device_side.distort_hsv`), or,
+for the dense-target stream, in OpenCV (`distort_hsv`). Differences from
+keras-yolo3, all deliberate:
 
 - resampling: area averaging for shrinking axes (antialiased, like PIL's
   filters) and bilinear interpolation for growing ones instead of PIL BICUBIC
-  on both: mean pixel difference ~0.3/255 (tested); a JPEG whose resized
-  size is at most half its own is decoded at reduced size (the DCT
+  on both, in uint8: mean pixel difference ~0.3/255 (tested); a JPEG whose
+  resized size is at most half its own is decoded at reduced size (the DCT
   downscale of PIL's `draft`);
 - box coordinates stay floats (keras-yolo3 truncated them to integers, a bias
   of up to 1 px towards the top-left);
-- HSV is computed in float32 with OpenCV instead of float64 with matplotlib
-  (differences ~1e-6, tested).
+- HSV is computed in float32 (OpenCV here, `keras.ops` on the device)
+  instead of float64 with matplotlib (differences ~1e-6, tested).
 
 Validation and training without augmentation use the letterbox
 (`data.letterbox`), a different geometry with no randomness.
@@ -40,8 +42,8 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
-import tensorflow as tf
 
+from keras_yolo_mgpu.data import stateless_random
 from keras_yolo_mgpu.data.letterbox import GREY
 
 JITTER = 0.3
@@ -52,68 +54,156 @@ NUM_UNIFORMS = 11  # random numbers one augmentation draws
 __all__ = [
     "augment_boxes",
     "augmentation_params",
+    "box_orders",
     "distort_hsv",
-    "jpeg_reduction",
     "pad_boxes",
     "place_image",
+    "resize_image",
     "sample_augmentation",
+    "shuffled_order",
 ]
 
 
-# --- images (TF ops) -------------------------------------------------------
+# --- random parameters ------------------------------------------------------------
 
 
-def jpeg_reduction(image_size, target_size):
-    """log2 of PIL `draft`'s DCT reduction (0..3: 1x, 2x, 4x, 8x) for shrinking
-    `image_size` to `target_size`, both (w, h): the largest that keeps the
-    decoded image at least as large as the target."""
-    scale = tf.minimum(image_size[0] // tf.maximum(target_size[0], 1), image_size[1] // tf.maximum(target_size[1], 1))
-    return tf.where(scale >= 8, 3, tf.where(scale >= 4, 2, tf.where(scale >= 2, 1, 0)))
-
-
-def place_image(image, extent, params, input_shape: tuple[int, int]):
-    """keras-yolo3's resize to (nw, nh) + paste at (dx, dy) on a grey canvas, in TF ops.
-
-    keras-yolo3 resizes with PIL BICUBIC, which averages when it shrinks.
-    Here axes that shrink are averaged by area (antialiased) and axes that
-    grow are interpolated bilinearly (TF's bicubic costs 2x for a barely
-    sharper zoom); only the visible window is pasted.
+def augmentation_params(uniforms, input_shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """keras-yolo3's augmentation parameters from 11 U(0, 1) numbers per image.
 
     Args:
-        image: (H, W, 3) uint8 decoded image.
-        extent: (2,) float32 (width, height) of the whole stored image in
-            `image` pixels (W, H unless it was decoded at reduced size).
-        params: from `augmentation_params`.
+        uniforms: (..., 11) float64, consumed in the order of keras-yolo3's
+            `rand()` calls: 2 aspect jitter, scale, dx, dy, flip, hue, then
+            (coin, factor) for saturation and for value.
         input_shape: (height, width) of the canvas.
 
     Returns:
-        (height, width, 3) float32 canvas in [0, 255].
+        Arrays of shape (...): int32 `nw`, `nh`, `dx`, `dy`; bool `flip`;
+        float64 `hue`, `sat`, `val`. Python's `int()` truncates towards zero,
+        as `astype(int32)` does, on the same float64 values.
     """
     h, w = input_shape
-    nw, nh, dx, dy = params["nw"], params["nh"], params["dx"], params["dy"]
-    size = tf.shape(image)[:2]
-    scale = tf.cast(tf.stack([nh, nw]), tf.float32) / extent[::-1]  # (y, x) resized pixels per decoded pixel
-    shrunk = tf.where(scale < 1, tf.cast(tf.round(tf.cast(size, tf.float32) * scale), tf.int32), size)
-    image = tf.cond(
-        tf.reduce_any(scale < 1),
-        lambda: tf.image.resize(image, tf.maximum(shrunk, 1), method="area"),
-        lambda: tf.cast(image, tf.float32),
-    )
-    target = tf.stack([nh, nw])
-    image = tf.cond(
-        tf.reduce_all(tf.shape(image)[:2] == target),
-        lambda: image,
-        lambda: tf.image.resize(image, target, method="bilinear"),
-    )
-    x0, y0 = tf.clip_by_value(dx, 0, w), tf.clip_by_value(dy, 0, h)
-    x1, y1 = tf.clip_by_value(dx + nw, x0, w), tf.clip_by_value(dy + nh, y0, h)
-    window = image[y0 - dy : y1 - dy, x0 - dx : x1 - dx]
-    canvas = tf.pad(window, [[y0, h - y1], [x0, w - x1], [0, 0]], constant_values=float(GREY))
-    return tf.clip_by_value(tf.ensure_shape(canvas, [h, w, 3]), 0.0, 255.0)
+    u = np.moveaxis(np.asarray(uniforms, np.float64), -1, 0)
+
+    def rand(value, a, b):
+        return value * (b - a) + a
+
+    new_ar = w / h * rand(u[0], 1 - JITTER, 1 + JITTER) / rand(u[1], 1 - JITTER, 1 + JITTER)
+    scale = rand(u[2], MIN_SCALE, MAX_SCALE)
+    tall = new_ar < 1
+    nh_tall = (scale * h).astype(np.int32)
+    nw_wide = (scale * w).astype(np.int32)
+    nw = np.maximum(np.where(tall, (nh_tall * new_ar).astype(np.int32), nw_wide), 1)
+    nh = np.maximum(np.where(tall, nh_tall, (nw_wide / new_ar).astype(np.int32)), 1)
+    sat = rand(u[8], 1.0, SAT)
+    val = rand(u[10], 1.0, VAL)
+    return {
+        "nw": nw,
+        "nh": nh,
+        "dx": rand(u[3], 0.0, (w - nw).astype(np.float64)).astype(np.int32),
+        "dy": rand(u[4], 0.0, (h - nh).astype(np.float64)).astype(np.int32),
+        "flip": u[5] < 0.5,
+        "hue": rand(u[6], -HUE, HUE),
+        "sat": np.where(u[7] < 0.5, sat, 1.0 / sat),
+        "val": np.where(u[9] < 0.5, val, 1.0 / val),
+    }
+
+
+def sample_augmentation(seeds, input_shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """Random augmentation parameters, a pure function of each seed ((..., 2) int64)."""
+    return augmentation_params(stateless_random.uniform_float64(seeds, NUM_UNIFORMS), input_shape)
+
+
+def shuffled_order(seed, count: int) -> np.ndarray:
+    """A permutation of `count` items drawn from `seed` ((2,) int64): `tf.argsort` of uniforms.
+
+    `tf.argsort` sorts like a stable sort (equal values keep their order), so
+    ties, which float32 uniforms have in large sets, fall the same way.
+    """
+    if count == 0:
+        return np.zeros(0, np.int64)
+    return np.argsort(stateless_random.uniform_float32(seed, count), kind="stable")
+
+
+def box_orders(seeds, counts) -> list[np.ndarray]:
+    """Each image's box shuffle, from its element seed: `shuffled_order(fold_in(seed, 1), count)`.
+
+    Drawn for all images at once: the first `count` numbers of a stateless
+    stream do not depend on how many are drawn.
+
+    Args:
+        seeds: (N, 2) int64 element (or tile) seeds.
+        counts: N box counts.
+    """
+    counts = [int(count) for count in counts]
+    longest = max(counts, default=0)
+    if longest == 0:
+        return [np.zeros(0, np.int64) for _ in counts]
+    uniforms = stateless_random.uniform_float32(stateless_random.fold_in(seeds, 1, "int32"), longest)
+    return [np.argsort(row[:count], kind="stable") for row, count in zip(uniforms, counts)]
+
+
+# --- the image --------------------------------------------------------------------
+
+
+def resize_image(pixels: np.ndarray, extent, width: int, height: int) -> np.ndarray:
+    """The decoded image resized to `width` x `height` of the stored image's extent.
+
+    Axes that shrink are averaged by area (antialiased, as PIL's bicubic
+    averages when it shrinks), axes that grow are interpolated bilinearly
+    (bicubic costs more for a barely sharper zoom).
+
+    Args:
+        pixels: (H, W, 3) uint8, the decoded image.
+        extent: (width, height) float32 of the whole stored image in `pixels`'
+            pixels (W, H, unless it was decoded at reduced scale: the stored
+            size over the reduction, not rounded).
+        width, height: the size keras-yolo3 resizes the stored image to.
+
+    Returns:
+        (height, width, 3) uint8.
+    """
+    size = np.array(pixels.shape[:2], np.float32)  # (H, W)
+    scale = np.array([height, width], np.float32) / np.asarray(extent, np.float32)[::-1]
+    if (scale < 1).any():
+        shrunk = np.where(scale < 1, np.round(size * scale), size).astype(np.int64)
+        pixels = cv2.resize(pixels, (max(int(shrunk[1]), 1), max(int(shrunk[0]), 1)), interpolation=cv2.INTER_AREA)
+    if pixels.shape[:2] != (height, width):
+        pixels = cv2.resize(pixels, (width, height), interpolation=cv2.INTER_LINEAR)
+    return pixels
+
+
+def place_image(pixels: np.ndarray, extent, params: dict, out: np.ndarray) -> np.ndarray:
+    """keras-yolo3's resize to (nw, nh), paste at (dx, dy) on grey, and flip, written into `out`.
+
+    Only the visible window is pasted; with `flip` it is pasted mirrored
+    (the whole canvas flipped, as keras-yolo3 flips it).
+
+    Args:
+        pixels: (H, W, 3) uint8 decoded image.
+        extent: see `resize_image`.
+        params: one image's `augmentation_params` (scalars).
+        out: (h, w, 3) uint8 canvas to fill (a view into the batch).
+
+    Returns:
+        `out`.
+    """
+    h, w = out.shape[:2]
+    nw, nh, dx, dy = int(params["nw"]), int(params["nh"]), int(params["dx"]), int(params["dy"])
+    out[...] = GREY
+    x0, y0 = min(max(dx, 0), w), min(max(dy, 0), h)
+    x1, y1 = min(max(dx + nw, x0), w), min(max(dy + nh, y0), h)
+    if x1 <= x0 or y1 <= y0:
+        return out  # pasted entirely off the canvas
+    window = resize_image(pixels, extent, nw, nh)[y0 - dy : y1 - dy, x0 - dx : x1 - dx]
+    if params["flip"]:
+        cv2.flip(window, 1, dst=out[y0:y1, w - x1 : w - x0])  # mirrored in the copy
+    else:
+        out[y0:y1, x0:x1] = window
+    return out
 
 
 def distort_hsv(image: np.ndarray, hue: float, sat: float, val: float) -> np.ndarray:
-    """keras-yolo3's HSV jitter.
+    """keras-yolo3's HSV jitter, in OpenCV (the host's copy of `device_side.distort_hsv`).
 
     Args:
         image: (h, w, 3) RGB, uint8 or float in [0, 255].
@@ -134,89 +224,48 @@ def distort_hsv(image: np.ndarray, hue: float, sat: float, val: float) -> np.nda
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
 
-# --- random parameters and boxes (TensorFlow) -----------------------------
+# --- boxes ------------------------------------------------------------------------
 
 
-def augmentation_params(uniforms, input_shape: tuple[int, int]) -> dict[str, tf.Tensor]:
-    """keras-yolo3's augmentation parameters from 11 U(0, 1) numbers.
-
-    Args:
-        uniforms: (11,) float64, consumed in the order of keras-yolo3's
-            `rand()` calls: 2 aspect jitter, scale, dx, dy, flip, hue, then
-            (coin, factor) for saturation and for value.
-        input_shape: (height, width).
-
-    Returns:
-        int32 `nw`, `nh`, `dx`, `dy`; bool `flip`; float64 `hue`, `sat`, `val`.
-    """
-    h, w = input_shape
-    u = tf.unstack(tf.cast(uniforms, tf.float64), num=NUM_UNIFORMS)
-
-    def rand(value, a, b):
-        return value * (b - a) + a
-
-    def trunc(x):  # Python's int(): towards zero
-        return tf.cast(x, tf.int32)
-
-    new_ar = w / h * rand(u[0], 1 - JITTER, 1 + JITTER) / rand(u[1], 1 - JITTER, 1 + JITTER)
-    scale = rand(u[2], MIN_SCALE, MAX_SCALE)
-    tall = new_ar < 1
-    nh_tall = trunc(scale * h)
-    nw_wide = trunc(scale * w)
-    nw = tf.maximum(tf.where(tall, trunc(tf.cast(nh_tall, tf.float64) * new_ar), nw_wide), 1)
-    nh = tf.maximum(tf.where(tall, nh_tall, trunc(tf.cast(nw_wide, tf.float64) / new_ar)), 1)
-    dx = trunc(rand(u[3], 0.0, tf.cast(w - nw, tf.float64)))
-    dy = trunc(rand(u[4], 0.0, tf.cast(h - nh, tf.float64)))
-    sat = rand(u[8], 1.0, SAT)
-    val = rand(u[10], 1.0, VAL)
-    return {
-        "nw": nw,
-        "nh": nh,
-        "dx": dx,
-        "dy": dy,
-        "flip": u[5] < 0.5,
-        "hue": rand(u[6], -HUE, HUE),
-        "sat": tf.where(u[7] < 0.5, sat, 1.0 / sat),
-        "val": tf.where(u[9] < 0.5, val, 1.0 / val),
-    }
-
-
-def sample_augmentation(seed, input_shape: tuple[int, int]) -> dict[str, tf.Tensor]:
-    """Random augmentation parameters, a pure function of `seed` ((2,) int)."""
-    return augmentation_params(tf.random.stateless_uniform([NUM_UNIFORMS], seed, dtype=tf.float64), input_shape)
-
-
-def pad_boxes(boxes, max_boxes: int):
-    """(K, 5) boxes -> (max_boxes, 5): the first `max_boxes`, zero rows as padding."""
+def pad_boxes(boxes: np.ndarray, max_boxes: int) -> np.ndarray:
+    """(K, 5) boxes -> (max_boxes, 5) float32: the first `max_boxes`, zero rows as padding."""
+    padded = np.zeros((max_boxes, 5), np.float32)
     boxes = boxes[:max_boxes]
-    return tf.pad(boxes, [[0, max_boxes - tf.shape(boxes)[0]], [0, 0]])
+    padded[: len(boxes)] = boxes
+    return padded
 
 
-def augment_boxes(boxes, image_size, params, input_shape: tuple[int, int], max_boxes: int, seed):
+def augment_boxes(
+    boxes: np.ndarray, image_size, params: dict, input_shape: tuple[int, int], max_boxes: int, order
+) -> np.ndarray:
     """Moves boxes with the image: shuffle, scale, shift, flip, clip, filter.
+
+    The arithmetic is float32, step by step as the TF version computed it
+    (`x * float32(nw / iw) + dx`), so the boxes are bitwise those of earlier
+    runs.
 
     Args:
         boxes: (K, 5) float32 x_min, y_min, x_max, y_max, class in image pixels.
-        image_size: (2,) int32 (width, height) of the stored image.
-        params: from `augmentation_params`.
+        image_size: (width, height) of the stored image.
+        params: one image's `augmentation_params` (scalars).
         max_boxes: boxes kept (a random subset when there are more).
-        seed: (2,) int, for the shuffle.
+        order: the boxes' shuffle, a permutation of K (`box_orders`).
 
     Returns:
         (max_boxes, 5) float32 in input pixels, zero rows as padding.
     """
     h, w = input_shape
-    boxes = tf.gather(boxes, tf.argsort(tf.random.stateless_uniform([tf.shape(boxes)[0]], seed)))
-    iw, ih = tf.unstack(tf.cast(image_size, tf.float32))
-    scale_x = tf.cast(params["nw"], tf.float32) / iw
-    scale_y = tf.cast(params["nh"], tf.float32) / ih
-    x = boxes[:, 0:4:2] * scale_x + tf.cast(params["dx"], tf.float32)  # (K, 2) x_min, x_max
-    y = boxes[:, 1:4:2] * scale_y + tf.cast(params["dy"], tf.float32)
-    x = tf.where(params["flip"], w - x[:, ::-1], x)
+    boxes = np.asarray(boxes, np.float32).reshape(-1, 5)[np.asarray(order, np.int64)]
+    iw, ih = np.float32(image_size[0]), np.float32(image_size[1])
+    scale_x, scale_y = np.float32(params["nw"]) / iw, np.float32(params["nh"]) / ih
+    x = boxes[:, 0:4:2] * scale_x + np.float32(params["dx"])  # (K, 2) x_min, x_max
+    y = boxes[:, 1:4:2] * scale_y + np.float32(params["dy"])
+    if params["flip"]:
+        x = np.float32(w) - x[:, ::-1]
     # keras-yolo3 clips only mins at 0 and maxes at the far side; a box
     # entirely outside then has a negative size and is dropped below.
-    x = tf.stack([tf.maximum(x[:, 0], 0.0), tf.minimum(x[:, 1], float(w))], axis=1)
-    y = tf.stack([tf.maximum(y[:, 0], 0.0), tf.minimum(y[:, 1], float(h))], axis=1)
-    boxes = tf.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1], boxes[:, 4]], axis=1)
-    keep = tf.logical_and(x[:, 1] - x[:, 0] > 1, y[:, 1] - y[:, 0] > 1)
-    return pad_boxes(tf.boolean_mask(boxes, keep), max_boxes)
+    x = np.stack([np.maximum(x[:, 0], np.float32(0)), np.minimum(x[:, 1], np.float32(w))], axis=1)
+    y = np.stack([np.maximum(y[:, 0], np.float32(0)), np.minimum(y[:, 1], np.float32(h))], axis=1)
+    moved = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1], boxes[:, 4]], axis=1)
+    keep = (x[:, 1] - x[:, 0] > 1) & (y[:, 1] - y[:, 0] > 1)
+    return pad_boxes(moved[keep], max_boxes)

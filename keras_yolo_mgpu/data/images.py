@@ -22,9 +22,11 @@ images, arrays from users or OpenCV) go through `to_rgb_array`; both return
   TensorFlow's decoders and keras-yolo3 use, so a box means the same pixels
   on every path.
 
-The tf.data pipeline decodes most JPEGs and PNGs with TensorFlow ops for
-speed; `sniff_image` sends it only the files TensorFlow decodes exactly like
-`read_image` (tests/test_images.py compares them kind by kind).
+Training decodes with `decode_image`, the same reader with one option: a
+JPEG that will be shrunk anyway is decoded at 1/2, 1/4 or 1/8 scale by
+libjpeg's scaled DCT (Pillow's `draft`, PIL's own trick for thumbnails),
+several times faster. Those pixels equal TensorFlow's
+`decode_jpeg(ratio=...)`, which the pipeline used before (tests/test_images.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ logger = logging.getLogger(__name__)
 _TRUNCATED_LOCK = threading.Lock()
 _WARNED_TRUNCATED: set[str] = set()  # warned once per file, not at every epoch
 
-__all__ = ["JPEG", "OTHER", "PNG", "image_size", "read_image", "sniff_image", "to_rgb_array"]
+__all__ = ["decode_image", "image_size", "read_image", "to_rgb_array"]
 
 # Pillow modes of one channel with more than 8 bits per sample ("I" holds
 # 16-bit PGM and TIFF samples; 32-bit values beyond 16 bits clip at 255).
@@ -61,26 +63,55 @@ def read_image(path: str) -> np.ndarray:
         OSError, ValueError, ...: whatever Pillow raises for a missing or
         undecodable file.
     """
+    return decode_image(path)[0]
+
+
+def decode_image(path: str, reduce_to: tuple[int, int] | None = None) -> tuple[np.ndarray, int, tuple[int, int]]:
+    """`read_image`, decoding a JPEG at reduced scale when it will be shrunk to `reduce_to`.
+
+    Args:
+        path: any format Pillow reads.
+        reduce_to: (width, height) the image will be resized to, or None. A
+            JPEG at least twice as large on both axes is decoded at 1/2, 1/4
+            or 1/8 scale: the largest that keeps it at least this large
+            (libjpeg's DCT scaling: Pillow's `draft`, TF's `decode_jpeg(ratio)`).
+            Other formats are decoded whole.
+
+    Returns:
+        (pixels, scale, size): (ceil(H / scale), ceil(W / scale), 3) uint8
+        RGB, the reduction (1, 2, 4 or 8), and the stored (W, H).
+
+    Raises:
+        OSError, ValueError, ...: as `read_image`.
+    """
     try:
-        with Image.open(path) as image:
-            image.load()  # the whole file: a truncated image fails here, not later
-            return to_rgb_array(image)
+        return _decode(path, reduce_to)
     except OSError as error:
         if "truncated" not in str(error):
             raise
     with _TRUNCATED_LOCK:
         previous, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, True
         try:
-            with Image.open(path) as image:
-                image.load()
-                pixels = to_rgb_array(image)
+            decoded = _decode(path, reduce_to)
         finally:
             ImageFile.LOAD_TRUNCATED_IMAGES = previous
         first_time = str(path) not in _WARNED_TRUNCATED
         _WARNED_TRUNCATED.add(str(path))
     if first_time:
         logger.warning("%s is truncated: decoded as far as it goes", path)
-    return pixels
+    return decoded
+
+
+def _decode(path: str, reduce_to) -> tuple[np.ndarray, int, tuple[int, int]]:
+    with Image.open(path) as image:
+        scale, size = 1, image.size
+        if reduce_to is not None and image.format == "JPEG":
+            width = image.size[0]
+            drafted = image.draft("RGB", (max(int(reduce_to[0]), 1), max(int(reduce_to[1]), 1)))
+            if drafted is not None:  # (mode, (0, 0, width / scale, height / scale))
+                scale = round(width / drafted[1][2])
+        image.load()  # the whole file: a truncated image fails here, not later
+        return to_rgb_array(image), scale, size
 
 
 def image_size(path: str) -> tuple[int, int]:
@@ -135,52 +166,3 @@ def _pil_to_rgb(image: Image.Image) -> np.ndarray:
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")  # the same colours; Pillow warns on a direct P -> RGB
     return np.asarray(image.convert("RGB"))
-
-
-# --- which files TensorFlow's decoders read exactly like `read_image` ----------
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# Huffman-coded JPEG frames (baseline, extended, progressive): TF decodes them
-# as Pillow does (same libjpeg IDCT). Other SOF markers (lossless, arithmetic,
-# hierarchical) go to Pillow.
-_JPEG_TF_FRAMES = {0xC0, 0xC1, 0xC2}
-_JPEG_OTHER_FRAMES = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-JPEG, PNG, OTHER = 0, 1, 2
-
-
-def sniff_image(data: bytes) -> tuple[int, int, int]:
-    """Which decoder an image file needs, from its header.
-
-    Returns:
-        (kind, width, height): kind `JPEG` (8-bit, grey or colour, Huffman
-        coded, ends with its EOI marker) or `PNG` (any PNG that ends with
-        IEND: TF's `decode_png(channels=3, dtype=uint8)` converts every PNG
-        colour type and bit depth as `read_image` does) when TensorFlow's
-        decoders read it exactly like `read_image`; otherwise `OTHER` (CMYK,
-        12-bit or arithmetic JPEG, truncated files, GIF, BMP, TIFF, WebP,
-        garbage...), width and height 0: `read_image` decodes those, or
-        reports them.
-    """
-    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and data[-8:-4] == b"IEND":
-        return PNG, int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    if data[:2] != b"\xff\xd8" or b"\xff\xd9" not in data[-1024:]:
-        return OTHER, 0, 0
-    position = 2
-    while position + 9 < len(data):
-        if data[position] != 0xFF:
-            return OTHER, 0, 0  # not a marker: corrupt header
-        marker = data[position + 1]
-        if marker == 0xFF:  # fill byte
-            position += 1
-            continue
-        if marker in _JPEG_TF_FRAMES:
-            precision, components = data[position + 4], data[position + 9]
-            height = int.from_bytes(data[position + 5 : position + 7], "big")
-            width = int.from_bytes(data[position + 7 : position + 9], "big")
-            if precision == 8 and components in (1, 3) and width and height:
-                return JPEG, width, height
-            return OTHER, 0, 0
-        if marker in _JPEG_OTHER_FRAMES or marker == 0xDA:  # other frame type, or scan before any frame
-            return OTHER, 0, 0
-        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
-    return OTHER, 0, 0

@@ -13,7 +13,7 @@ box coordinate `x` moves to `x * scale + dx`. Adapters for each library:
   name and signature);
 - `resize_for_letterbox` + `paste_letterbox`: the two halves, for the
   pipeline's cache, which stores images resized and pastes them later;
-- `letterbox_boxes`: the box transform in TF ops, for tf.data.
+- `letterbox_boxes`: the box transform (numpy), for the input pipeline.
 
 The resampler is the detector's OpenCV choice, fixed per scale: bicubic when
 enlarging (keras-yolo3's filter), bilinear for moderate shrinking (scale >=
@@ -40,7 +40,6 @@ from typing import NamedTuple
 
 import cv2
 import numpy as np
-import tensorflow as tf
 from PIL import Image
 
 from keras_yolo_mgpu.data.images import to_rgb_array
@@ -149,34 +148,27 @@ def letterbox_image(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     return Image.fromarray(letterbox_array(to_rgb_array(image), (size[1], size[0])))
 
 
-def letterbox_boxes(boxes, image_size, input_shape: tuple[int, int]):
-    """Boxes of a letterboxed image, in TF ops: scaled, centred, clipped to the input.
+def letterbox_boxes(boxes: np.ndarray, image_size: tuple[int, int], input_shape: tuple[int, int]) -> np.ndarray:
+    """Boxes of a letterboxed image: scaled, centred, clipped to the input.
 
-    The geometry is computed in float64 like Python's `letterbox_geometry`,
-    so `int()` truncates the same values. Boxes left with no width or height
-    are dropped (none are when the boxes lie inside the image, which the
-    dataset checker ensures).
+    The geometry is `letterbox_geometry`'s (float64, so `int()` truncates the
+    same values); the boxes are moved in float32 (`x * float32(scale) + dx`).
+    Boxes left with no width or height are dropped (none are when the boxes
+    lie inside the image, which the dataset checker ensures).
 
     Args:
         boxes: (K, 5) float32 x_min, y_min, x_max, y_max, class in image pixels.
-        image_size: (2,) int32 (width, height) of the image.
+        image_size: (width, height) of the image.
         input_shape: (height, width) of the network input.
 
     Returns:
         (K', 5) float32 in input pixels, K' <= K, in the original order.
     """
     h, w = input_shape
-    iw, ih = tf.unstack(tf.cast(image_size, tf.float64))
-    scale = tf.minimum(w / iw, h / ih)
-
-    def offset(canvas, side):  # (canvas - max(1, int(side * scale))) // 2
-        resized = tf.maximum(tf.cast(tf.cast(side * scale, tf.int32), tf.float64), 1.0)
-        return tf.cast((canvas - resized) // 2, tf.float32)
-
-    dx, dy = offset(w, iw), offset(h, ih)
-    scale = tf.cast(scale, tf.float32)
-    x = tf.clip_by_value(boxes[:, 0:4:2] * scale + dx, 0.0, float(w))
-    y = tf.clip_by_value(boxes[:, 1:4:2] * scale + dy, 0.0, float(h))
-    boxes = tf.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1], boxes[:, 4]], axis=1)
-    keep = tf.logical_and(x[:, 1] > x[:, 0], y[:, 1] > y[:, 0])
-    return tf.boolean_mask(boxes, keep)
+    geometry = letterbox_geometry((int(image_size[0]), int(image_size[1])), (w, h))
+    boxes = np.asarray(boxes, np.float32).reshape(-1, 5)
+    scale = np.float32(geometry.scale)
+    x = np.clip(boxes[:, 0:4:2] * scale + np.float32(geometry.left), np.float32(0), np.float32(w))
+    y = np.clip(boxes[:, 1:4:2] * scale + np.float32(geometry.top), np.float32(0), np.float32(h))
+    moved = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1], boxes[:, 4]], axis=1)
+    return moved[(x[:, 1] > x[:, 0]) & (y[:, 1] > y[:, 0])]

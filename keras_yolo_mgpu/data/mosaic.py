@@ -11,17 +11,23 @@ scale and placement jitter already varies every tile.
 
 Every draw (whether a mosaic, which images, each tile's augmentation) comes
 from the element's stateless seed, so the element is a pure function of
-(run seed, stream position, index): the same on 1 and N replicas, on any
-number of parallel map calls, and after a resume at the same position.
+(run seed, stream position, index): the same on 1 and N replicas, in any
+worker, and after a resume at the same position. Each tile keeps its own HSV
+draw: the device applies the jitter per quadrant (`data.device_side`).
 """
 
 from __future__ import annotations
 
-import tensorflow as tf
+from typing import NamedTuple
 
-from keras_yolo_mgpu.data.augment import pad_boxes
+import numpy as np
+
+from keras_yolo_mgpu.data import stateless_random
+from keras_yolo_mgpu.data.augment import pad_boxes, shuffled_order
 
 _MOSAIC_STREAM = 7  # fold-in tag of the mosaic's draws within an element's seed
+
+__all__ = ["MosaicDraws", "draw_mosaics", "join_tile_boxes", "tile_shape"]
 
 
 def tile_shape(input_shape: tuple[int, int]) -> tuple[int, int]:
@@ -29,55 +35,64 @@ def tile_shape(input_shape: tuple[int, int]) -> tuple[int, int]:
     return input_shape[0] // 2, input_shape[1] // 2
 
 
-def mosaic_of_four(builder, seed, index):
-    """Image `index` and three random others in a 2 x 2 grid: (image, (max_boxes, 5) boxes).
+class MosaicDraws(NamedTuple):
+    """One element's mosaic draws.
 
-    Args:
-        builder: the `DatasetBuilder` (decoding, augmentation, sizes).
+    Attributes:
         seed: (2,) int64, the mosaic's own seed.
-        index: int64 index of the element's image (the top-left tile).
+        indices: (4,) int64: the element's image (top-left tile), then three drawn at random.
+        tile_seeds: (4, 2) int64, each tile's augmentation seed.
     """
-    tile = tile_shape(builder.input_shape)
-    others = tf.random.stateless_uniform(
-        [3], tf.random.experimental.stateless_fold_in(seed, 0), 0, builder.num_samples, dtype=tf.int64
-    )
-    indices = tf.concat([tf.reshape(tf.cast(index, tf.int64), [1]), others], axis=0)
-    images, boxes = [], []
-    for position in range(4):
-        tile_seed = tf.random.experimental.stateless_fold_in(seed, position + 1)
-        if builder.augment:
-            image, tile_boxes = builder.augmented_at(tile_seed, indices[position], tile)
-        else:
-            # The pipeline's one letterbox (letterbox.letterbox_array's pixels), on the tile's canvas.
-            image, tile_boxes, _ = builder.letterbox(indices[position], tile)
-        row, column = divmod(position, 2)
-        offset = tf.constant([column * tile[1], row * tile[0]] * 2 + [0], tf.float32)
-        real = tf.cast(tile_boxes[:, 2] > tile_boxes[:, 0], tf.float32)[:, None]  # padding rows stay zero
-        images.append(image)
-        boxes.append(tile_boxes + offset * real)
-    image = tf.concat([tf.concat(images[:2], axis=1), tf.concat(images[2:], axis=1)], axis=0)
-    image = tf.ensure_shape(image, [*builder.input_shape, 3])
-    boxes = tf.concat(boxes, axis=0)  # (4 * max_boxes, 5)
-    boxes = tf.boolean_mask(boxes, boxes[:, 2] > boxes[:, 0])
-    # More boxes than max_boxes: keep a random subset, as the augmentation does.
-    order = tf.argsort(
-        tf.random.stateless_uniform([tf.shape(boxes)[0]], tf.random.experimental.stateless_fold_in(seed, 9))
-    )
-    return image, pad_boxes(tf.gather(boxes, order), builder.max_boxes)
+
+    seed: np.ndarray
+    indices: np.ndarray
+    tile_seeds: np.ndarray
 
 
-def mosaic_element(builder, element, position, index):
-    """`element(position, index)`, or with probability `builder.mosaic` a mosaic of four.
+def draw_mosaics(element_seeds, indices, probability: float, num_samples: int) -> list[MosaicDraws | None]:
+    """Which elements become mosaics, and their draws.
 
     Args:
-        builder: the `DatasetBuilder`.
-        element: the plain element function (augmented or letterboxed).
-        position: int64 stream position (seeds every draw).
-        index: int64 image index.
+        element_seeds: (B, 2) int64, the elements' seeds.
+        indices: (B,) the elements' image indices.
+        probability: of a mosaic.
+        num_samples: images in the dataset (the others are drawn among them).
 
     Returns:
-        (image (h, w, 3) float32 in [0, 1], (max_boxes, 5) boxes).
+        Per element, its `MosaicDraws`, or None for a plain element.
     """
-    seed = tf.random.experimental.stateless_fold_in(builder.element_seed(position), _MOSAIC_STREAM)
-    use_mosaic = tf.random.stateless_uniform([], tf.random.experimental.stateless_fold_in(seed, 100)) < builder.mosaic
-    return tf.cond(use_mosaic, lambda: mosaic_of_four(builder, seed, index), lambda: element(position, index))
+    seeds = stateless_random.fold_in(element_seeds, _MOSAIC_STREAM, "int32")  # (B, 2)
+    coins = stateless_random.uniform_float32(stateless_random.fold_in(seeds, 100, "int32"), 1)[:, 0]
+    draws = []
+    for seed, index, coin in zip(seeds, indices, coins):
+        if not coin < np.float32(probability):
+            draws.append(None)
+            continue
+        others = stateless_random.uniform_int64(stateless_random.fold_in(seed, 0, "int32"), 3, 0, num_samples)
+        tile_seeds = stateless_random.fold_in(seed, np.arange(1, 5), "int32")
+        draws.append(MosaicDraws(seed, np.concatenate([[index], others]).astype(np.int64), tile_seeds))
+    return draws
+
+
+def join_tile_boxes(draws: MosaicDraws, tile_boxes: list[np.ndarray], tile: tuple[int, int], max_boxes: int):
+    """The four tiles' boxes moved into their quadrants, a random `max_boxes` of them kept.
+
+    Args:
+        draws: the element's `MosaicDraws`.
+        tile_boxes: four (max_boxes, 5) float32, each in its tile's pixels (zero rows: padding).
+        tile: (height, width) of a tile.
+
+    Returns:
+        (max_boxes, 5) float32 in the mosaic's pixels.
+    """
+    moved = []
+    for position, boxes in enumerate(tile_boxes):
+        row, column = divmod(position, 2)
+        offset = np.array([column * tile[1], row * tile[0]] * 2 + [0], np.float32)
+        real = (boxes[:, 2] > boxes[:, 0]).astype(np.float32)[:, None]  # padding rows stay zero
+        moved.append(boxes + offset * real)
+    boxes = np.concatenate(moved)  # (4 * max_boxes, 5)
+    boxes = boxes[boxes[:, 2] > boxes[:, 0]]
+    # More boxes than max_boxes: keep a random subset, as the augmentation does.
+    order = shuffled_order(stateless_random.fold_in(draws.seed, 9, "int32"), len(boxes))
+    return pad_boxes(boxes[order], max_boxes)

@@ -3,21 +3,25 @@
 Every `BLOCK_STEPS` batches the training size changes to a new square size,
 a multiple of 32 in [MIN, MAX]. The size is a pure function of the run's seed
 and the batch's number in the training stream (`size_of_batch`), never of
-per-replica or per-worker state: under MirroredStrategy the global batch is
-made at that size and then split, so every replica of a step gets the same
-size, and 1 and N replicas see the same sizes.
+per-replica or per-worker state: the global batch is made at that size and
+then split, so every replica of a step gets the same size, and 1 and N
+replicas see the same sizes.
 
-The pipeline makes each image at MAX x MAX (augmentation or letterbox, as
+The host makes each image at MAX x MAX (augmentation or letterbox, as
 without multi-scale) and `rescale_batch` shrinks the whole batch to the
 step's size (area averaging, boxes scaled alike); the targets are then built
-at that size. The dataset's image and target shapes are `(B, None, None,
-...)`, so Keras traces its train step once for all sizes (at most one trace
-per size, tested); validation keeps `--input-size`.
+at that size. On TensorFlow the dataset's image and target shapes are
+`(B, None, None, ...)`, so Keras traces its train step once for all sizes;
+on JAX each size is one compilation (at most (MAX - MIN) / 32 + 1).
+Validation keeps `--input-size`.
 """
 
 from __future__ import annotations
 
-import tensorflow as tf
+import cv2
+import numpy as np
+
+from keras_yolo_mgpu.data import stateless_random
 
 # Darknet changes the size every 10 batches.
 BLOCK_STEPS = 10
@@ -34,51 +38,46 @@ def check_size_range(size_range) -> tuple[int, int]:
     return low, high
 
 
-def size_of_batch(seed: int, batch_number, size_range) -> tf.Tensor:
-    """The training size of batch `batch_number` (0-based, in the stream), an int32 scalar.
+def size_of_batch(seed: int, batch_number: int, size_range) -> int:
+    """The training size of batch `batch_number` (0-based, in the stream).
 
     Args:
         seed: the run's seed.
-        batch_number: int or int64 scalar tensor.
+        batch_number: the global batch's number in the training stream.
         size_range: (MIN, MAX), multiples of 32.
     """
     low, high = check_size_range(size_range)
-    base = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), _SIZE_STREAM)
-    block_seed = tf.random.experimental.stateless_fold_in(base, tf.cast(batch_number, tf.int64) // BLOCK_STEPS)
-    units = tf.random.stateless_uniform([], block_seed, minval=low // 32, maxval=high // 32 + 1, dtype=tf.int32)
-    return units * 32
+    base = stateless_random.fold_in(np.array([seed, 0], np.int64), _SIZE_STREAM, "int32")
+    block_seed = stateless_random.fold_in(base, int(batch_number) // BLOCK_STEPS)
+    return int(stateless_random.uniform_int32(block_seed, 1, low // 32, high // 32 + 1)[0]) * 32
 
 
 def sizes_of_batches(seed: int, num_batches: int, size_range) -> list[int]:
     """The sizes of the first `num_batches` batches (for logs and tests)."""
-    return [int(size_of_batch(seed, b, size_range)) for b in range(num_batches)]
+    return [size_of_batch(seed, b, size_range) for b in range(num_batches)]
 
 
-def rescale_batch(images, boxes, size):
+def rescale_batch(images: np.ndarray, boxes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """A batch made at its canvas size -> the step's `size`.
 
     Args:
-        images: (B, C, C, 3) float32 in [0, 1], C = MAX.
+        images: (B, C, C, 3) uint8, C = MAX.
         boxes: (B, T, 5) float32 x_min, y_min, x_max, y_max, class in canvas
             pixels; zero rows are padding.
-        size: int32 scalar, at most C.
+        size: at most C.
 
     Returns:
-        (B, size, size, 3) images and (B, T, 5) boxes in the new pixels;
-        boxes no longer wider and higher than 1 px (the pipeline's rule)
-        become padding.
+        (B, size, size, 3) uint8 images (area averaging) and (B, T, 5) boxes
+        in the new pixels; boxes no longer wider and higher than 1 px (the
+        pipeline's rule) become padding.
     """
-    canvas = tf.shape(images)[1]
-    images = tf.cond(
-        tf.equal(size, canvas),
-        lambda: images,
-        # Area averaging can round a hair above 1.
-        lambda: tf.clip_by_value(tf.image.resize(images, tf.stack([size, size]), method="area"), 0.0, 1.0),
-    )
-    scale = tf.cast(size, tf.float32) / tf.cast(canvas, tf.float32)
+    canvas = images.shape[1]
+    if size != canvas:
+        images = np.stack([cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA) for image in images])
+    scale = np.float32(size) / np.float32(canvas)
     coordinates = boxes[..., :4] * scale
-    keep = tf.logical_and(coordinates[..., 2] - coordinates[..., 0] > 1, coordinates[..., 3] - coordinates[..., 1] > 1)
-    boxes = tf.concat([coordinates, boxes[..., 4:]], axis=-1) * tf.cast(keep, tf.float32)[..., None]
+    keep = (coordinates[..., 2] - coordinates[..., 0] > 1) & (coordinates[..., 3] - coordinates[..., 1] > 1)
+    boxes = np.concatenate([coordinates, boxes[..., 4:]], axis=-1) * keep.astype(np.float32)[..., None]
     return images, boxes
 
 

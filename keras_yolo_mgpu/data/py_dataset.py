@@ -1,0 +1,180 @@
+"""The input pipeline without TensorFlow: the host's batches in a `keras.utils.PyDataset`.
+
+    train = make_py_dataset(annotations, (416, 416), num_classes, 32, training=True, seed=0)
+    model.fit(train, steps_per_epoch=steps_per_epoch(len(annotations), 32), ...)
+
+For Keras on JAX, where TensorFlow need not be installed (TPU VMs, JAX GPU
+images): nothing here or in `data.host` imports it (tests/test_host_pipeline.py
+runs this module in a process where `import tensorflow` fails). The batches
+are `data.host.HostBatches`' (the same as `make_dataset(...,
+device_targets=True)` yields on TensorFlow): `x = {"image": (B, h, w, 3)
+uint8, "boxes": (B, max_boxes, 5) float32, "hsv": (B, 12) float32}`, `y`
+float32 zeros (B, 1), and for validation `sample_weight` (B,); the device
+finishes them (`data.device_side.DeviceInputs`).
+
+Batches are made ahead in `workers` threads of the dataset's own, in order
+(decoding, resizing and OpenCV release the GIL), not in Keras's enqueuer:
+Keras 3.15's multi-worker enqueuer keeps one index counter for an endless
+dataset, and the first batch that `fit` takes to build the compiled loss
+(`Trainer._symbolic_build`) is then consumed and lost: training started at
+batch 1 (measured: a 1-step run's loss on JAX was batch 1's, not batch 0's
+as on TensorFlow). Keras itself sees a one-worker dataset, whose batch `k`
+is always stream batch `k`. Keras 3.15's JAX trainer copies a batch to the
+devices one step ahead on one device, but just before its step under a
+`keras.distribution` (`JAXEpochIterator._get_distributed_iterator`):
+`to_device` moves the copy into the worker threads, ahead of the step, e.g.
+`lambda batch: jax.device_put(batch, layout)` with `layout =
+distribution.get_data_layout((batch_size,)).backend_layout` (the batch axis
+only, which fits every rank); Keras then takes the placed arrays as they
+are (one process: `jax.make_array_from_process_local_data` of an array with
+the batch's sharding keeps its buffers). The training stream is endless (`num_batches` None): Keras keeps
+asking for batch k, k + 1, ... across epochs (batches made ahead at the end
+of an epoch are kept for the next), so batch `k` holds stream positions
+`start_position + k * batch_size ...`, as on TensorFlow. Under a
+multi-process JAX run each process makes its slice of every global batch:
+`num_shards=jax.process_count(), shard_index=jax.process_index()`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+
+import keras
+import numpy as np
+
+from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.data.host import HostBatches
+
+__all__ = ["HostDataset", "make_py_dataset"]
+
+
+class HostDataset(keras.utils.PyDataset):
+    """`HostBatches` as Keras reads a dataset: batch `k` -> `(x, y[, sample_weight])`.
+
+    Args:
+        host: the `data.host.HostBatches` to serve.
+        workers: threads (or processes) making batches ahead (default: one per core).
+        use_multiprocessing: processes instead of threads (each with its own RAM cache).
+        max_queue_size: batches made ahead at most.
+        to_device: None, or a function applied to every `(x, y[, sample_weight])`
+            in the worker that made it, e.g. a `jax.device_put` onto the
+            devices that will train on it (threads only).
+    """
+
+    def __init__(
+        self,
+        host: HostBatches,
+        *,
+        workers: int | None = None,
+        use_multiprocessing: bool = False,
+        max_queue_size: int = 10,
+        to_device: Callable | None = None,
+    ):
+        if to_device is not None and use_multiprocessing:
+            raise ValueError("`to_device` places batches from worker threads; it cannot run in worker processes")
+        # One worker as far as Keras knows: Keras asks for batches in order, in
+        # its training thread; the workers below make them ahead (module docstring).
+        super().__init__(workers=1, use_multiprocessing=False, max_queue_size=max_queue_size)
+        self.host = host
+        self.to_device = to_device
+        # Not `workers` / `use_multiprocessing`: those are Keras's PyDataset
+        # settings, which must stay at one in-process worker.
+        self.threads = workers or os.cpu_count() or 1
+        self.in_processes = use_multiprocessing
+        self.ahead = max(1, max_queue_size)
+        self._pool = None
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def num_batches(self) -> int | None:
+        return self.host.num_batches
+
+    def make(self, index: int):
+        """Batch `index`, made here (no look-ahead): `(x, y[, sample_weight])` of numpy arrays."""
+        batch = self.host.batch(int(index))
+        x = {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype(np.float32)}
+        y = np.zeros((len(batch.images), 1), np.float32)
+        return (x, y) if batch.weights is None else (x, y, batch.weights)
+
+    def _made_and_placed(self, index: int):
+        batch = self.make(index)
+        return batch if self.to_device is None else self.to_device(batch)
+
+    def __getitem__(self, index: int):
+        index = int(index)
+        with self._lock:
+            if self._pool is None:
+                executor = ProcessPoolExecutor if self.in_processes else ThreadPoolExecutor
+                self._pool = executor(self.threads)
+            # Batches behind `index` are no longer wanted (a new pass started over).
+            for stale in [k for k in self._pending if k < index]:
+                self._pending.pop(stale).cancel()
+            last = index + self.ahead if self.num_batches is None else min(index + self.ahead, self.num_batches - 1)
+            for k in range(index, last + 1):
+                if k not in self._pending:
+                    self._pending[k] = self._submit(k)
+            future = self._pending.pop(index)
+        batch = future.result()
+        if self.in_processes and self.to_device is not None:
+            batch = self.to_device(batch)
+        return batch
+
+    def _submit(self, index: int) -> Future:
+        if self.in_processes:  # made in a process (the host is pickled), placed here
+            return self._pool.submit(_make_batch, self.host, index)
+        return self._pool.submit(self._made_and_placed, index)
+
+    def close(self) -> None:
+        """Stops the workers; batches made ahead are dropped."""
+        with self._lock:
+            for future in self._pending.values():
+                future.cancel()
+            self._pending.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+
+    def __del__(self):
+        self.close()
+
+
+def _make_batch(host: HostBatches, index: int):
+    """`HostDataset.make` in a worker process."""
+    return HostDataset(host).make(index)
+
+
+def make_py_dataset(
+    annotations: list[Annotation],
+    input_shape: tuple[int, int],
+    num_classes: int,
+    batch_size: int,
+    *,
+    training: bool,
+    workers: int | None = None,
+    use_multiprocessing: bool = False,
+    max_queue_size: int = 10,
+    to_device: Callable | None = None,
+    **kwargs,
+) -> HostDataset:
+    """The training or validation stream as a `keras.utils.PyDataset` (see the module docstring).
+
+    Args:
+        annotations, input_shape, num_classes, batch_size, training:
+            as `data.pipeline.make_dataset`'s.
+        workers, use_multiprocessing, max_queue_size, to_device: `HostDataset`'s.
+        **kwargs: `data.host.HostBatches`' options (`augment`, `seed`,
+            `max_boxes`, `cache`, `start_position`, `num_shards`,
+            `shard_index`, `multi_scale`, `mosaic`), as `make_dataset`'s.
+    """
+    host = HostBatches(annotations, input_shape, num_classes, batch_size, training=training, **kwargs)
+    return HostDataset(
+        host,
+        workers=workers,
+        use_multiprocessing=use_multiprocessing,
+        max_queue_size=max_queue_size,
+        to_device=to_device,
+    )

@@ -1,0 +1,114 @@
+"""The training run's input streams on each backend: one place that says which pipeline feeds which engine.
+
+Both backends get the same batches (`data.host.HostBatches`: uint8 images
+placed on the canvas, padded boxes, HSV draws), which the training model
+finishes on the device (`data.device_side.DeviceInputs`):
+
+* **TensorFlow**: `tf.data` around the host's per-sample functions
+  (`data.pipeline.make_dataset(..., device_targets=True)`), distributed by
+  the strategy (`distribute_training_dataset`: under
+  MultiWorkerMirroredStrategy each worker builds only its slice).
+* **JAX**: a `keras.utils.PyDataset` of worker threads (`data.py_dataset`),
+  with no TensorFlow; each process makes its slice of every global batch,
+  and on one process the worker threads also copy each batch onto the
+  devices, sharded as the step reads it, ahead of the step.
+
+Nothing here imports TensorFlow unless the engine is TensorFlow's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_yolo_mgpu.data.annotations import Annotation
+
+
+def training_stream(
+    engine, annotations: list[Annotation], input_shape, anchors, num_classes: int, batch_size: int, **options
+):
+    """The endless training stream for `engine` (`parallel.engine.Engine`).
+
+    Args:
+        batch_size: the GLOBAL batch.
+        **options: `make_dataset`'s (`augment`, `seed`, `cache`, `max_boxes`,
+            `start_position`, `multi_scale`, `mosaic`; `masks` and
+            `iou_thresh` matter to the TensorFlow dataset's checks only:
+            the targets are built on the device).
+    """
+    if engine.backend == "jax":
+        return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=True, **options)
+    from keras_yolo_mgpu.data.pipeline import distribute_training_dataset
+
+    return distribute_training_dataset(
+        engine.strategy, annotations, input_shape, anchors, num_classes, batch_size, device_targets=True, **options
+    )
+
+
+def validation_stream(
+    engine, annotations: list[Annotation], input_shape, anchors, num_classes: int, batch_size: int, **options
+):
+    """One ordered pass over the validation images, the last batch padded with weight-0 images."""
+    options = {key: value for key, value in options.items() if key not in ("start_position", "multi_scale", "mosaic")}
+    if engine.backend == "jax":
+        return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=False, **options)
+    from keras_yolo_mgpu.data.pipeline import make_dataset
+
+    return make_dataset(
+        annotations, input_shape, anchors, num_classes, batch_size, training=False, device_targets=True, **options
+    )
+
+
+def first_batch(annotations: list[Annotation], input_shape, num_classes: int, batch_size: int, **options) -> dict:
+    """The model inputs of a training stream's first batch, made on the host alone (no pipeline, no devices).
+
+    `{"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5), "hsv": (B, 12)}`:
+    what the start-up checks (training/precision.py) run the step on.
+    """
+    from keras_yolo_mgpu.data.host import HostBatches
+
+    options = {key: value for key, value in options.items() if key not in ("masks", "iou_thresh")}
+    batch = HostBatches(annotations, input_shape, num_classes, batch_size, training=True, **options).batch(0)
+    return {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype(np.float32)}
+
+
+def _py_dataset(engine, annotations, input_shape, num_classes, batch_size, *, training, **options):
+    from keras_yolo_mgpu.data.py_dataset import make_py_dataset
+
+    options = {key: value for key, value in options.items() if key not in ("masks", "iou_thresh")}
+    index, count = engine.processes
+    if count == 1:
+        finish = _placer(engine)
+    elif training:
+        # Several processes: each makes and hands Keras only its slice, which Keras
+        # assembles across processes (`jax.make_array_from_process_local_data`).
+        options.update(num_shards=count, shard_index=index)
+        finish = None
+    else:
+        finish = _process_slice(index, count, batch_size)
+    return make_py_dataset(
+        annotations, input_shape, num_classes, batch_size, training=training, to_device=finish, **options
+    )
+
+
+def _process_slice(index: int, count: int, batch_size: int):
+    """`batch -> this process's rows`: validation batches are made whole on every process, split as Keras joins them."""
+    rows = slice(index * batch_size // count, (index + 1) * batch_size // count)
+
+    def take(batch):
+        import keras
+
+        return keras.tree.map_structure(lambda array: array[rows], batch)
+
+    return take
+
+
+def _placer(engine):
+    """`batch -> the batch on the devices`, sharded along the batch axis as the step reads it (JAX, one process)."""
+    import jax
+
+    sharding = engine.strategy.get_data_layout((None,)).backend_layout
+
+    def place(batch):
+        return jax.device_put(batch, sharding)
+
+    return place
