@@ -16,7 +16,7 @@ PYTEST := $(PY) -m pytest -q -n 2
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,jax]"
 	touch $(STAMP)
 
 install: $(STAMP)

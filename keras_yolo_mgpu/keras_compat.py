@@ -66,8 +66,9 @@ def patch_multiworker_first_batch_build(model: keras.Model) -> bool:
     to learn the input shapes, calling `strategy.reduce` on the whole nested
     structure. MirroredStrategy accepts a dict there; the collective
     strategy raises "Attempt to convert a value ({'image': PerReplica...})".
-    Reducing leaf by leaf gives Keras the same shapes. Every worker makes the
-    same calls, so the collective ops stay matched.
+    Keras only needs the shapes and dtypes: each leaf's first local replica
+    value gives them without any collective op (a MEAN all-reduce would also
+    refuse the pipeline's uint8 images).
 
     Replaces `model._maybe_symbolic_build` (this model only) with a version
     that calls `model._symbolic_build(data_batch=...)`.
@@ -86,7 +87,7 @@ def patch_multiworker_first_batch_build(model: keras.Model) -> bool:
             for _, _, batches in iterator:
                 data_batch = tf.nest.map_structure(
                     lambda value: (
-                        strategy.reduce("MEAN", value, axis=None)
+                        strategy.experimental_local_results(value)[0]
                         if isinstance(value, tf.distribute.DistributedValues)
                         else value
                     ),

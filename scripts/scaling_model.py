@@ -28,10 +28,20 @@ Assumptions (stated in the output): no overlap of the gradient all-reduce
 with the backward pass (TensorFlow's MirroredStrategy all-reduces after the
 gradients are computed); NVLink 4 at 350 GB/s and PCIe 4.0 x16 at 22 GB/s of
 achievable all-reduce bus bandwidth; NCCL latency 15 us (NVLink) / 30 us
-(PCIe) per small all-reduce. Several replicas run without XLA today (Keras
-3.15 cannot compile the replicated step: training/precision.py), so N > 1
-uses the mixed-precision step without XLA; `--assume-xla-replicas` shows
-what compiling each replica's step would give.
+(PCIe) per small all-reduce.
+
+Engines (`--engine`):
+
+- `tensorflow`: several replicas run without XLA (Keras 3.15 cannot compile
+  the replicated step: training/precision.py), so N > 1 uses the
+  mixed-precision step without XLA; `--assume-xla-replicas` shows what
+  compiling each replica's step would give.
+- `jax`: one SPMD program compiled by XLA at every N (parallel/jax_devices.py),
+  mixed_bfloat16; the one-GPU step is the bare jitted step measured on one
+  H200 (NOTES.md, 2026-11-26: 28.6 ms at batch 32), a cross-card figure next
+  to the H100's. The same all-reduce and BatchNormalization collective
+  costs are charged, with no overlap (XLA may overlap them on GPUs: the
+  model then errs low).
 """
 
 from __future__ import annotations
@@ -51,6 +61,8 @@ H100_STEP_MS = {
     ("yolov3-tiny", "mixed"): 48.0,
     ("yolov3-tiny", "float32"): 48.5,
 }
+# One H200, global batch 32, the whole train step jax.jit-compiled (Keras 3.15.1 on JAX 0.11.2, NOTES.md, 2026-11-26).
+H200_JAX_STEP_MS = {("yolov3", "bf16+xla"): 28.6, ("yolov3", "float32+xla"): 50.3}
 LINKS = {"NVLink": {"gbytes_per_s": 350.0, "latency_us": 15.0}, "PCIe": {"gbytes_per_s": 22.0, "latency_us": 30.0}}
 BATCH = 32
 
@@ -105,12 +117,19 @@ def predict(args, parameters: int, bn_layers: int) -> list[dict]:
     rows = []
     gradient_bytes = 4 * parameters
     pipeline_capacity = args.pipeline_per_core * args.host_cores
-    one_gpu = BATCH / (H100_STEP_MS[(args.model, "mixed+xla")] / 1000)  # images/s at batch 32
+    if args.engine == "jax":
+        if (args.model, "bf16+xla") not in H200_JAX_STEP_MS:
+            raise SystemExit(f"no measured JAX step for {args.model}: only {sorted({m for m, _ in H200_JAX_STEP_MS})}")
+        step_table, best_mode = H200_JAX_STEP_MS, "bf16+xla"
+    else:
+        step_table, best_mode = H100_STEP_MS, "mixed+xla"
+    one_gpu = BATCH / (step_table[(args.model, best_mode)] / 1000)  # images/s at batch 32
     for link_name, link in LINKS.items():
         for replicas in (1, 2, 4, 8):
-            mode = "mixed+xla" if replicas == 1 or args.assume_xla_replicas else "mixed"
+            xla = replicas == 1 or args.assume_xla_replicas or args.engine == "jax"
+            mode = best_mode if xla else "mixed"
             per_replica = args.batch_per_replica or BATCH / replicas
-            compute = step_ms(H100_STEP_MS[(args.model, mode)], per_replica, args.fixed_ms)
+            compute = step_ms(step_table[(args.model, mode)], per_replica, args.fixed_ms)
             ring = 2 * (replicas - 1) / replicas * gradient_bytes / (link["gbytes_per_s"] * 1e9) * 1000
             collectives = 0.0 if replicas == 1 else 2 * bn_layers * link["latency_us"] / 1000
             step = compute + ring + collectives
@@ -156,6 +175,12 @@ def main(argv=None) -> int:
         "--batch-per-replica", type=int, default=None, help="fixed per-replica batch (default: global batch 32 / N)"
     )
     parser.add_argument("--assume-xla-replicas", action="store_true", help="N > 1 replicas with the XLA step")
+    parser.add_argument(
+        "--engine",
+        choices=("tensorflow", "jax"),
+        default="tensorflow",
+        help="tensorflow: MirroredStrategy, no XLA beyond one replica (H100 steps); jax: XLA at every N (H200 step)",
+    )
     parser.add_argument("--measure-latency", type=int, nargs="*", default=[2, 4], metavar="N")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
@@ -174,7 +199,8 @@ def main(argv=None) -> int:
         "model": args.model, "trainable_parameters": parameters, "gradient_mbytes": round(4 * parameters / 1e6, 1),
         "bn_layers": bn_layers, "collectives_per_step": 2 * bn_layers + 1,
         "logical_cpu_all_reduce_latency_us": latencies, "links": LINKS, "fixed_ms": args.fixed_ms,
-        "pipeline_images_per_sec": round(args.pipeline_per_core * args.host_cores, 1), "rows": rows,
+        "pipeline_images_per_sec": round(args.pipeline_per_core * args.host_cores, 1), "engine": args.engine,
+        "rows": rows,
     }  # fmt: skip
     if args.markdown:
         print(markdown(rows))

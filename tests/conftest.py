@@ -22,11 +22,12 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 # workers and their children start: glibc reads it when a process starts.
 os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
-from isolation import configure_test_devices, logical_device_names  # noqa: E402
+from isolation import JAX_CACHE_VARIABLE, configure_test_devices, logical_device_names  # noqa: E402
 from memory_report import TreeMemorySampler, largest_growths, record_module_growth, release_memory  # noqa: E402
 
 _sampler = None
@@ -46,6 +47,9 @@ def pytest_configure(config):
         _sampler = TreeMemorySampler()
         _sampler.start()
         os.environ[_GROWTH_LOG] = tempfile.mkstemp(prefix="test-memory-", suffix=".tsv")[1]
+        # One JAX compilation cache for every JAX process of this test run
+        # (inherited by the workers and their children, isolation.jax_environment).
+        os.environ.setdefault(JAX_CACHE_VARIABLE, tempfile.mkdtemp(prefix="test-jax-cache-"))
     if not _is_xdist_controller(config):
         configure_test_devices()
 
@@ -63,6 +67,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(_sampler.summary())
         terminalreporter.write_line(largest_growths(os.environ[_GROWTH_LOG]))
         os.remove(os.environ[_GROWTH_LOG])
+        shutil.rmtree(os.environ.get(JAX_CACHE_VARIABLE, ""), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")

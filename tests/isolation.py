@@ -64,16 +64,79 @@ def _prepare_child(floatx: str) -> None:
     keras.config.set_dtype_policy(floatx)
 
 
-def run_isolated(function, /, *args, floatx: str = "float32", **kwargs):
+def _prepare_jax_child(floatx: str) -> None:
+    """JAX's counterpart of `_prepare_child`: float64 enabled where asked, before anything is built.
+
+    `KERAS_BACKEND=jax` and the simulated devices (`XLA_FLAGS`) come from the
+    environment the child was started with (`run_isolated(..., backend="jax")`).
+    """
+    import jax
+
+    if floatx == "float64":
+        jax.config.update("jax_enable_x64", True)
+    import keras
+
+    keras.config.set_floatx(floatx)
+    keras.config.set_dtype_policy(floatx)
+
+
+# The JAX compilation cache the test run shares (set by conftest.py).
+JAX_CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+
+
+def jax_environment(devices: int = NUM_LOGICAL_DEVICES) -> dict[str, str]:
+    """Environment variables of a process that runs Keras on JAX with `devices` CPU devices.
+
+    The suite's JAX processes share one persistent compilation cache: a
+    run's many small eager programs (initialisers, casts) and the steps
+    shared between tests compile once per test run, not once per process.
+    """
+    environment = {
+        "KERAS_BACKEND": "jax",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+    }
+    if os.environ.get(JAX_CACHE_VARIABLE):
+        environment.update(
+            {
+                JAX_CACHE_VARIABLE: os.environ[JAX_CACHE_VARIABLE],
+                # Cache every program, however small or quick to compile.
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            }
+        )
+    return environment
+
+
+def run_isolated(function, /, *args, floatx: str = "float32", backend: str = "tensorflow", **kwargs):
     """`function(*args, **kwargs)` in a fresh process; returns its (picklable) result.
 
     Args:
         function: a module-level function (pickled by reference).
         floatx: "float32" or "float64": the child's Keras floatx and dtype policy.
+        backend: "tensorflow" (4 logical CPU devices, as the suite's) or "jax"
+            (Keras on JAX with 4 CPU devices, `jax_environment`).
     """
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context, initializer=_prepare_child, initargs=(floatx,)) as pool:
-        return pool.submit(function, *args, **kwargs).result()
+    initializer = _prepare_jax_child if backend == "jax" else _prepare_child
+    environment = jax_environment() if backend == "jax" else {}
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)  # the spawned child starts with it
+    try:
+        with ProcessPoolExecutor(1, mp_context=context, initializer=initializer, initargs=(floatx,)) as pool:
+            future = pool.submit(function, *args, **kwargs)
+            _restore_environment(saved)
+            return future.result()
+    finally:
+        _restore_environment(saved)
+
+
+def _restore_environment(saved: dict) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 _computed = {}

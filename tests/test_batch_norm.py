@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_yolo_mgpu.model import batch_norm_tf
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 
 
@@ -35,7 +36,7 @@ def test_fused_training_step_equals_keras(shape):
     x = tf.constant(rng.normal(1.0, 2.0, shape).astype(np.float32))
     upstream = tf.constant(rng.normal(0.0, 1.0, shape).astype(np.float32))
     fused_layer = BatchNormalization()
-    assert fused_layer._fused_applies(x, True, None)
+    assert batch_norm_tf.fused_applies(fused_layer, x, True, None)
     fused = _step(fused_layer, x, upstream)
     reference = _step(keras.layers.BatchNormalization(), x, upstream)
     for name, got, want in zip(["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance"], fused, reference):
@@ -48,13 +49,13 @@ def test_float64_and_inference_take_keras_path_exactly():
     x = tf.constant(rng.normal(0.0, 1.0, (2, 6, 6, 4)))  # float64
     upstream = tf.constant(rng.normal(0.0, 1.0, (2, 6, 6, 4)))
     fused_layer = BatchNormalization(dtype="float64")
-    assert not fused_layer._fused_applies(x, True, None)
+    assert not batch_norm_tf.fused_applies(fused_layer, x, True, None)
     got = _step(fused_layer, x, upstream)
     want = _step(keras.layers.BatchNormalization(dtype="float64"), x, upstream)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
-    assert not BatchNormalization()._fused_applies(tf.zeros((2, 4, 4, 3)), False, None)
-    assert not BatchNormalization(fused=False)._fused_applies(tf.zeros((2, 4, 4, 3)), True, None)
+    assert not batch_norm_tf.fused_applies(BatchNormalization(), tf.zeros((2, 4, 4, 3)), False, None)
+    assert not batch_norm_tf.fused_applies(BatchNormalization(fused=False), tf.zeros((2, 4, 4, 3)), True, None)
 
 
 def _small_model(norm):
@@ -102,7 +103,7 @@ def _replicated_step(layer_class, x, upstream, devices):
         def replica(shard):
             x_shard, upstream_shard = shard
             if isinstance(layer, BatchNormalization):
-                global_path.append(layer._statistics_are_global())
+                global_path.append(batch_norm_tf._statistics_are_global(layer))
             with tf.GradientTape() as tape:
                 tape.watch(x_shard)
                 y = layer(x_shard, training=True)

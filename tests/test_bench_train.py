@@ -47,3 +47,25 @@ def test_adam_with_ema_against_keras_adam_on_two_replicas(capsys):
 def test_keras_adam_variant_needs_adam(capsys):
     assert bench_train.main(["--tiny", "--variants", "keras-adam"]) == 1
     assert "--optimizer adam" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_backends_are_timed_in_interleaved_rounds_with_their_ratio(capsys):
+    """`--backends tensorflow,jax`: one process per backend, the same step, rounds alternating, the ratio."""
+    argv = ["--backends", "tensorflow,jax", "--tiny", "--input-size", "32", "--num-classes", "2"]
+    argv += ["--batch-size", "2", "--steps", "2", "--warmup-steps", "1", "--rounds", "2"]
+    assert bench_train.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert [result[b]["backend"] for b in ("tensorflow", "jax")] == ["tensorflow", "jax"]
+    assert result["jax"]["jit"] is True and result["jax"]["inputs"] == "device"
+    rates = {b: result[b]["images_per_sec_rounds"] for b in ("tensorflow", "jax")}
+    assert len(rates["tensorflow"]) == len(rates["jax"]) == 2
+    expected = result["jax"]["images_per_sec"] / result["tensorflow"]["images_per_sec"]
+    assert result["ratio_jax_vs_tensorflow"] == pytest.approx(expected, rel=1e-2)
+    assert sum(line.startswith("round ") for line in lines) == 2
+
+
+def test_backends_refuse_what_only_tensorflow_times(capsys):
+    assert bench_train.main(["--backends", "tensorflow,jax", "--reference", "keras-yolo3"]) == 1
+    assert "--backends times our step only" in capsys.readouterr().err

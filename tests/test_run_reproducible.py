@@ -90,35 +90,28 @@ def _max_difference(first, second):
 
 
 @pytest.mark.slow
-def test_same_seed_same_weights_on_one_device_and_on_four_replicas(dataset, float64_home, tmp_path):
-    """Without --weights: the seed alone fixes the start, whatever the device count.
+def test_same_seed_same_weights_and_a_drawn_seed_is_recorded(dataset, float64_home, tmp_path):
+    """Without --weights: the seed alone fixes the start; without --seed one is drawn and recorded.
 
-    Plain SGD, so that the comparison across device counts is about what N
-    replicas compute: Adam divides each gradient by its running magnitude,
-    which turns float64 rounding in near-zero gradient components into
-    visible steps (scripts/seed_report.py measures both).
+    That the seeded start does not depend on the device count either is
+    proven where every option runs on 1 and 4 replicas from a seeded fresh
+    build: tests/test_recipe_equivalence.py (`all`, both backends).
     """
     recipe = ("--epochs", "2", "--freeze-epochs", "1", "--optimizer", "sgd")
     runs = {
         "one": _command(dataset, tmp_path / "one", *recipe, "--seed", "7"),
         "again": _command(dataset, tmp_path / "again", *recipe, "--seed", "7"),
-        "four": _command(dataset, tmp_path / "four", *recipe, "--seed", "7", "--gpus", "4", "--simulate-devices"),
         "unseeded": _command(dataset, tmp_path / "unseeded", *recipe),
     }
-    # Two at a time: four float64 runs at once (~1.2 GB each) beside the
-    # other xdist worker's float64 child were the suite's memory peak.
+    # Two at a time: float64 runs at once (~1.2 GB each) beside the other
+    # xdist worker's float64 child were the suite's memory peak.
     outputs = {}
-    for pair in (("one", "again"), ("four", "unseeded")):
+    for pair in (("one", "again"), ("unseeded",)):
         processes = {name: _start(runs[name], float64_home) for name in pair}
         outputs.update({name: _finish(process) for name, process in processes.items()})
-    assert "4 replica(s)" in outputs["four"]
     final = {name: _weights(tmp_path / name / FINAL) for name in runs}
     assert final["one"]["layers/conv2d/vars/0"].dtype == np.float64
     assert _max_difference(final["one"], final["again"]) == 0.0  # bit for bit
-    # Measured 5e-11: float64 rounding of the replica sums, grown over 4 steps.
-    # A different start (another seed, or weights drawn under the strategy)
-    # differs by > 1e-3.
-    assert _max_difference(final["one"], final["four"]) <= 1e-9
     # Without --seed a seed is drawn, recorded, and gives another run.
     drawn = json.loads((tmp_path / "unseeded" / "args.json").read_text())["seed"]
     assert isinstance(drawn, int) and f"--seed {drawn}" in outputs["unseeded"]

@@ -7,10 +7,15 @@ Builds what `train.py` trains (the model, its compile settings, mixed
 precision and XLA as the device's defaults, `training.precision`) and fits
 it, in interleaved rounds, on two inputs:
 
-- `pipeline`: `data.make_dataset(training=True)` over the JPEG files, as
-  `train.py` feeds `fit` (decoding, keras-yolo3's augmentation, targets);
-- `in-memory`: the pipeline's first batch, held in memory and repeated: the
-  step alone.
+- `pipeline`: the training stream over the JPEG files, as `train.py` feeds
+  `fit` on the backend (`data.streams`: tf.data on TensorFlow, the
+  `PyDataset` of worker threads on JAX; the host decodes and places, the
+  step does the HSV jitter and the targets on the device);
+- `in-memory`: the pipeline's first batch, held on the devices and repeated
+  (`bench.train.repeated_batch`): the step alone.
+
+With `cache` ("ram" or a folder) the pipeline reads decoded images from the
+cache, timed warm: the warm-up covers one full pass over the images first.
 
 Each round times `steps` steps after `warmup` (the pipeline's buffers fill
 and the step compiles during warm-up). `ratio` = pipeline images/s /
@@ -24,10 +29,12 @@ import logging
 import statistics
 import time
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 
-def _wall_times(model, dataset, steps: int) -> list[float]:
+def _wall_times(engine, model, dataset, steps: int) -> list[float]:
     """`fit` for `steps` steps; the wall time at the end of each step."""
     import keras
 
@@ -35,9 +42,11 @@ def _wall_times(model, dataset, steps: int) -> list[float]:
 
     class StepEnds(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
+            float(logs["loss"])  # the step has finished (devices run asynchronously)
             ends.append(time.perf_counter())
 
-    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[StepEnds()])
+    with engine.strategy.scope():
+        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[StepEnds()], shuffle=False)
     return ends
 
 
@@ -52,7 +61,6 @@ def _build_training_model(engine, settings: dict, plan, num_classes: int, anchor
 
     from keras_yolo_mgpu.model.loss import totalloss
     from keras_yolo_mgpu.model.yolo3 import create_model
-    from keras_yolo_mgpu.training.trainer import _target_cells_bound
 
     with engine.strategy.scope():
         _, train_model = create_model(
@@ -61,9 +69,10 @@ def _build_training_model(engine, settings: dict, plan, num_classes: int, anchor
             num_classes,
             freeze_body=0,
             sync_bn=engine.sync_bn,
-            max_true_boxes=_target_cells_bound(iou_thresh, masks) if plan.jit else None,
             masks=masks,
             model=kind,
+            device_inputs=True,
+            iou_thresh=iou_thresh,
         )
         model = engine.wrap(train_model)
         model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=totalloss, jit_compile=plan.jit)
@@ -88,6 +97,7 @@ def run_e2e(
     warmup: int = 5,
     rounds: int = 3,
     seed: int = 0,
+    cache: str | None = None,
 ) -> dict:
     """Pipeline-fed and in-memory training images/s, interleaved; returns the result record.
 
@@ -100,11 +110,12 @@ def run_e2e(
         gpus, simulate: the devices, as `train.py --gpus N [--simulate-devices]`.
         mixed_precision, jit: None for the device's default (`training.precision`).
         steps, warmup, rounds: timed steps per round, untimed steps first, rounds.
+        cache: None, "ram" or a folder: the pipeline's decoded-image cache, timed warm.
     """
     import keras
-    import tensorflow as tf
 
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.bench.train import repeated_batch
+    from keras_yolo_mgpu.data.streams import first_batch, training_stream
     from keras_yolo_mgpu.model.architectures import get_architecture, resolve_iou_thresh
     from keras_yolo_mgpu.model.boxes import resolve_masks
     from keras_yolo_mgpu.parallel.engine import build_engine
@@ -116,35 +127,51 @@ def run_e2e(
     engine = build_engine(gpus, simulate=simulate)
     device_kind = precision.training_device_kind(engine.devices)
     plan = precision.plan_settings(
-        device_kind, mixed_precision=mixed_precision, jit=jit, multi_scale=None, replicas=engine.replicas
+        device_kind,
+        mixed_precision=mixed_precision,
+        jit=jit,
+        multi_scale=None,
+        replicas=engine.replicas,
+        backend=engine.backend,
+        bfloat16=engine.bfloat16,
     )
     kind = get_architecture(model, len(anchors)).name
     masks = resolve_masks(None, len(anchors))
     iou_thresh = resolve_iou_thresh(None, kind)
+    # A cache is timed warm: the first (untimed) steps read every image once.
+    pipeline_warmup = max(warmup, -(-len(annotations) // batch_size) + 1) if cache else warmup
     previous_policy = keras.config.dtype_policy()
-    precision.apply_policy(plan.mixed_precision)
+    precision.apply_policy(plan.mixed_precision, plan.mixed_policy)
     try:
         train_model = _build_training_model(
             engine, {"input_shape": input_shape}, plan, num_classes, anchors, masks, kind, iou_thresh
         )
-        pipeline = make_dataset(
-            annotations, input_shape, anchors, num_classes, batch_size, training=True, seed=seed,
-            max_boxes=MAX_BOXES, masks=masks, iou_thresh=iou_thresh,
-        )  # fmt: skip
-        in_memory = tf.data.Dataset.from_tensors(next(iter(pipeline))).repeat().prefetch(2)
-        sources = {"in-memory": in_memory, "pipeline": pipeline}
+        stream_options = dict(seed=seed, max_boxes=MAX_BOXES, masks=masks, iou_thresh=iou_thresh)
+        pipeline = training_stream(
+            engine, annotations, input_shape, anchors, num_classes, batch_size, cache=cache, **stream_options
+        )
+        x = first_batch(annotations, input_shape, num_classes, batch_size, seed=seed, max_boxes=MAX_BOXES)
+        in_memory = repeated_batch(x, np.zeros((batch_size, 1), np.float32), engine)
+        sources = {"in-memory": (in_memory, warmup), "pipeline": (pipeline, pipeline_warmup)}
         rates: dict[str, list[float]] = {name: [] for name in sources}
         for round_index in range(rounds):
-            for name, dataset in sources.items():
-                ends = _wall_times(train_model, dataset, warmup + steps)
-                rates[name].append(_images_per_sec(ends, warmup, batch_size))
+            for name, (dataset, first_steps) in sources.items():
+                ends = _wall_times(engine, train_model, dataset, first_steps + steps)
+                rates[name].append(_images_per_sec(ends, first_steps, batch_size))
                 logger.info("round %d: %-9s %.1f images/s", round_index, name, rates[name][-1])
+                if name == "pipeline":
+                    pipeline_warmup = 1  # the stream goes on where it stopped: the cache stays warm
+                    sources[name] = (dataset, pipeline_warmup)
     finally:
         keras.config.set_dtype_policy(previous_policy)
     medians = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "benchmark": "e2e",
+        "backend": engine.backend,
         "device": device_kind,
+        "devices": list(engine.devices),
+        "cache": cache,
+        "dtype_policy": plan.mixed_policy if plan.mixed_precision else keras.config.floatx(),
         "replicas": engine.replicas,
         "model": kind,
         "mixed_precision": plan.mixed_precision,

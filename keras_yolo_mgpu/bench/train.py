@@ -1,9 +1,13 @@
 """Training images/sec (`python -m keras_yolo_mgpu.bench train`), against keras-yolo3 too.
 
-Feeds one generated batch from memory (a repeated tf.data dataset), so the
-number measures the model step and the replica communication, not the input
-pipeline (`bench pipeline` measures that). Each step is timed from Keras's
-batch-begin callback to its batch-end callback, which waits for the loss.
+Feeds one generated batch from memory (a repeated tf.data dataset on
+TensorFlow; on JAX the batch placed on the devices once, with the data
+sharding of the run's distribution), so the number measures the model step
+and the replica communication, not the input pipeline (`bench pipeline`
+measures that). Each step is timed from Keras's batch-begin callback to its
+batch-end callback, which waits for the loss. It runs on Keras's backend
+(`KERAS_BACKEND`); on JAX it needs no TensorFlow. `bench.backend_rounds`
+times both backends against each other.
 
 With `reference="keras-yolo3"`, keras-yolo3's model and scalar loss under
 Keras 2 (`tf_keras`, see `reference_model.py`) is built next to ours in the
@@ -15,6 +19,7 @@ machine state. `variants` adds variants of our step to the same rounds (see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
@@ -26,12 +31,14 @@ REFERENCES = ("keras-yolo3",)
 VARIANTS = {
     "keras-bn": "Keras 3's own BatchNormalization training path instead of the fused kernel",
     "keras-adam": "Keras 3's own Adam update instead of the fused kernel (needs optimizer='adam')",
-    "static-mask": "ignore mask from a static top-k gather of at most 20 true boxes (max_true_boxes=20)",
-    "xla": "jit_compile=True (XLA) with the static ignore mask",
+    "xla": "jit_compile=True (XLA)",
 }
 #: The pipeline's bound on boxes per image; what `max_true_boxes` is set to.
 MAX_BOXES = 20
 OPTIMIZERS = ("sgd", "adam")
+#: What our step is fed: "device", `train.py`'s model on the host's batch (uint8 images, padded boxes, HSV
+#: draws; jitter and targets in the step), or "dense", keras-yolo3's inputs (float images, dense targets).
+INPUTS = ("device", "dense")
 #: The timed steps' learning rate: small, so that weights stay near their start.
 _RATE = 1e-4
 
@@ -74,6 +81,34 @@ def synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
     return x, np.zeros((global_batch, 1), np.float32)
 
 
+def synthetic_host_batch(global_batch, input_shape, num_classes, seed=0):
+    """One batch as the host hands it to `train.py`'s model: uint8 images, padded boxes, HSV draws.
+
+    The same random boxes as `synthetic_batch` (1-10 per image, padded to
+    `MAX_BOXES`); the HSV draws in keras-yolo3's ranges (hue +-0.1,
+    saturation and value x[1, 1.5] or its reciprocal). The step then builds
+    the targets and applies the jitter on the device, as in training.
+
+    Returns:
+        `(x, y)`: x `{"image": (N, H, W, 3) uint8, "boxes": (N, 20, 5), "hsv": (N, 12)}`, y zeros (N, 1).
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    height, width = input_shape
+    images = rng.integers(0, 256, (global_batch, height, width, 3), dtype=np.uint8)
+    boxes = np.zeros((global_batch, MAX_BOXES, 5), np.float32)
+    for b in range(global_batch):
+        for t in range(rng.integers(1, 11)):
+            w, h = rng.uniform(0.05, 0.6) * width, rng.uniform(0.05, 0.6) * height
+            x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
+            boxes[b, t] = [x, y, x + w, y + h, rng.integers(num_classes)]
+    scales = rng.uniform(1.0, 1.5, (global_batch, 2)) ** rng.choice([-1.0, 1.0], (global_batch, 2))
+    draws = np.concatenate([rng.uniform(-0.1, 0.1, (global_batch, 1)), scales], axis=1)
+    hsv = np.tile(draws, (1, 4)).astype(np.float32)
+    return {"image": images, "boxes": boxes, "hsv": hsv}, np.zeros((global_batch, 1), np.float32)
+
+
 def _step_timer(callback_base):
     """A callback class (Keras 3 or Keras 2 base) recording each step's wall and process CPU seconds."""
 
@@ -97,8 +132,10 @@ def _step_timer(callback_base):
 class _Side:
     """One model to time: fits `steps` steps on the repeated batch, keeps each round's step times."""
 
-    def __init__(self, name, model, dataset, callback_base, global_batch, parts=None):
+    def __init__(self, name, model, dataset, callback_base, global_batch, parts=None, scope=None):
         self.name, self.model, self.dataset, self.global_batch = name, model, dataset, global_batch
+        # What `fit` runs under: on JAX the distribution's scope shards each batch.
+        self.scope = scope or contextlib.nullcontext
         self.timer_class = _step_timer(callback_base)
         self.parts = parts
         self.rounds: list[list[float]] = []
@@ -106,8 +143,9 @@ class _Side:
 
     def fit(self, steps: int) -> list[float]:
         timer = self.timer_class()
-        # shuffle=False: a repeated in-memory batch; Keras cannot shuffle a dataset anyway.
-        self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer], shuffle=False)
+        with self.scope():
+            # shuffle=False: a repeated in-memory batch; Keras cannot shuffle a dataset anyway.
+            self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer], shuffle=False)
         self.cpu_times += timer.cpu_times
         return timer.times
 
@@ -115,11 +153,37 @@ class _Side:
         return self.global_batch / statistics.median(times)
 
 
+def repeated_batch(x, y, engine):
+    """The same global batch for every step, fed the cheapest way each backend has.
+
+    TensorFlow: a repeated `tf.data` dataset (Keras distributes it over the
+    replicas). JAX: the batch placed on the devices once, sharded as the
+    run's distribution shards batches, then handed over again every step:
+    Keras's `device_put` of an array that already has that sharding copies
+    nothing, so the step is timed alone, as the bare jitted step was.
+    """
+    if engine.backend != "jax":
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
+    import jax
+
+    def place(array):
+        layout = engine.strategy.get_data_layout(array.shape).backend_layout
+        return jax.device_put(array, layout)
+
+    placed_x, placed_y = {key: place(value) for key, value in x.items()}, place(y)
+
+    def forever():
+        while True:
+            yield placed_x, placed_y
+
+    return forever()
+
+
 def _build_ours(name, options, engine, anchors, x, y, global_batch):
     import keras
-    import tensorflow as tf
 
-    from keras_yolo_mgpu.bench.step_parts import StepParts
     from keras_yolo_mgpu.model.architectures import get_architecture
     from keras_yolo_mgpu.model.batch_norm import BatchNormalization
     from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
@@ -127,7 +191,9 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
 
     architecture = get_architecture(options["model"])
     jit = options["jit"] or name == "xla"
-    max_true_boxes = MAX_BOXES if jit or name == "static-mask" else None
+    device_inputs = options["inputs"] == "device"
+    if device_inputs:
+        x, y = options["host_batch"]
     with engine.strategy.scope():
         body, train_model = create_model(
             options["input_size"],
@@ -135,18 +201,27 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
             options["num_classes"],
             freeze_body=options["freeze_body"],
             sync_bn=engine.sync_bn,
-            max_true_boxes=max_true_boxes,
             model=options["model"],
+            device_inputs=device_inputs,
         )
         if name == "keras-bn":
             for layer in body.layers:
                 if isinstance(layer, BatchNormalization):
                     layer.fused = False
         model = engine.wrap(train_model)
-        model.compile(optimizer=_our_optimizer(options, name == "keras-adam"), loss=totalloss, jit_compile=jit)
-    dataset = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
+        model.compile(
+            optimizer=_our_optimizer(options, name == "keras-adam"),
+            loss=totalloss,
+            jit_compile=jit,
+            steps_per_execution=options["steps_per_execution"],
+        )
+    dataset = repeated_batch(x, y, engine)
     parts = None
     if options["breakdown"]:
+        import tensorflow as tf
+
+        from keras_yolo_mgpu.bench.step_parts import StepParts
+
         optimizer = _our_optimizer(options, name == "keras-adam")
         optimizer.build(train_model.trainable_variables)
         num_classes = options["num_classes"]
@@ -157,7 +232,7 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
                 loss_args,
                 anchors,
                 num_classes,
-                max_true_boxes=max_true_boxes,
+                max_true_boxes=MAX_BOXES * (len(anchors) // len(architecture.scale_x_y)),
                 scale_x_y=architecture.decode_scale_x_y,
                 box_loss=architecture.box_loss,
             ),
@@ -165,7 +240,7 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
             [tf.constant(x[key]) for key in ("image", *sorted(k for k in x if k.startswith("y_true_")))],
             jit=jit,
         )
-    return _Side(name, model, dataset, keras.callbacks.Callback, global_batch, parts)
+    return _Side(name, model, dataset, keras.callbacks.Callback, global_batch, parts, engine.strategy.scope)
 
 
 def _build_reference(options, anchors, x, y, global_batch):
@@ -220,8 +295,15 @@ def _breakdown(sides, rounds) -> dict:
     return report
 
 
-def _check_options(variants: tuple[str, ...], optimizer: str, reference: str | None) -> None:
+def _check_options(variants: tuple[str, ...], optimizer: str, reference: str | None, breakdown: bool = False) -> None:
     """Raises ValueError for a variant, optimizer or reference that cannot be timed, before any device is set up."""
+    import keras
+
+    if keras.backend.backend() == "jax" and (variants or reference or breakdown):
+        raise ValueError(
+            "--variants, --reference and --breakdown time TensorFlow's kernels and keras-yolo3 (tf_keras): run them "
+            "with KERAS_BACKEND=tensorflow. On JAX the benchmark times the project's step alone."
+        )
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
@@ -287,6 +369,8 @@ def run_train_benchmark(
     reference: str | None = None,
     variants: tuple[str, ...] = (),
     breakdown: bool = False,
+    steps_per_execution: int = 1,
+    inputs: str | None = None,
     warmup_steps: int = 3,
     steps: int = 10,
     rounds: int = 1,
@@ -301,13 +385,19 @@ def run_train_benchmark(
         model: the network (`model.architectures.MODEL_NAMES`); `tiny` is the
             alias of yolov3-tiny; default yolov3.
         simulated_gpu_memory_mb: with `simulate` on a GPU, the memory of each logical GPU.
-        jit: XLA (`jit_compile=True`) with the static ignore mask.
+        jit: XLA (`jit_compile=True`); always on JAX.
+        mixed_precision: mixed_float16 on TensorFlow; on JAX mixed_bfloat16
+            where the GPUs compute bfloat16 (Ampere and later).
         optimizer: "sgd" (plain, the default) or "adam" (train.py's, `FusedAdam`;
             keras-yolo3's side then uses Keras 2's Adam).
         ema: an EMA of the weights with this decay on our sides (train.py's `--ema`).
         reference: "keras-yolo3" also times keras-yolo3's step (one device, float32).
         variants: names from `VARIANTS`, each timed as another side.
         breakdown: also time the parts of a step (one device).
+        steps_per_execution: steps Keras runs per call of the compiled
+            function (`compile(steps_per_execution=...)`).
+        inputs: `INPUTS`; default "device" (what `train.py` trains), "dense"
+            with `reference`, `breakdown` or `variants` (keras-yolo3's inputs).
         on_round: called with `(round_index, {side: images/sec})` after each round.
         Others: as `train.py`'s flags of the same names.
 
@@ -320,7 +410,97 @@ def run_train_benchmark(
     Raises:
         ValueError: a combination that cannot be timed (see the messages).
     """
-    _check_options(variants, optimizer, reference)
+    _check_options(variants, optimizer, reference, breakdown)
+    setup = _set_up(
+        gpus=gpus,
+        simulate=simulate,
+        simulated_gpu_memory_mb=simulated_gpu_memory_mb,
+        tiny=tiny,
+        model=model,
+        input_size=input_size,
+        num_classes=num_classes,
+        batch_size=batch_size,
+        freeze_body=freeze_body,
+        parallel=parallel,
+        sync_bn=sync_bn,
+        mixed_precision=mixed_precision,
+        jit=jit,
+        optimizer=optimizer,
+        ema=ema,
+        steps_per_execution=steps_per_execution,
+        breakdown=breakdown,
+        # keras-yolo3's step and the step parts take its inputs: ours too, for a like-for-like ratio.
+        inputs=inputs or ("dense" if reference or breakdown or variants else "device"),
+    )
+    engine, options, global_batch = setup["engine"], setup["options"], setup["record"]["global_batch"]
+    if reference and (engine.replicas > 1 or mixed_precision):
+        raise ValueError("reference keras-yolo3 is timed on one device in float32 (keras-yolo3 has neither)")
+    if breakdown and (engine.replicas > 1 or parallel == "multi_gpu_model"):
+        raise ValueError("breakdown times one device")
+    if reference and options["model"] not in ("yolov3", "yolov3-tiny"):
+        raise ValueError(f"reference keras-yolo3 has no {options['model']}")
+    anchors, x, y = setup["anchors"], setup["x"], setup["y"]
+    sides = [_build_ours("ours", options, engine, anchors, x, y, global_batch)]
+    if reference:
+        sides.append(_build_reference(options, anchors, x, y, global_batch))
+    sides += [_build_ours(name, options, engine, anchors, x, y, global_batch) for name in variants]
+
+    _time_rounds(sides, warmup_steps, steps, rounds, on_round)
+
+    result = {**setup["record"], "steps_per_round": steps, "rounds": rounds}
+    _add_side_figures(result, sides)
+    if breakdown:
+        result["breakdown"] = _breakdown(sides, rounds)
+    return result
+
+
+def prepare_side(*, warmup_steps: int = 3, **settings) -> tuple[dict, _Side]:
+    """Our training step on Keras's backend, built and warmed up: `(the settings that ran, the side)`.
+
+    `settings` are `run_train_benchmark`'s (devices, network, batch,
+    precision, optimizer ...), without sides to compare. For
+    `bench.backend_rounds`, which times one such side per backend.
+    """
+    settings["inputs"] = settings.get("inputs") or "device"
+    setup = _set_up(**settings, breakdown=False)
+    side = _build_ours(
+        "ours",
+        setup["options"],
+        setup["engine"],
+        setup["anchors"],
+        setup["x"],
+        setup["y"],
+        setup["record"]["global_batch"],
+    )
+    side.fit(warmup_steps)  # compiling, first-step allocations
+    side.cpu_times.clear()
+    return setup["record"], side
+
+
+def _set_up(
+    *,
+    gpus=None,
+    simulate=False,
+    simulated_gpu_memory_mb=None,
+    tiny=False,
+    model=None,
+    input_size=(416, 416),
+    num_classes=80,
+    batch_size=None,
+    freeze_body=0,
+    parallel="strategy",
+    sync_bn=True,
+    mixed_precision=False,
+    jit=False,
+    optimizer="sgd",
+    ema=None,
+    steps_per_execution=1,
+    breakdown=False,
+    inputs="device",
+) -> dict:
+    """The engine, dtype policy, anchors and generated batch of a benchmark, and the record of its settings."""
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {INPUTS}. Received: inputs={inputs!r}")
     if simulate and simulated_gpu_memory_mb:
         from keras_yolo_mgpu.parallel import devices as device_selection
 
@@ -332,25 +512,23 @@ def run_train_benchmark(
     engine = build_engine(gpus, simulate=simulate, parallel=parallel, sync_bn=sync_bn, devices=names)
     import keras
 
+    from keras_yolo_mgpu.model.architectures import model_name
     from keras_yolo_mgpu.resources import get_anchors, resolve_resource
+    from keras_yolo_mgpu.training.precision import mixed_policy_name
 
     global_batch = batch_size or 8 * engine.replicas
     if global_batch % engine.replicas:
         raise ValueError(f"global batch {global_batch} does not divide over {engine.replicas} replicas")
-    if reference and (engine.replicas > 1 or mixed_precision):
-        raise ValueError("reference keras-yolo3 is timed on one device in float32 (keras-yolo3 has neither)")
-    if breakdown and (engine.replicas > 1 or parallel == "multi_gpu_model"):
-        raise ValueError("breakdown times one device")
-    from keras_yolo_mgpu.model.architectures import model_name
-
     kind = model_name(model, tiny) or "yolov3"
-    if reference and kind not in ("yolov3", "yolov3-tiny"):
-        raise ValueError(f"reference keras-yolo3 has no {kind}")
-    if mixed_precision:
-        keras.mixed_precision.set_global_policy("mixed_float16")
+    policy = mixed_policy_name(engine.backend, engine.bfloat16) if mixed_precision else keras.config.floatx()
+    keras.mixed_precision.set_global_policy(policy)
+    # JAX compiles every step (without jit it would time Python dispatching ops one by one).
+    jit = jit or engine.backend == "jax"
     anchors = get_anchors(resolve_resource(None, "anchors", model=kind))
     x, y = synthetic_batch(global_batch, input_size, anchors, num_classes)
     options = dict(
+        inputs=inputs,
+        host_batch=synthetic_host_batch(global_batch, input_size, num_classes) if inputs == "device" else None,
         model=kind,
         tiny=kind == "yolov3-tiny",
         input_size=input_size,
@@ -360,15 +538,9 @@ def run_train_benchmark(
         breakdown=breakdown,
         optimizer=optimizer,
         ema=ema,
+        steps_per_execution=steps_per_execution,
     )
-    sides = [_build_ours("ours", options, engine, anchors, x, y, global_batch)]
-    if reference:
-        sides.append(_build_reference(options, anchors, x, y, global_batch))
-    sides += [_build_ours(name, options, engine, anchors, x, y, global_batch) for name in variants]
-
-    _time_rounds(sides, warmup_steps, steps, rounds, on_round)
-
-    result = {
+    record = {
         "benchmark": "train",
         "model": kind,
         "input_size": list(input_size),
@@ -377,14 +549,13 @@ def run_train_benchmark(
         "devices": list(engine.devices),
         "parallel": parallel,
         "global_batch": global_batch,
+        "backend": engine.backend,
         "mixed_precision": mixed_precision,
+        "dtype_policy": policy,
         "jit": jit,
+        "steps_per_execution": steps_per_execution,
+        "inputs": inputs,
         "optimizer": optimizer,
         "ema": ema,
-        "steps_per_round": steps,
-        "rounds": rounds,
     }
-    _add_side_figures(result, sides)
-    if breakdown:
-        result["breakdown"] = _breakdown(sides, rounds)
-    return result
+    return dict(engine=engine, options=options, anchors=anchors, x=x, y=y, record=record)

@@ -226,7 +226,7 @@ def print_report(report, top: int) -> None:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.parallel.devices import select_devices
+    from keras_yolo_mgpu.parallel.engine import select_devices
 
     for flag, path in (("--classes", args.classes), ("--anchors", args.anchors), ("--weights", args.weights)):
         if path and not os.path.isfile(path):

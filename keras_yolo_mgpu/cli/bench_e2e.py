@@ -32,6 +32,9 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--warmup", type=cli.positive_int, default=5, help="untimed steps first (default: 5)")
     parser.add_argument("--rounds", type=cli.positive_int, default=3, help="interleaved rounds (default: 3)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache", default=None, help="the pipeline's decoded-image cache: 'ram' or a folder (timed warm)"
+    )
     cli.add_device_args(parser)
     add_precision_args(parser)
     return parser
@@ -63,6 +66,7 @@ def run(args) -> int:
         warmup=args.warmup,
         rounds=args.rounds,
         seed=args.seed,
+        cache=args.cache,
     )
     return print_result(result)
 

@@ -1,13 +1,17 @@
 """`python -m keras_yolo_mgpu.bench train`: training images/sec on N (simulated) devices, against keras-yolo3.
 
     python -m keras_yolo_mgpu.bench train --tiny --input-size 416 --num-classes 20 --batch-size 8 \\
-        --reference keras-yolo3 [--variants keras-bn,static-mask,xla] [--breakdown]
+        --reference keras-yolo3 [--variants keras-bn,keras-adam,xla] [--breakdown]
     python -m keras_yolo_mgpu.bench train --tiny --input-size 128 --gpus 2 --simulate-devices \\
         --optimizer adam --ema 0.99 --variants keras-adam,keras-bn --rounds 3
 
+    python -m keras_yolo_mgpu.bench train --backends tensorflow,jax --tiny --input-size 128 --rounds 3
+
 Prints one line per round (or per step with one round and one side), a
 table of the step's parts with `--breakdown`, then a JSON object as the last
-line (`ratio_vs_keras-yolo3`: ours / keras-yolo3).
+line (`ratio_vs_keras-yolo3`: ours / keras-yolo3). It runs on Keras's
+backend (`KERAS_BACKEND`); `--backends tensorflow,jax` times the step on both,
+one process each, in interleaved rounds (`ratio_jax_vs_tensorflow`).
 """
 
 from __future__ import annotations
@@ -32,8 +36,19 @@ def _variant_list(text: str) -> list[str]:
     return names
 
 
+def _backend_pair(text: str) -> list[str]:
+    import argparse
+
+    from keras_yolo_mgpu.bench.backend_rounds import BACKENDS
+
+    names = [name for name in text.split(",") if name]
+    if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(BACKENDS):
+        raise argparse.ArgumentTypeError(f"expected two of {', '.join(BACKENDS)}, e.g. tensorflow,jax")
+    return names
+
+
 def build_parser() -> cli.ArgumentParser:
-    from keras_yolo_mgpu.bench.train import OPTIMIZERS, REFERENCES, VARIANTS
+    from keras_yolo_mgpu.bench.train import INPUTS, OPTIMIZERS, REFERENCES, VARIANTS
 
     parser = cli.ArgumentParser(
         prog="python -m keras_yolo_mgpu.bench train", description="Training images/sec on N devices."
@@ -65,6 +80,23 @@ def build_parser() -> cli.ArgumentParser:
         "--variants", type=_variant_list, default=[], help=f"comma-separated variants of ours: {', '.join(VARIANTS)}"
     )
     parser.add_argument("--breakdown", action="store_true", help="also time forward/loss/backward/optimizer parts")
+    parser.add_argument(
+        "--backends",
+        type=_backend_pair,
+        default=None,
+        metavar="A,B",
+        help="time the step on two Keras backends (tensorflow,jax), one process each, in interleaved rounds",
+    )
+    parser.add_argument(
+        "--steps-per-execution", type=cli.positive_int, default=1, help="steps per call of the compiled function"
+    )
+    parser.add_argument(
+        "--inputs",
+        choices=INPUTS,
+        default=None,
+        help="device: train.py's model on the host's batch (uint8, boxes; jitter and targets in the step); "
+        "dense: keras-yolo3's inputs (default: device, dense with --reference, --variants or --breakdown)",
+    )
     parser.add_argument("--warmup-steps", type=cli.positive_int, default=3)
     parser.add_argument("--steps", type=cli.positive_int, default=10, help="timed steps per round and side")
     parser.add_argument("--rounds", type=cli.positive_int, default=None, help="default: 3 with --reference, else 1")
@@ -86,6 +118,30 @@ def _print_breakdown(breakdown):
 
 def run(args) -> int:
     from keras_yolo_mgpu.bench.train import run_train_benchmark
+
+    if args.backends:
+        from keras_yolo_mgpu.bench.backend_rounds import compare_backends
+
+        if args.variants or args.reference or args.breakdown:
+            raise ValueError("--backends times our step only: drop --variants, --reference and --breakdown")
+        settings = cli.flag_values(
+            run_train_benchmark,
+            args,
+            simulate=args.simulate_devices,
+            simulated_gpu_memory_mb=args.simulated_gpu_memory,
+            sync_bn=not args.no_sync_bn,
+        )
+        for timing_only in ("variants", "reference", "breakdown", "steps", "rounds", "warmup_steps", "on_round"):
+            settings.pop(timing_only, None)
+        result = compare_backends(
+            args.backends,
+            rounds=args.rounds or 3,
+            steps=args.steps,
+            warmup_steps=args.warmup_steps,
+            on_round=_print_round,
+            **settings,
+        )
+        return print_result(result)
 
     result = run_train_benchmark(
         **cli.flag_values(

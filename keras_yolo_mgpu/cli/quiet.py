@@ -85,15 +85,34 @@ def configure(verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def keras_backend_name() -> str:
+    """The backend Keras will run on, read as Keras reads it, without importing Keras (which imports it).
+
+    `KERAS_BACKEND` wins; else `"backend"` in `$KERAS_HOME/keras.json` (default
+    `~/.keras/keras.json`); else TensorFlow.
+    """
+    import json
+
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json"), encoding="utf-8") as handle:
+            return str(json.load(handle).get("backend", "tensorflow"))
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
+
+
 def import_tensorflow(verbose: bool = False) -> None:
     """Imports TensorFlow, dropping the log lines its libraries print while loading.
 
     Output written to stderr during the import (file descriptor 2, where C++
     logs go) is captured; lines that match `_LOAD_NOISE` are dropped, all
     others are written back to stderr. No-op when TensorFlow is already
-    imported, or with `verbose`.
+    imported, with `verbose`, or when Keras runs on another backend (JAX
+    needs no TensorFlow; the input pipeline imports it where it uses it).
     """
-    if "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules or keras_backend_name() != "tensorflow":
         return
     if verbose:
         import tensorflow  # noqa: F401

@@ -8,7 +8,7 @@ otherwise; anchors are (width, height) in input pixels.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 # Which anchors each output scale predicts, coarsest grid first. The tiny
 # masks overlap on anchor 3 and skip anchor 0: that is keras-yolo3's choice,
@@ -91,27 +91,36 @@ def yolo_head(feats, anchors, num_classes: int, input_shape, calc_loss: bool = F
         With `calc_loss=True`: `grid` (gh, gw, 1, 2), `feats` reshaped to
         (N, gh, gw, A, 5 + C), `box_xy`, `box_wh`.
     """
-    feats = tf.convert_to_tensor(feats)
+    feats = ops.convert_to_tensor(feats)
     dtype = feats.dtype
     anchors = np.asarray(anchors, dtype=np.float32)
     num_anchors = len(anchors)
-    anchors_tensor = tf.reshape(tf.constant(anchors, dtype=dtype), [1, 1, 1, num_anchors, 2])
+    anchors_tensor = ops.reshape(ops.convert_to_tensor(anchors, dtype=dtype), (1, 1, 1, num_anchors, 2))
 
-    grid_shape = tf.shape(feats)[1:3]  # (gh, gw)
-    grid_y = tf.tile(tf.reshape(tf.range(grid_shape[0]), [-1, 1, 1, 1]), [1, grid_shape[1], 1, 1])
-    grid_x = tf.tile(tf.reshape(tf.range(grid_shape[1]), [1, -1, 1, 1]), [grid_shape[0], 1, 1, 1])
-    grid = tf.cast(tf.concat([grid_x, grid_y], axis=-1), dtype)  # (gh, gw, 1, 2) as (x, y)
+    grid_h, grid_w = ops.shape(feats)[1], ops.shape(feats)[2]
+    grid = cell_grid(grid_h, grid_w, dtype)  # (gh, gw, 1, 2) as (x, y)
 
-    feats = tf.reshape(feats, [-1, grid_shape[0], grid_shape[1], num_anchors, num_classes + 5])
-    grid_wh = tf.cast(grid_shape[::-1], dtype)
-    input_wh = tf.cast(tf.convert_to_tensor(input_shape)[::-1], dtype)
+    feats = ops.reshape(feats, (-1, grid_h, grid_w, num_anchors, num_classes + 5))
+    grid_wh = ops.cast(ops.stack([grid_w, grid_h]), dtype)
+    input_wh = ops.cast(ops.flip(ops.convert_to_tensor(input_shape), 0), dtype)
     box_xy = (cell_offset(feats[..., :2], scale_x_y) + grid) / grid_wh
-    box_wh = tf.exp(feats[..., 2:4]) * anchors_tensor / input_wh
+    box_wh = ops.exp(feats[..., 2:4]) * anchors_tensor / input_wh
     if calc_loss:
         return grid, feats, box_xy, box_wh
-    box_confidence = tf.sigmoid(feats[..., 4:5])
-    box_class_probs = tf.sigmoid(feats[..., 5:])
+    box_confidence = ops.sigmoid(feats[..., 4:5])
+    box_class_probs = ops.sigmoid(feats[..., 5:])
     return box_xy, box_wh, box_confidence, box_class_probs
+
+
+def cell_grid(grid_h, grid_w, dtype):
+    """(gh, gw, 1, 2) cell indices as (x, y): `grid[j, i, 0] == (i, j)`.
+
+    `grid_h`, `grid_w` are Python ints, or scalar tensors where the size is
+    only known when the model runs (multi-scale training on TensorFlow).
+    """
+    grid_y = ops.tile(ops.reshape(ops.arange(grid_h), (-1, 1, 1, 1)), (1, grid_w, 1, 1))
+    grid_x = ops.tile(ops.reshape(ops.arange(grid_w), (1, -1, 1, 1)), (grid_h, 1, 1, 1))
+    return ops.cast(ops.concatenate([grid_x, grid_y], axis=-1), dtype)
 
 
 def cell_offset(raw_xy, scale_x_y: float = 1.0):
@@ -121,7 +130,7 @@ def cell_offset(raw_xy, scale_x_y: float = 1.0):
     sigmoid approaches only for infinite `t`. With `s = 1` this is exactly
     YOLOv3's `sigmoid(t)` (no arithmetic is added).
     """
-    offset = tf.sigmoid(raw_xy)
+    offset = ops.sigmoid(raw_xy)
     if scale_x_y == 1.0:
         return offset
     return offset * scale_x_y - (scale_x_y - 1.0) / 2.0
@@ -133,7 +142,7 @@ def _corners(xywh):
 
 
 def _iou_from_corners(b1_mins, b1_maxes, b1_wh, b2_mins, b2_maxes, b2_wh):
-    intersect_wh = tf.maximum(tf.minimum(b1_maxes, b2_maxes) - tf.maximum(b1_mins, b2_mins), 0.0)
+    intersect_wh = ops.maximum(ops.minimum(b1_maxes, b2_maxes) - ops.maximum(b1_mins, b2_mins), 0.0)
     intersect_area = intersect_wh[..., 0] * intersect_wh[..., 1]
     b1_area = b1_wh[..., 0] * b1_wh[..., 1]
     b2_area = b2_wh[..., 0] * b2_wh[..., 1]
@@ -150,9 +159,9 @@ def box_iou(b1, b2):
     Returns:
         (..., j) IoU.
     """
-    b1 = tf.expand_dims(b1, -2)  # (..., 1, 4)
+    b1 = ops.expand_dims(b1, -2)  # (..., 1, 4)
     b1_mins, b1_maxes = _corners(b1)
-    b2 = tf.expand_dims(b2, 0)  # (1, j, 4)
+    b2 = ops.expand_dims(b2, 0)  # (1, j, 4)
     b2_mins, b2_maxes = _corners(b2)
     return _iou_from_corners(b1_mins, b1_maxes, b1[..., 2:4], b2_mins, b2_maxes, b2[..., 2:4])
 
@@ -167,7 +176,7 @@ def batched_box_iou(pred_boxes, true_boxes):
     Returns:
         (N, gh, gw, A, K) IoU.
     """
-    b1 = tf.expand_dims(pred_boxes, -2)  # (N, gh, gw, A, 1, 4)
+    b1 = ops.expand_dims(pred_boxes, -2)  # (N, gh, gw, A, 1, 4)
     b2 = true_boxes[:, None, None, None, :, :]  # (N, 1, 1, 1, K, 4)
     b1_mins, b1_maxes = _corners(b1)
     b2_mins, b2_maxes = _corners(b2)
@@ -193,11 +202,11 @@ def box_ciou(b1, b2):
     b1_mins, b1_maxes = _corners(b1)
     b2_mins, b2_maxes = _corners(b2)
     iou = _iou_from_corners(b1_mins, b1_maxes, b1[..., 2:4], b2_mins, b2_maxes, b2[..., 2:4])
-    centre_distance = tf.reduce_sum(tf.square(b1[..., 0:2] - b2[..., 0:2]), axis=-1)
-    enclosing = tf.maximum(b1_maxes, b2_maxes) - tf.minimum(b1_mins, b2_mins)
-    diagonal = tf.reduce_sum(tf.square(enclosing), axis=-1)
-    v = (4.0 / np.pi**2) * tf.square(tf.atan(b2[..., 2] / b2[..., 3]) - tf.atan(b1[..., 2] / b1[..., 3]))
-    alpha = tf.stop_gradient(v / (1.0 - iou + v + 1e-9))
+    centre_distance = ops.sum(ops.square(b1[..., 0:2] - b2[..., 0:2]), axis=-1)
+    enclosing = ops.maximum(b1_maxes, b2_maxes) - ops.minimum(b1_mins, b2_mins)
+    diagonal = ops.sum(ops.square(enclosing), axis=-1)
+    v = (4.0 / np.pi**2) * ops.square(ops.arctan(b2[..., 2] / b2[..., 3]) - ops.arctan(b1[..., 2] / b1[..., 3]))
+    alpha = ops.stop_gradient(v / (1.0 - iou + v + 1e-9))
     return iou - centre_distance / (diagonal + 1e-9) - alpha * v
 
 
@@ -214,19 +223,19 @@ def yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape):
         order keras-yolo3 returns.
     """
     dtype = box_xy.dtype
-    box_yx = box_xy[..., ::-1]
-    box_hw = box_wh[..., ::-1]
-    input_shape = tf.cast(input_shape, dtype)
-    image_shape = tf.cast(image_shape, dtype)
-    new_shape = tf.round(image_shape * tf.reduce_min(input_shape / image_shape))
+    box_yx = ops.flip(box_xy, -1)
+    box_hw = ops.flip(box_wh, -1)
+    input_shape = ops.cast(input_shape, dtype)
+    image_shape = ops.cast(image_shape, dtype)
+    new_shape = ops.round(image_shape * ops.min(input_shape / image_shape))
     offset = (input_shape - new_shape) / 2.0 / input_shape
     scale = input_shape / new_shape
     box_yx = (box_yx - offset) * scale
     box_hw *= scale
     box_mins = box_yx - box_hw / 2.0
     box_maxes = box_yx + box_hw / 2.0
-    boxes = tf.concat([box_mins[..., 0:1], box_mins[..., 1:2], box_maxes[..., 0:1], box_maxes[..., 1:2]], axis=-1)
-    return boxes * tf.concat([image_shape, image_shape], axis=-1)
+    boxes = ops.concatenate([box_mins[..., 0:1], box_mins[..., 1:2], box_maxes[..., 0:1], box_maxes[..., 1:2]], axis=-1)
+    return boxes * ops.concatenate([image_shape, image_shape], axis=-1)
 
 
 def yolo_boxes_and_scores(feats, anchors, num_classes: int, input_shape, image_shape, scale_x_y: float = 1.0):
@@ -234,8 +243,8 @@ def yolo_boxes_and_scores(feats, anchors, num_classes: int, input_shape, image_s
     box_xy, box_wh, box_confidence, box_class_probs = yolo_head(
         feats, anchors, num_classes, input_shape, scale_x_y=scale_x_y
     )
-    boxes = tf.reshape(yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape), [-1, 4])
-    box_scores = tf.reshape(box_confidence * box_class_probs, [-1, num_classes])
+    boxes = ops.reshape(yolo_correct_boxes(box_xy, box_wh, input_shape, image_shape), (-1, 4))
+    box_scores = ops.reshape(box_confidence * box_class_probs, (-1, num_classes))
     return boxes, box_scores
 
 
@@ -262,7 +271,13 @@ def yolo_eval(
     Returns:
         `boxes` (K, 4) as (y_min, x_min, y_max, x_max) image pixels,
         `scores` (K,), `classes` (K,) int32.
+
+    TensorFlow only: keras-yolo3's ragged single-image NMS, kept as the
+    reference the detector is tested against. The detector itself
+    (`inference.layers`) runs on every backend.
     """
+    import tensorflow as tf
+
     num_layers = num_output_layers(len(anchors))
     masks = resolve_masks(masks, len(anchors))
     anchors = np.asarray(anchors, dtype=np.float32)

@@ -11,6 +11,10 @@ import numpy as np
 
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
+# Boxes kept per training image (keras-yolo3's max_boxes): the pipeline pads
+# to this many, and the loss's ignore mask gathers at most this many per anchor.
+MAX_BOXES = 20
+
 
 def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, masks=None, iou_thresh=None):
     """Assigns each box to its best anchor's grid cell (and, with `iou_thresh`, to other anchors).

@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -108,12 +107,9 @@ def replicate(
         fit_model.compile(
             optimizer=optimizer() if optimizer else keras.optimizers.SGD(learning_rate=1e-4), loss=totalloss
         )
+    # `train_steps` fits under it: on JAX that is what shards the batches over the devices.
+    fit_model.training_scope = built.strategy.scope
     return body, fit_model
-
-
-def _one_batch(batch):
-    x, y = batch
-    return tf.data.Dataset.from_tensors((x, y))
 
 
 def train_steps(body, fit_model, batches, start_weights, *, restart_from=None):
@@ -133,10 +129,14 @@ def train_steps(body, fit_model, batches, start_weights, *, restart_from=None):
     """
     body.set_weights(start_weights)
     weights, losses = [body.get_weights()], []
+    scope = getattr(fit_model, "training_scope", contextlib.nullcontext)
     for step, batch in enumerate(batches):
         if restart_from is not None:
             body.set_weights(restart_from[step])
-        history = fit_model.fit(_one_batch(batch), epochs=1, verbose=0)
+        x, y = keras.tree.map_structure(keras.ops.convert_to_numpy, batch)
+        with scope():
+            # The whole global batch as one batch, in order, on either backend.
+            history = fit_model.fit(x, y, batch_size=len(y), epochs=1, shuffle=False, verbose=0)
         losses.append(float(history.history["loss"][0]))
         weights.append(body.get_weights())
     return weights, losses
@@ -307,7 +307,8 @@ def align(
     if len(devices) < 2:
         raise ValueError(f"align needs at least 2 devices (1 reference + replicas). Received: devices={devices}")
     floatx = keras.config.floatx()
-    body, fit_model = replicate(build, devices[:1], engine="strategy", sync_bn=False, optimizer=optimizer)
+    # One device: nothing to synchronise (the engine turns sync_bn off for one replica).
+    body, fit_model = replicate(build, devices[:1], engine="strategy", sync_bn=True, optimizer=optimizer)
     start = body.get_weights()
     names = weight_layer_names(body)
     logger.info("reference: %d step(s) on %s", len(batches), devices[0])

@@ -45,8 +45,13 @@ def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None
     """
     if is_chief(strategy):
         return filepath, None
-    # MultiWorkerMirroredStrategy's public cluster resolver names the task.
-    task_id = getattr(getattr(strategy, "cluster_resolver", None), "task_id", None) or 0
+    if strategy is None:  # JAX: the process index
+        import jax
+
+        task_id = jax.process_index()
+    else:
+        # MultiWorkerMirroredStrategy's public cluster resolver names the task.
+        task_id = getattr(getattr(strategy, "cluster_resolver", None), "task_id", None) or 0
     temp_dir = os.path.join(os.path.dirname(filepath), f"workertemp_{task_id}")
     return os.path.join(temp_dir, os.path.basename(filepath)), temp_dir
 
@@ -167,6 +172,11 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
             logger.info("Epoch %d: saved template weights to %s", epoch + 1, filepath)
 
     def _strategy(self):
+        """The tf.distribute strategy the model trains under; None on JAX (`is_chief` asks JAX itself)."""
+        import keras
+
+        if keras.backend.backend() != "tensorflow":
+            return None
         strategy = getattr(self.model, "distribute_strategy", None)
         if strategy is None:
             import tensorflow as tf

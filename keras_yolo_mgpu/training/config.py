@@ -55,10 +55,17 @@ class TrainConfig:
     strategy: str = "mirrored"
     parallel: str = "strategy"
     sync_bn: bool = True
+    # Keras's backend the run trains on, "tensorflow" or "jax" (`KERAS_BACKEND`),
+    # recorded by `train`: a resumed run continues on it. args.json of runs from
+    # before JAX had none: TensorFlow.
+    backend: str | None = None
     # None: the device's default (training/precision.py: on for GPUs, off
     # for the CPU), checked at start-up; args.json records what ran.
     mixed_precision: bool | None = None
     jit: bool | None = None
+    # The dtype policy the run trains under, as the start-up checks leave it
+    # ("float32", "mixed_float16", "mixed_bfloat16", "float64"); recorded.
+    dtype_policy: str | None = None
     resume: bool = False
     strict: bool = False
     cache: str | None = None
@@ -157,6 +164,7 @@ class TrainConfig:
         # A run saved before --iou-thresh existed trained each box's best
         # anchor only, whatever its model's default is now; resuming keeps that.
         values.setdefault("iou_thresh", 1.0)
+        values.setdefault("backend", "tensorflow")
         return cls(**values)
 
 

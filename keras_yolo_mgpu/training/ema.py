@@ -52,7 +52,10 @@ class _AverageSwap:
         pairs = _averaged_pairs(optimizer)
         self.saved = [(variable, keras.ops.convert_to_numpy(variable)) for variable, _ in pairs]
         for variable, average in pairs:
-            variable.assign(average)
+            # A copy, not the average's own buffer: on JAX the next compiled
+            # step (validation's too) donates the model's variables, which
+            # would delete the optimizer's average with them.
+            variable.assign(keras.ops.copy(average))
 
     def swap_out(self):
         if self.saved is None:

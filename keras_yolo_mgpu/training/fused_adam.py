@@ -23,7 +23,6 @@ Keras's Adam resumes with this one and back.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE
 
@@ -44,7 +43,11 @@ class FusedAdam(keras.optimizers.Adam):
     """`keras.optimizers.Adam` (same arguments) with the fused update kernel."""
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.amsgrad or isinstance(gradient, tf.IndexedSlices) or keras.backend.backend() != "tensorflow":
+        if keras.backend.backend() != "tensorflow":  # JAX: Keras's update, which XLA fuses into the step
+            return super().update_step(gradient, variable, learning_rate)
+        import tensorflow as tf
+
+        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
         index = self._get_variable_index(variable)

@@ -12,12 +12,10 @@ import os
 
 import numpy as np
 
+from keras_yolo_mgpu.model.targets import MAX_BOXES  # keras-yolo3's max_boxes: boxes kept per training image
 from keras_yolo_mgpu.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
-
-# Boxes kept per training image (keras-yolo3's max_boxes).
-MAX_BOXES = 20
 
 
 def _target_cells_bound(iou_thresh: float | None, masks) -> int:

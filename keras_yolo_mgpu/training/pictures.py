@@ -62,7 +62,8 @@ class RunPictures(LossPlot):
 
 def write_data_pictures(run) -> None:
     """labels.jpg and train_batch0.jpg.. of a `trainer._TrainingRun` whose data and settings are read."""
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.data.host import HostBatches, hsv_to_float
+    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
     from keras_yolo_mgpu.plots.batches import draw_batch
     from keras_yolo_mgpu.plots.labels import plot_labels
     from keras_yolo_mgpu.training.trainer import MAX_BOXES
@@ -76,26 +77,28 @@ def write_data_pictures(run) -> None:
             run.train_annotations, run.class_names, run.anchors, config.input_shape, os.path.join(folder, "labels.jpg")
         ),
     )
-    # The training stream from its start, built as the trainer builds it, so
-    # these are the very batches of the first steps (single worker; a
-    # --cache run's cached pixels may differ from these by the resize).
-    dataset = make_dataset(
+    # The training stream from its start, made as the trainer's pipeline makes
+    # it, so these are the very batches of the first steps (single worker),
+    # finished on the host as the device finishes them: the HSV jitter, and
+    # the targets the boxes are drawn back from (keras-yolo3's numpy reference).
+    host = HostBatches(
         run.train_annotations,
         config.input_shape,
-        run.anchors,
         len(run.class_names),
         run.batch_sizes[0] if config.freeze_epochs > 0 else run.batch_sizes[1],
         training=True,
         augment=config.augment,
         seed=config.seed,
         max_boxes=MAX_BOXES,
-        masks=run.masks,
-        iou_thresh=run.iou_thresh,
-        start_position=0,
         multi_scale=config.multi_scale,
         mosaic=config.mosaic,
     )
-    for index, (inputs, _) in enumerate(dataset.take(TRAIN_BATCH_PICTURES).as_numpy_iterator()):
+    for index in range(TRAIN_BATCH_PICTURES):
+        batch = host.batch(index)
+        targets = preprocess_true_boxes(
+            batch.boxes, batch.images.shape[1:3], run.anchors, len(run.class_names), run.masks, run.iou_thresh
+        )
+        inputs = {"image": hsv_to_float(batch.images, batch.hsv), **{f"y_true_{i}": t for i, t in enumerate(targets)}}
         draw_batch(inputs, run.class_names, os.path.join(folder, f"train_batch{index}.jpg"))
 
 

@@ -99,21 +99,32 @@ class RunSetup:
         from keras_yolo_mgpu.training import precision
 
         config = self.config
-        if not (config.resume and None not in (config.mixed_precision, config.jit)):
-            kind = precision.training_device_kind(self.engine.devices)
+        kind = precision.training_device_kind(self.engine.devices)
+        mixed_policy = precision.mixed_policy_name(self.engine.backend, self.engine.bfloat16)
+        planned = not (config.resume and None not in (config.mixed_precision, config.jit))
+        if planned:
             plan = precision.plan_settings(
                 kind,
                 mixed_precision=config.mixed_precision,
                 jit=config.jit,
                 multi_scale=config.multi_scale,
                 replicas=self.engine.replicas,
+                backend=self.engine.backend,
+                bfloat16=self.engine.bfloat16,
             )
             for reason in plan.reasons:
                 logger.info(reason)
             config.mixed_precision, config.jit = precision.run_checks(plan, self.check_model, self.first_inputs)
+            mixed_policy = plan.mixed_policy
+        if config.resume and config.dtype_policy and config.dtype_policy.startswith("mixed_"):
+            mixed_policy = config.dtype_policy  # as the run started
+        precision.apply_policy(config.mixed_precision, mixed_policy)
+        if planned:
+            import keras
+
+            config.dtype_policy = keras.config.dtype_policy().name  # what the run trains under
             if self.chief:
                 _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
-        precision.apply_policy(config.mixed_precision)
 
     def start_weights(self) -> list:
         """The seeded start weights of a new run (and --weights), built once."""
@@ -129,13 +140,17 @@ class RunSetup:
             input_shape=(None, None) if config.multi_scale else config.input_shape,
             anchors=self.anchors,
             num_classes=len(self.class_names),
-            # XLA needs static shapes: gather at most as many true boxes per
-            # scale as the pipeline's targets can hold, so the gather is exact.
-            max_true_boxes=_target_cells_bound(self.iou_thresh, self.masks) if jit else None,
+            # The ignore mask compares each prediction with at most as many true
+            # boxes per scale as the pipeline's targets can hold: exact, static
+            # shapes (XLA, JAX), and far less memory than every cell.
+            max_true_boxes=_target_cells_bound(self.iou_thresh, self.masks),
             masks=self.masks,
             model=self.kind,
             box_loss=config.box_loss,
             ciou_weight=config.ciou_weight,
+            # The HSV jitter, the scaling to float and the targets run in the step (data/device_side.py).
+            device_inputs=True,
+            iou_thresh=self.iou_thresh,
         )
 
     def check_model(self):
@@ -148,26 +163,20 @@ class RunSetup:
 
     def first_inputs(self):
         """The model inputs of one replica's first training batch (for the start-up checks)."""
-        from keras_yolo_mgpu.data.pipeline import make_dataset
+        from keras_yolo_mgpu.data.streams import first_batch
 
         config = self.config
-        batch = max(1, self.batch_sizes[0] // self.engine.replicas)
-        dataset = make_dataset(
+        return first_batch(
             self.train_annotations,
             config.input_shape,
-            self.anchors,
             len(self.class_names),
-            batch,
-            training=True,
+            max(1, self.batch_sizes[0] // self.engine.replicas),
             augment=config.augment,
             seed=config.seed,
             max_boxes=MAX_BOXES,
-            masks=self.masks,
             multi_scale=config.multi_scale,
             mosaic=config.mosaic,
-            iou_thresh=self.iou_thresh,
         )
-        return next(iter(dataset))[0]
 
     def build_models(self, freeze_body: int) -> None:
         """The template body and its training model under the strategy, with the run's start weights.
@@ -195,7 +204,6 @@ class RunSetup:
 
     def make_callbacks(self) -> None:
         """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
-        import keras
 
         from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
         from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
@@ -229,6 +237,26 @@ class RunSetup:
                 partial(write_data_pictures, self) if self.chief and self.config.pictures else None,
                 results=self.config.pictures,
             ),
-            keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False),
+            *_tensorboard(run_dir),
             *epoch_checkpoints(self.config, self.recipe, run_dir, checkpoint_pattern, self.body, self.metadata),
         ]
+
+
+def _tensorboard(run_dir: str) -> list:
+    """Keras's TensorBoard callback, where TensorFlow is installed (it writes through `tf.summary`).
+
+    A JAX run on a machine without TensorFlow keeps the same curves in
+    history.csv and results.png.
+    """
+    import importlib.util
+
+    import keras
+
+    try:
+        installed = importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as none
+        installed = False
+    if not installed:
+        logger.info("no TensorBoard logs: Keras writes them with TensorFlow, which is not installed")
+        return []
+    return [keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False)]

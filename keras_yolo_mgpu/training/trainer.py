@@ -68,6 +68,7 @@ STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
 def train(config: TrainConfig) -> TrainResult:
     """Runs both stages; see the module docstring for what is written."""
     config.validate()
+    _check_backend(config)
     if config.seed is None:
         config.seed = draw_seed()
         logger.info(
@@ -99,6 +100,21 @@ def train(config: TrainConfig) -> TrainResult:
         raise
     finally:
         global_state.set_global_attribute("dtype_policy", previous_policy)
+
+
+def _check_backend(config: TrainConfig) -> None:
+    """Records Keras's backend in a new run; refuses to resume a run on another backend than it started on."""
+    import keras
+
+    backend = keras.backend.backend()
+    if not config.resume or config.backend is None:
+        config.backend = backend
+    elif config.backend != backend:
+        raise ValueError(
+            f"the run in {config.log_dir} trained on the {config.backend} backend; this process runs {backend}. "
+            f"Resume it with KERAS_BACKEND={config.backend} (its optimizer state and data stream continue there), or "
+            f"start a new run from its weights: --weights {os.path.join(config.log_dir, 'last.weights.h5')}"
+        )
 
 
 def _check_batch_sizes(batch_sizes: list[int], replicas: int) -> None:
@@ -176,18 +192,23 @@ class _TrainingRun(RunSetup):
         return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
 
     def datasets(self, batch: int, start_position: int):
-        """`(train, validation or None, steps per epoch)` for a global `batch`, the stream from `start_position`."""
-        from keras_yolo_mgpu.data.pipeline import distribute_training_dataset, make_dataset, steps_per_epoch
+        """`(train, validation or None, steps per epoch)` for a global `batch`, the stream from `start_position`.
+
+        The engine's pipeline (`data.streams`): uint8 images, padded boxes and
+        HSV draws from the host; the training model finishes them on the device.
+        """
+        from keras_yolo_mgpu.data.host import steps_per_epoch
+        from keras_yolo_mgpu.data.streams import training_stream, validation_stream
 
         config = self.config
-        # Both sets encode their targets alike: input size, anchors, classes, global batch, masks.
+        # Both sets alike: input size, anchors, classes, global batch.
         encoding = (config.input_shape, self.anchors, len(self.class_names), batch)
         shared = dict(
             seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES, masks=self.masks, iou_thresh=self.iou_thresh
         )
-        # Under MultiWorkerMirroredStrategy each worker reads only its share.
-        train_ds = distribute_training_dataset(
-            self.engine.strategy,
+        # Several workers or processes: each reads only its share.
+        train_ds = training_stream(
+            self.engine,
             self.train_annotations,
             *encoding,
             augment=config.augment,
@@ -198,7 +219,7 @@ class _TrainingRun(RunSetup):
         )
         val_ds = None
         if self.val_annotations:
-            val_ds = make_dataset(self.val_annotations, *encoding, training=False, **shared)
+            val_ds = validation_stream(self.engine, self.val_annotations, *encoding, **shared)
         steps = config.steps_per_epoch or steps_per_epoch(len(self.train_annotations), batch)
         return train_ds, val_ds, steps
 
@@ -255,15 +276,17 @@ class _TrainingRun(RunSetup):
             steps,
             len(fit_model.trainable_weights),
         )
-        result = fit_model.fit(
-            train_ds,
-            steps_per_epoch=steps,
-            validation_data=val_ds,
-            epochs=end_epoch,
-            initial_epoch=initial_epoch,
-            callbacks=[*recipe.first(learning_rate, stage_start, steps), *tracked, *recipe.last(), saver],
-            verbose=config.verbose,
-        )
+        # Under the strategy's scope: on JAX that is what shards each batch over the devices.
+        with self.engine.strategy.scope():
+            result = fit_model.fit(
+                train_ds,
+                steps_per_epoch=steps,
+                validation_data=val_ds,
+                epochs=end_epoch,
+                initial_epoch=initial_epoch,
+                callbacks=[*recipe.first(learning_rate, stage_start, steps), *tracked, *recipe.last(), saver],
+                verbose=config.verbose,
+            )
         return result.history, saver.last_state
 
     def run_stage1(self, epoch: int, position: int):
@@ -347,7 +370,7 @@ class _TrainingRun(RunSetup):
                 pass
         else:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        _wait_for_all_workers(self.engine.strategy)
+        self.engine.wait_for_all_workers()
         return final_path
 
     def epochs_run(self, history: dict[str, list[float]]) -> int:
@@ -357,18 +380,6 @@ class _TrainingRun(RunSetup):
 
             return len(read_history(self.history_csv).get("epoch", []))
         return len(history.get("loss", []))
-
-
-def _wait_for_all_workers(strategy) -> None:
-    """Multi-worker: one collective op, so no worker exits while the chief saves.
-
-    A worker that exits early stops its heartbeats and the chief's
-    coordination service then reports the whole cluster as crashed.
-    """
-    import tensorflow as tf
-
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 
 def _totalloss():

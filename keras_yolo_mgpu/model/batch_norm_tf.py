@@ -1,0 +1,192 @@
+"""TensorFlow's fused BatchNormalization kernels, for `batch_norm.BatchNormalization` on TensorFlow.
+
+Keras 3's `BatchNormalization` trains with separate ops: `tf.nn.moments`
+(two reductions), `tf.nn.batch_normalization`, and their gradients through
+the batch statistics, several passes over every activation. Keras 2 used
+the fused `FusedBatchNormV3` kernel (one op forward, one backward, cuDNN on
+GPUs). Measured on the 2-core CPU (BENCHMARKS.md, "Training step"), that
+difference is most of the gap between a Keras 3 YOLOv3 training step and
+keras-yolo3's.
+
+`fused_training_call` computes the same function as Keras's training path:
+normalisation by the biased batch variance, moving statistics updated with
+Keras 3's formula from the biased variance (the kernel returns the
+Bessel-corrected one; it is scaled back), gradients through the batch
+statistics.
+
+Synchronized statistics over several replicas (`synchronized=True` inside a
+MirroredStrategy replica function, the default of multi-device training)
+need the statistics of the global batch. Keras all-reduces three moment
+tensors (sum, sum of squares and a count built from a ones tensor the size
+of the input), normalises with separate ops and differentiates through
+all of it. Here the per-channel sums and the count go through one
+all-reduce, the normalisation is the fused kernel in inference mode with
+the global statistics, and the backward pass is written out: the fused
+gradient kernel gives the local `dy * gamma / sigma`, `sum dy` and
+`sum dy * x_hat`; the two sums are all-reduced in one call and the
+statistics' share of the input gradient is added,
+
+    dx = gamma / sigma * (dy - mean_global(dy) - x_hat * mean_global(dy * x_hat)),
+
+the textbook batch-normalization gradient with means over the global batch.
+The gamma and beta gradients stay local sums; the optimizer's all-reduce of
+gradients adds the replicas' shares, as for every other weight.
+
+On JAX none of this is needed: one SPMD program over N devices computes the
+global batch's statistics with plain `keras.ops` (`batch_norm.py`).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+FUSED_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def fused_applies(layer, inputs, training, mask) -> bool:
+    """Whether `layer`'s training call can run the fused kernel: 4-D channels-last float32/16 inputs, no mask."""
+    if not (layer.fused and training is True and layer.trainable) or mask is not None or layer.renorm:
+        return False
+    if len(inputs.shape) != 4 or layer.axis not in (-1, 3):
+        return False
+    return keras.backend.standardize_dtype(inputs.dtype) in FUSED_DTYPES
+
+
+def _statistics_are_global(layer) -> bool:
+    """Whether this call all-reduces its statistics: synchronized, in a replica function of >1 replicas.
+
+    Outside a replica function (the cross-replica context) Keras uses the
+    local statistics too.
+    """
+    if not layer.synchronized:
+        return False
+    context = tf.distribute.get_replica_context()
+    return context is not None and context.num_replicas_in_sync > 1
+
+
+def fused_training_call(layer, inputs):
+    """(N, H, W, C) -> (N, H, W, C): `layer`'s training step with the fused kernel; updates its moving statistics."""
+    channels = inputs.shape[-1]
+    # Statistics and parameters in float32, as Keras does; float16 inputs
+    # go in as they are (the kernel computes in float32 internally).
+    gamma = tf.cast(layer.gamma, tf.float32) if layer.scale else tf.ones([channels], tf.float32)
+    beta = tf.cast(layer.beta, tf.float32) if layer.center else tf.zeros([channels], tf.float32)
+    if _statistics_are_global(layer):
+        mean, variance, count = _global_moments(inputs)
+        outputs = _normalize_by_global_moments(inputs, gamma, beta, mean, variance, count, layer.epsilon)
+    else:
+        outputs, mean, corrected_variance = tf.compat.v1.nn.fused_batch_norm(
+            inputs, gamma, beta, epsilon=layer.epsilon, data_format="NHWC", is_training=True
+        )
+        # The kernel returns variance * n / (n - 1) (n - 1 floored at 1);
+        # Keras's moving variance follows the biased batch variance.
+        count = tf.cast(tf.size(inputs) // channels, tf.float32)
+        variance = corrected_variance * (tf.maximum(count - 1.0, 1.0) / count)
+    layer.moving_mean.assign(layer.moving_mean * layer.momentum + mean * (1.0 - layer.momentum))
+    layer.moving_variance.assign(layer.moving_variance * layer.momentum + variance * (1.0 - layer.momentum))
+    return tf.cast(outputs, layer.compute_dtype)
+
+
+def _all_reduce_sum(values: tf.Tensor) -> tf.Tensor:
+    """Sum of a 1-D float32 tensor over the replicas of the current replica function, with no gradient.
+
+    `ReplicaContext.all_reduce` reduces exactly this way, but inside a
+    `tf.custom_gradient` (the gradient of a sum being a sum). In a traced
+    function that wrapper walks the graph back from the reduced tensor to
+    find the variables it depends on, and a cross-replica sum depends on
+    every replica's graph: each call walked the whole replicated graph, so
+    tracing grew with the square of the network's BatchNormalization layers
+    (a 4-replica tiny YOLOv4 step: 42 s to trace in float32, 2026-11-25).
+    Neither caller differentiates the sum (the statistics are computed from
+    `tf.stop_gradient` inputs; the backward pass's sums are part of a
+    written-out gradient), so the reduction is called without the wrapper.
+    """
+    context = tf.distribute.get_replica_context()
+    extended = context.strategy.extended
+    total, options = tf.distribute.ReduceOp.SUM, tf.distribute.experimental.CommunicationOptions()
+    # all_reduce's two branches: merge_call, except where XLA compiles the
+    # replica function on GPUs (collective ops launched from each replica).
+    if extended._use_merge_call():
+
+        def batch_all_reduce(strategy, per_replica):
+            return strategy.extended.batch_reduce_to(total, [(per_replica, per_replica)], options)[0]
+
+        return context.merge_call(batch_all_reduce, args=(values,))
+    return extended._replica_ctx_all_reduce(total, values, options)
+
+
+def _global_moments(inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Mean and biased variance (C,) of (N, H, W, C) inputs over every replica's batch, and the count.
+
+    Keras's formula (`var = E[x^2] - E[x]^2`, floored at 0) with one
+    all-reduce of [sum (C), sum of squares (C), count (1)]. No gradient flows
+    through these: `_normalize_by_global_moments` accounts for them.
+    """
+    channels = inputs.shape[-1]
+    x = tf.stop_gradient(tf.cast(inputs, tf.float32))
+    local_count = tf.cast(tf.size(x) // channels, tf.float32)[None]
+    totals = _all_reduce_sum(
+        tf.concat([tf.reduce_sum(x, [0, 1, 2]), tf.reduce_sum(tf.square(x), [0, 1, 2]), local_count], 0)
+    )
+    count = totals[-1]
+    # divide_no_nan as Keras: replicas that all got empty batches give zero statistics, not NaN.
+    mean = tf.math.divide_no_nan(totals[:channels], count)
+    variance = tf.maximum(tf.math.divide_no_nan(totals[channels:-1], count) - tf.square(mean), 0.0)
+    return mean, variance, count
+
+
+def _normalize_by_global_moments(inputs, gamma, beta, mean, variance, count, epsilon):
+    """(N, H, W, C) -> (N, H, W, C): `gamma * (x - mean) / sqrt(variance + eps) + beta`.
+
+    `mean`, `variance` (C,) are the global batch's (`_global_moments`,
+    `count` elements per channel over all replicas); the gradient with
+    respect to `inputs` includes their dependence on every replica's inputs
+    (the module docstring's formula), so they themselves get none.
+    """
+    # The kernels' floor on epsilon, as tf.compat.v1.nn.fused_batch_norm applies it.
+    epsilon = max(float(epsilon), 1.001e-5)
+
+    @tf.custom_gradient
+    def normalize(x, gamma, beta, mean, variance):
+        outputs = tf.raw_ops.FusedBatchNormV3(
+            x=x,
+            scale=gamma,
+            offset=beta,
+            mean=mean,
+            variance=variance,
+            epsilon=epsilon,
+            data_format="NHWC",
+            is_training=False,
+        )[0]
+
+        def gradient(upstream):
+            # Inference mode: dy * gamma / sigma, sum(dy * x_hat), sum(dy) with the given statistics.
+            local_dx, dgamma, dbeta = tf.raw_ops.FusedBatchNormGradV3(
+                y_backprop=upstream,
+                x=x,
+                scale=gamma,
+                reserve_space_1=mean,
+                reserve_space_2=variance,
+                reserve_space_3=tf.zeros([0], tf.float32),
+                epsilon=epsilon,
+                data_format="NHWC",
+                is_training=False,
+            )[:3]
+            channels = x.shape[-1]
+            totals = _all_reduce_sum(tf.concat([dbeta, dgamma], 0))
+            mean_dy, mean_dy_xhat = (
+                tf.math.divide_no_nan(totals[:channels], count),
+                tf.math.divide_no_nan(totals[channels:], count),
+            )
+            inv_sigma = tf.math.rsqrt(variance + epsilon)
+            # dx = local_dx - gamma/sigma * (mean_dy + x_hat * mean_dy_xhat), x_hat = (x - mean) / sigma,
+            # as local_dx + x * slope + intercept per channel (one pass over x).
+            slope = -gamma * tf.square(inv_sigma) * mean_dy_xhat
+            intercept = -gamma * inv_sigma * mean_dy - slope * mean
+            dx = tf.cast(local_dx, tf.float32) + (tf.cast(x, tf.float32) * slope + intercept)
+            return tf.cast(dx, x.dtype), dgamma, dbeta, tf.zeros_like(mean), tf.zeros_like(variance)
+
+        return outputs, gradient
+
+    return normalize(inputs, gamma, beta, mean, variance)

@@ -1,0 +1,194 @@
+"""Devices on JAX: device selection, simulated CPU devices, several processes, the data-parallel distribution.
+
+The JAX counterpart of `devices.py` (TensorFlow). JAX runs N devices as one
+SPMD program: `keras.distribution.DataParallel` replicates every variable
+over a 1-D device mesh and shards each batch along it, and XLA compiles the
+whole training step once for all of them. A mean over the batch axis (the
+loss's, BatchNormalization's) is then the global batch's mean: N devices
+compute what one device computes, by construction, and XLA compiles the step
+at every device count (TensorFlow's MirroredStrategy cannot, with Keras 3.15).
+
+Several processes (machines) join through `jax.distributed`, which
+`keras.distribution.initialize()` starts from the environment variables
+`KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator's `host:port` first),
+`KERAS_DISTRIBUTION_NUM_PROCESSES` and `KERAS_DISTRIBUTION_PROCESS_ID`;
+each process then feeds only its own slice of every global batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+# The variables `keras.distribution.initialize()` reads.
+PROCESS_COUNT_VARIABLE = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+CLUSTER_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", PROCESS_COUNT_VARIABLE, "KERAS_DISTRIBUTION_PROCESS_ID")
+_SIMULATE_FLAG = "--xla_force_host_platform_device_count"
+# `jax.distributed` is started once per process.
+_processes_started = False
+
+
+def simulate_devices(count: int) -> list:
+    """`count` CPU devices for JAX, through `XLA_FLAGS=--xla_force_host_platform_device_count`.
+
+    Rehearses a multi-GPU run on any machine. JAX reads the flag when it first
+    starts its backends (the first array or device query), so this must run
+    before that; on a machine with GPUs the rehearsal runs on the CPU (JAX
+    cannot split one GPU into several devices).
+
+    Returns:
+        The first `count` CPU devices.
+
+    Raises:
+        RuntimeError: JAX already started with fewer CPU devices.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1. Received: count={count}")
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if not flag.startswith(_SIMULATE_FLAG)]
+    existing = _flag_value(os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{_SIMULATE_FLAG}={max(count, existing)}"])
+    import jax
+
+    devices = jax.devices("cpu")
+    if len(devices) < count:
+        raise RuntimeError(
+            f"cannot simulate {count} devices: JAX already started with {len(devices)} CPU device(s). Set "
+            f"XLA_FLAGS={_SIMULATE_FLAG}={count} before the first JAX computation of the process."
+        )
+    return devices[:count]
+
+
+def _flag_value(flags: str) -> int:
+    for flag in flags.split():
+        if flag.startswith(_SIMULATE_FLAG + "="):
+            return int(flag.split("=", 1)[1])
+    return 0
+
+
+def start_processes() -> bool:
+    """Joins the cluster the `KERAS_DISTRIBUTION_*` variables describe; False when they describe none.
+
+    Must run before the first JAX computation. On CPUs the processes
+    all-reduce through gloo (JAX's CPU collectives), which the multi-process
+    rehearsal on one machine needs.
+    """
+    global _processes_started
+    count = int(os.environ.get(PROCESS_COUNT_VARIABLE, "1") or 1)
+    if count <= 1:
+        return False
+    if _processes_started:
+        return True
+    missing = [name for name in CLUSTER_VARIABLES if not os.environ.get(name)]
+    if missing:
+        raise ValueError(
+            f"{PROCESS_COUNT_VARIABLE}={count} asks for several processes, but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set: every process needs all of {', '.join(CLUSTER_VARIABLES)}"
+        )
+    import jax
+    import keras
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    keras.distribution.initialize()
+    _processes_started = True
+    logger.info("JAX process %d of %d joined the cluster", jax.process_index(), jax.process_count())
+    return True
+
+
+def select_devices(gpus: int | None = None, simulate: bool = False) -> list:
+    """The devices to train on: every process's first `gpus` local GPUs (default: all, else one CPU).
+
+    Raises:
+        ValueError: more GPUs asked for than JAX sees (without `simulate`).
+    """
+    import jax
+
+    if simulate:
+        per_process = gpus or 2
+        simulate_devices(per_process)
+        platform = "cpu"
+    else:
+        accelerators = [d for d in jax.local_devices() if d.platform != "cpu"]
+        if gpus is not None and gpus > len(accelerators):
+            raise ValueError(
+                f"--gpus {gpus} asked for {gpus} GPUs but JAX sees {len(accelerators)} "
+                f"({', '.join(str(d) for d in accelerators) or 'none'}). Check CUDA_VISIBLE_DEVICES and JAX's CUDA "
+                "install (pip install 'jax[cuda13]'), or add --simulate-devices to rehearse on CPU devices."
+            )
+        platform = accelerators[0].platform if accelerators else "cpu"
+        per_process = (gpus or len(accelerators)) if accelerators else 1
+    if jax.process_count() == 1:
+        return jax.local_devices(backend=platform)[:per_process]
+    # Every process's first `per_process` devices, in global order: one mesh over the cluster.
+    by_process: dict[int, list] = {}
+    for device in jax.devices(platform):
+        by_process.setdefault(device.process_index, []).append(device)
+    return [device for index in sorted(by_process) for device in by_process[index][:per_process]]
+
+
+def enable_float64_if_asked() -> None:
+    """Turns on JAX's 64-bit types when Keras's floatx is float64.
+
+    Without `jax_enable_x64` JAX silently computes float64 requests in
+    float32: a float64 run (the equivalence proofs, `align --float64`) would
+    then prove nothing. Must run before the first array is built.
+    """
+    import jax
+    import keras
+
+    if keras.config.floatx() == "float64" and not jax.config.jax_enable_x64:
+        jax.config.update("jax_enable_x64", True)
+        logger.info("floatx float64: JAX's 64-bit types enabled (jax_enable_x64)")
+
+
+def make_distribution(devices: list):
+    """`keras.distribution.DataParallel` over `devices`: variables replicated, batches sharded.
+
+    `auto_shard_dataset=False`: the training pipeline already gives each
+    process its own slice of every global batch (`data.pipeline`), so Keras
+    must not shard it again.
+    """
+    import keras
+
+    return keras.distribution.DataParallel(devices=list(devices), auto_shard_dataset=False)
+
+
+def is_chief() -> bool:
+    """Process 0 writes the run's files."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def process_slice() -> tuple[int, int]:
+    """(this process's index, the number of processes): which slice of each global batch it reads."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def wait_for_all_processes(name: str) -> None:
+    """A barrier over the processes (none with one), so no process exits while the chief saves."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def device_kind(devices: list) -> str:
+    """ "GPU" when every device is a GPU, else "CPU" (TPUs count as GPUs: the accelerator defaults apply)."""
+    return "GPU" if devices and all(d.platform != "cpu" for d in devices) else "CPU"
+
+
+def supports_bfloat16(devices: list) -> bool:
+    """Whether the devices compute bfloat16 natively: NVIDIA Ampere (compute capability 8) and later, TPUs."""
+    for device in devices:
+        if device.platform == "tpu":
+            continue
+        capability = getattr(device, "compute_capability", None)
+        if device.platform != "gpu" or capability is None or float(capability) < 8.0:
+            return False
+    return bool(devices)

@@ -1,0 +1,193 @@
+"""The JAX engine as users run it: `KERAS_BACKEND=jax python train.py ...` in real subprocesses.
+
+What no JAX option has a meaning for is refused with what to use instead;
+a run records its backend and refuses to resume on another; two JAX
+processes (`jax.distributed` over gloo, one CPU device each, every process
+reading its own slice of each global batch) train exactly what one process
+trains on two devices; and a run killed after its first epoch resumes to the
+same final weights. The runs are float64 (a `keras.json` of their own), so
+"the same" means rounding, ~1e-16, against steps of ~1e-2.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+from isolation import jax_environment
+
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.training.config import TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(REPO, "train.py")
+TOLERANCE = 1e-9
+FINAL = "trained_weights_final.weights.h5"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_synthetic_dataset(tmp_path_factory.mktemp("data"), num_train=8, num_val=4, image_size=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def keras_home(tmp_path_factory):
+    """A KERAS_HOME whose keras.json asks for JAX and float64 (how a user makes a whole run float64)."""
+    home = tmp_path_factory.mktemp("keras_home")
+    (home / "keras.json").write_text(json.dumps({"backend": "jax", "floatx": "float64"}))
+    return home
+
+
+def _env(keras_home, devices=2, **extra):
+    env = dict(os.environ, **jax_environment(devices), KERAS_HOME=str(keras_home), PYTHONUNBUFFERED="1")
+    for name in ("KERAS_BACKEND", "TF_CONFIG"):  # keras.json decides the backend
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _args(dataset, log_dir, *extra):
+    return [
+        *("--annotations", dataset.train, "--val-annotations", dataset.val, "--classes", dataset.classes),
+        *("--tiny", "--input-size", "64", "--batch-size", "4", "--steps-per-epoch", "2", "--seed", "0"),
+        *("--recipe", "keras-yolo3", "--freeze-epochs", "0", "--freeze-body", "0", "--optimizer", "sgd"),
+        *("--lr", "1e-3", "--no-pictures", "--log-dir", str(log_dir), "--quiet"),
+        *extra,
+    ]
+
+
+def _run(args, env, timeout=300):
+    return subprocess.run(
+        [sys.executable, TRAIN, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
+
+
+def _weights(path):
+    arrays = {}
+    with h5py.File(path, "r") as handle:
+        handle.visititems(
+            lambda name, item: arrays.setdefault(name, np.array(item)) if hasattr(item, "shape") else None
+        )
+    return arrays
+
+
+def _max_difference(first, second):
+    assert first.keys() == second.keys()
+    return max(float(np.max(np.abs(first[key] - second[key]))) for key in first)
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--no-sync-bn"], "--no-sync-bn has no meaning on JAX"),
+        (["--parallel", "multi_gpu_model"], "one SPMD program"),
+        (["--strategy", "multiworker"], "KERAS_DISTRIBUTION_JOB_ADDRESSES"),
+    ],
+)
+def test_tensorflow_only_options_are_refused_on_jax_with_what_to_use(dataset, keras_home, tmp_path, flags, says):
+    log_dir = tmp_path / "run"
+    result = _run(
+        _args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "1", *flags), _env(keras_home)
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert says in result.stderr
+    assert not log_dir.exists()  # refused before the run folder
+
+
+def test_resume_on_another_backend_is_refused(dataset, tmp_path):
+    """A run that trained on JAX does not continue on TensorFlow (this process's backend)."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    config = TrainConfig(annotations=dataset.train, classes=dataset.classes, log_dir=str(log_dir), backend="jax")
+    (log_dir / "args.json").write_text(config.to_json() + "\n")
+    before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+
+    from keras_yolo_mgpu.cli.train import main
+
+    assert main(["--resume", "--log-dir", str(log_dir), "--quiet"]) == 1
+    assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before  # nothing touched
+
+
+@pytest.fixture(scope="module")
+def two_device_run(dataset, keras_home, tmp_path_factory):
+    """One process, two simulated devices, two epochs: the reference run (its folder)."""
+    log_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = _run(_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2"), _env(keras_home))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return log_dir
+
+
+@pytest.mark.slow
+def test_jax_run_records_its_backend_and_dtype(two_device_run):
+    args = json.loads((two_device_run / "args.json").read_text())
+    assert (args["backend"], args["dtype_policy"], args["jit"]) == ("jax", "float64", True)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_jax_processes_train_what_one_process_trains_on_two_devices(dataset, keras_home, two_device_run, tmp_path):
+    address = f"127.0.0.1:{_free_port()}"
+    log_dir = tmp_path / "run"
+    processes = []
+    for index in range(2):
+        env = _env(
+            keras_home,
+            devices=1,
+            KERAS_DISTRIBUTION_JOB_ADDRESSES=address,
+            KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+            KERAS_DISTRIBUTION_PROCESS_ID=str(index),
+        )
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, TRAIN, *_args(dataset, log_dir, "--epochs", "2")],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output[-3000:]
+    reference, two_processes = _weights(two_device_run / FINAL), _weights(log_dir / FINAL)
+    assert _max_difference(reference, two_processes) <= TOLERANCE
+    # The check can fail: the second epoch alone moved the weights by far more than the tolerance.
+    (first_epoch,) = two_device_run.glob("ep001-*.weights.h5")
+    assert _max_difference(reference, _weights(first_epoch)) > 1e3 * TOLERANCE
+
+
+@pytest.mark.slow
+def test_killed_jax_run_resumes_to_the_uninterrupted_weights(dataset, keras_home, two_device_run, tmp_path):
+    log_dir = tmp_path / "run"
+    env = _env(keras_home)
+    process = subprocess.Popen(
+        [sys.executable, TRAIN, *_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2")],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    state = log_dir / "run_state.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None and not state.exists():
+        time.sleep(0.1)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (log_dir / FINAL).exists()
+
+    result = _run(["--resume", "--log-dir", str(log_dir), "--quiet"], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _max_difference(_weights(two_device_run / FINAL), _weights(log_dir / FINAL)) <= TOLERANCE
