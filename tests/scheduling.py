@@ -26,7 +26,7 @@ from xdist.scheduler import LoadScopeScheduling
 # (node id pattern, work unit name or None for the test's own node id,
 # expected seconds of the whole unit). The first match wins.
 _PARAMETRIZED_OPTION = r"test_recipe_equivalence\.py::test_option_alone_on_replicas_matches_one_device\[(\w+)\]"
-_JAX_OPTION = r"test_recipe_equivalence\.py::test_jax_option_alone_on_devices_matches_one_device\[(\w+)\]"
+_JAX_OPTION = r"test_recipe_equivalence\.py::test_jax_option_on_devices_matches_one_device\[(\w+)\]"
 _REPLICA_CASE = r"test_parallel\.py::test_replicas_match_one_device\[\w+-\d-(\w+)-([\w-]+)\]"
 _FREE_RUNNING = r"test_parallel\.py::test_free_running_replicas_track_one_device\[(\w+)-([\w-]+)\]"
 WORK_UNITS = [
@@ -35,9 +35,9 @@ WORK_UNITS = [
     (r"test_recipe_equivalence\.py::test_(iou_thresh_changes|xla_on_one_device)", "recipe-iou_thresh", 120),
     (_PARAMETRIZED_OPTION, "recipe-{0}", 45),
     (r"test_recipe_equivalence\.py::test_jax_all_options_together", "recipe-jax-all", 110),
-    # Every JAX option alone runs in one child; the tests that read those runs go with it.
-    (r"test_recipe_equivalence\.py::test_(jax_tolerance|tensorflow_and_jax)", "recipe-jax-options", 220),
-    (_JAX_OPTION, "recipe-jax-options", 220),
+    # Every JAX option group runs in one child; the tests that read those runs go with it.
+    (r"test_recipe_equivalence\.py::test_(jax_tolerance|tensorflow_and_jax)", "recipe-jax-options", 140),
+    (_JAX_OPTION, "recipe-jax-options", 140),
     (r"test_jax_engine\.py::", "jax-engine", 100),
     (r"test_inference_jax\.py::", "inference-jax", 50),
     (_REPLICA_CASE, "parallel-{0}-{1}", 120),

@@ -1,5 +1,7 @@
 """The fused BatchNormalization computes what Keras 3's own BatchNormalization computes."""
 
+from functools import partial
+
 import keras
 import numpy as np
 import pytest
@@ -44,16 +46,27 @@ def test_fused_training_step_equals_keras(shape):
         assert float(np.abs(got - want).max()) <= 2e-6 * scale, name
 
 
-def test_float64_and_inference_take_keras_path_exactly():
+def test_float64_training_step_equals_keras_to_rounding_and_inference_is_keras_exactly():
+    """float64 takes the written-gradient path (no fused kernel for it): Keras's step to float64 rounding."""
     rng = np.random.default_rng(1)
     x = tf.constant(rng.normal(0.0, 1.0, (2, 6, 6, 4)))  # float64
     upstream = tf.constant(rng.normal(0.0, 1.0, (2, 6, 6, 4)))
-    fused_layer = BatchNormalization(dtype="float64")
-    assert not batch_norm_tf.fused_applies(fused_layer, x, True, None)
-    got = _step(fused_layer, x, upstream)
+    layer = BatchNormalization(dtype="float64")
+    assert not batch_norm_tf.fused_applies(layer, x, True, None)
+    assert batch_norm_tf.written_gradient_applies(layer, x, True, None)
+    got = _step(layer, x, upstream)
     want = _step(keras.layers.BatchNormalization(dtype="float64"), x, upstream)
-    for a, b in zip(got, want):
-        np.testing.assert_array_equal(a, b)
+    names = ["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance"]
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a.dtype == np.float64, name
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14, err_msg=name)
+    # Inference is Keras's own path, bit for bit.
+    assert not batch_norm_tf.written_gradient_applies(layer, x, False, None)
+    inference = BatchNormalization(dtype="float64")
+    _build_with_parameters(inference, x.shape)
+    reference = keras.layers.BatchNormalization(dtype="float64")
+    _build_with_parameters(reference, x.shape)
+    np.testing.assert_array_equal(inference(x, training=False).numpy(), reference(x, training=False).numpy())
     assert not batch_norm_tf.fused_applies(BatchNormalization(), tf.zeros((2, 4, 4, 3)), False, None)
     assert not batch_norm_tf.fused_applies(BatchNormalization(fused=False), tf.zeros((2, 4, 4, 3)), True, None)
 
@@ -137,6 +150,25 @@ def test_synchronized_fused_step_equals_one_device_on_the_global_batch(logical_c
         assert float(np.abs(synchronized - want).max()) <= 2e-6 * scale, name  # the reference is itself right
     # Local statistics would give a visibly different step (the check can fail).
     local = _step(keras.layers.BatchNormalization(), x[: shape[0] // replicas], upstream[: shape[0] // replicas])
+    assert float(np.abs(local[1] - one_device[1][: shape[0] // replicas]).max()) > 1e-3
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_synchronized_float64_step_equals_one_device_on_the_global_batch(logical_cpus, replicas):
+    """float64 on N replicas (statistics and gradient sums all-reduced) = the same layer on one device."""
+    rng = np.random.default_rng(3)
+    shape = (8, 5, 4, 3)
+    x = tf.constant(rng.normal(1.0, 2.0, shape))
+    upstream = tf.constant(rng.normal(0.0, 1.0, shape))
+    layer = partial(BatchNormalization, dtype="float64", synchronized=True)
+    replicated, global_path = _replicated_step(layer, x, upstream, logical_cpus[:replicas])
+    assert global_path == [True] * replicas
+    one_device = _step(BatchNormalization(dtype="float64"), x, upstream)
+    names = ["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance"]
+    for name, got, want in zip(names, replicated, one_device, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14, err_msg=name)
+    # Local statistics would give a visibly different step (the check can fail).
+    local = _step(BatchNormalization(dtype="float64"), x[: shape[0] // replicas], upstream[: shape[0] // replicas])
     assert float(np.abs(local[1] - one_device[1][: shape[0] // replicas]).max()) > 1e-3
 
 

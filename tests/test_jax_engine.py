@@ -62,9 +62,27 @@ def _args(dataset, log_dir, *extra):
     ]
 
 
-def _run(args, env, timeout=300):
+# train.py where `import tensorflow` fails, as on a JAX machine without it: a
+# meta-path finder refuses it (and Keras's TensorBoard callback, which needs it).
+WITHOUT_TENSORFLOW = """
+import importlib.abc, runpy, sys
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("tensorflow", "tf_keras"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoTensorFlow())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _command(args, without_tensorflow=False):
+    return [sys.executable, *(("-c", WITHOUT_TENSORFLOW) if without_tensorflow else ()), TRAIN, *args]
+
+
+def _run(args, env, timeout=300, without_tensorflow=False):
     return subprocess.run(
-        [sys.executable, TRAIN, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+        _command(args, without_tensorflow), capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
     )
 
 
@@ -116,17 +134,21 @@ def test_resume_on_another_backend_is_refused(dataset, tmp_path):
 
 @pytest.fixture(scope="module")
 def two_device_run(dataset, keras_home, tmp_path_factory):
-    """One process, two simulated devices, two epochs: the reference run (its folder)."""
+    """One process, two simulated devices, two epochs, no TensorFlow: the reference run (its folder)."""
     log_dir = tmp_path_factory.mktemp("reference") / "run"
-    result = _run(_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2"), _env(keras_home))
+    args = _args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2")
+    result = _run(args, _env(keras_home), without_tensorflow=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return log_dir
 
 
 @pytest.mark.slow
-def test_jax_run_records_its_backend_and_dtype(two_device_run):
+def test_jax_run_records_its_backend_and_dtype_and_needs_no_tensorflow(two_device_run):
     args = json.loads((two_device_run / "args.json").read_text())
     assert (args["backend"], args["dtype_policy"], args["jit"]) == ("jax", "float64", True)
+    # It trained, validated and saved where `import tensorflow` fails.
+    assert (two_device_run / FINAL).exists() and (two_device_run / "best.weights.h5").exists()
+    assert not (two_device_run / "tensorboard").exists()
 
 
 def _free_port():

@@ -7,8 +7,9 @@ differs per backend is how a training step computes, and it is decided in
 
 * **TensorFlow**: the fused `FusedBatchNormV3` kernel where it applies, with
   statistics all-reduced over MirroredStrategy replicas when
-  `synchronized=True` (`batch_norm_tf.py`); Keras's own path otherwise
-  (inference, float64, masks, renormalisation).
+  `synchronized=True`; in float64, plain ops with the same written-out
+  gradient, in float64 (`batch_norm_tf.py`); Keras's own path otherwise
+  (inference, masks, renormalisation).
 * **JAX** (and any other backend): Keras's formula in `keras.ops`, but in
   float64 for a float64 model (Keras 3.15 computes float64 inputs in
   float32). `synchronized` needs nothing there: N devices run one SPMD
@@ -53,6 +54,8 @@ class BatchNormalization(keras.layers.BatchNormalization):
 
             if batch_norm_tf.fused_applies(self, inputs, training, mask):
                 return batch_norm_tf.fused_training_call(self, inputs)
+            if batch_norm_tf.written_gradient_applies(self, inputs, training, mask):
+                return batch_norm_tf.written_gradient_training_call(self, inputs)
             return super().call(inputs, training=training, mask=mask)
         if mask is not None or self.renorm:
             return super().call(inputs, training=training, mask=mask)

@@ -88,6 +88,73 @@ def fused_training_call(layer, inputs):
     return tf.cast(outputs, layer.compute_dtype)
 
 
+def written_gradient_applies(layer, inputs, training, mask) -> bool:
+    """Whether `layer`'s training call takes the float64 path: 4-D channels-last inputs the kernel cannot take."""
+    if not (training is True and layer.trainable) or mask is not None or layer.renorm:
+        return False
+    if len(inputs.shape) != 4 or layer.axis not in (-1, 3):
+        return False
+    return keras.backend.standardize_dtype(inputs.dtype) not in FUSED_DTYPES
+
+
+def written_gradient_training_call(layer, inputs):
+    """(N, H, W, C) -> (N, H, W, C): a float64 training step, statistics over every replica when synchronized.
+
+    For the dtypes the fused kernel does not take (float64: the equivalence
+    proofs). Keras's own path would compute float64 inputs in float32, and
+    its synchronized statistics go through `ReplicaContext.all_reduce`,
+    whose `tf.custom_gradient` walks every replica's graph for each
+    BatchNormalization layer (`_all_reduce_sum`): 39 % of the time to trace
+    a 4-replica tiny YOLOv3 step in float64 (py-spy, 2026-11-26). Here the
+    statistics are `_global_moments`' sums in the input's dtype, on one
+    replica or over all of them, and the gradient is written out
+    (`_normalize_with_written_gradient`): the same arithmetic on one device
+    and on N replicas.
+    """
+    dtype = inputs.dtype
+    channels = inputs.shape[-1]
+    gamma = tf.cast(layer.gamma, dtype) if layer.scale else tf.ones([channels], dtype)
+    beta = tf.cast(layer.beta, dtype) if layer.center else tf.zeros([channels], dtype)
+    over_replicas = _statistics_are_global(layer)
+    mean, variance, count = _global_moments(inputs, dtype, over_replicas)
+    outputs = _normalize_with_written_gradient(inputs, gamma, beta, mean, variance, count, layer.epsilon, over_replicas)
+    momentum = layer.momentum
+    layer.moving_mean.assign(tf.cast(layer.moving_mean, dtype) * momentum + mean * (1.0 - momentum))
+    layer.moving_variance.assign(tf.cast(layer.moving_variance, dtype) * momentum + variance * (1.0 - momentum))
+    return tf.cast(outputs, layer.compute_dtype)
+
+
+def _normalize_with_written_gradient(inputs, gamma, beta, mean, variance, count, epsilon, over_replicas):
+    """(N, H, W, C) -> (N, H, W, C): `gamma * (x - mean) / sqrt(variance + eps) + beta`, in plain ops.
+
+    The backward pass is the module docstring's formula, its two sums
+    all-reduced when the statistics are the global batch's; `mean` and
+    `variance` (C,) then get no gradient of their own.
+    """
+
+    @tf.custom_gradient
+    def normalize(x, gamma, beta, mean, variance):
+        inv_sigma = tf.math.rsqrt(variance + epsilon)
+        x_hat = (x - mean) * inv_sigma
+        outputs = gamma * x_hat + beta
+
+        def gradient(upstream):
+            channels = x.shape[-1]
+            dbeta = tf.reduce_sum(upstream, [0, 1, 2])
+            dgamma = tf.reduce_sum(upstream * x_hat, [0, 1, 2])
+            totals = tf.concat([dbeta, dgamma], 0)
+            if over_replicas:
+                totals = _all_reduce_sum(totals)
+            mean_dy = tf.math.divide_no_nan(totals[:channels], count)
+            mean_dy_xhat = tf.math.divide_no_nan(totals[channels:], count)
+            dx = gamma * inv_sigma * (upstream - mean_dy - x_hat * mean_dy_xhat)
+            return dx, dgamma, dbeta, tf.zeros_like(mean), tf.zeros_like(variance)
+
+        return outputs, gradient
+
+    return normalize(inputs, gamma, beta, mean, variance)
+
+
 def _all_reduce_sum(values: tf.Tensor) -> tf.Tensor:
     """Sum of a 1-D float32 tensor over the replicas of the current replica function, with no gradient.
 
@@ -116,19 +183,23 @@ def _all_reduce_sum(values: tf.Tensor) -> tf.Tensor:
     return extended._replica_ctx_all_reduce(total, values, options)
 
 
-def _global_moments(inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def _global_moments(
+    inputs: tf.Tensor, dtype=tf.float32, over_replicas: bool = True
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Mean and biased variance (C,) of (N, H, W, C) inputs over every replica's batch, and the count.
 
     Keras's formula (`var = E[x^2] - E[x]^2`, floored at 0) with one
-    all-reduce of [sum (C), sum of squares (C), count (1)]. No gradient flows
-    through these: `_normalize_by_global_moments` accounts for them.
+    all-reduce of [sum (C), sum of squares (C), count (1)], in `dtype`
+    (`over_replicas=False`: the same sums of this replica alone). No gradient
+    flows through these: `_normalize_by_global_moments` and
+    `_normalize_with_written_gradient` account for them.
     """
     channels = inputs.shape[-1]
-    x = tf.stop_gradient(tf.cast(inputs, tf.float32))
-    local_count = tf.cast(tf.size(x) // channels, tf.float32)[None]
-    totals = _all_reduce_sum(
-        tf.concat([tf.reduce_sum(x, [0, 1, 2]), tf.reduce_sum(tf.square(x), [0, 1, 2]), local_count], 0)
-    )
+    x = tf.stop_gradient(tf.cast(inputs, dtype))
+    local_count = tf.cast(tf.size(x) // channels, dtype)[None]
+    totals = tf.concat([tf.reduce_sum(x, [0, 1, 2]), tf.reduce_sum(tf.square(x), [0, 1, 2]), local_count], 0)
+    if over_replicas:
+        totals = _all_reduce_sum(totals)
     count = totals[-1]
     # divide_no_nan as Keras: replicas that all got empty batches give zero statistics, not NaN.
     mean = tf.math.divide_no_nan(totals[:channels], count)
