@@ -73,7 +73,7 @@ def time_variant(variant, annotations, input_shape, anchors, num_classes, batch_
     """CPU-ms per image (all threads) and images/s of `batches` batches after `warmup`."""
     import os
 
-    from keras_yolo_mgpu.bench.pipeline import _decode_only_dataset
+    from keras_yolo_mgpu.bench.pipeline import _decode_only_dataset, _wait_until_idle
     from keras_yolo_mgpu.data.pipeline import DatasetBuilder
 
     if variant is None:
@@ -99,6 +99,7 @@ def time_variant(variant, annotations, input_shape, anchors, num_classes, batch_
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     del iterator
     gc.collect()
+    _wait_until_idle()  # what the closed pipeline's threads still finish is not the next variant's
     images = batches * batch_size
     return 1000 * cpu / images, images / seconds
 

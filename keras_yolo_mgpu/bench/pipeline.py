@@ -84,7 +84,7 @@ class _Row:
     """One row's batches: `iterator`, the `host` (for the cache) or None, `close()`."""
 
     def __init__(self, generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache, workers):
-        self.host, self._adapter = None, None
+        self.host, self._adapter, self._dataset = None, None, None
         if generator == "reference":
             from keras_yolo_mgpu.bench.reference_generator import data_generator
 
@@ -99,7 +99,7 @@ class _Row:
 
             options = {"seed": seed, "cache": cache, "workers": workers}
             dataset = make_py_dataset(annotations, input_shape, num_classes, batch_size, training=True, **options)
-            self.host = dataset.host
+            self.host, self._dataset = dataset.host, dataset
             # What `fit` does with a PyDataset: its workers make batches ahead.
             self._adapter = PyDatasetAdapter(dataset)
             self._adapter.on_epoch_begin()
@@ -123,11 +123,30 @@ class _Row:
 
     def close(self):
         if self._adapter is not None:
-            self._adapter.on_epoch_end()  # stops the workers
+            self._adapter.on_epoch_end()  # stops Keras's enqueuer
+            # The batches made ahead that are still being made would otherwise
+            # run on into the next row's timed window (its CPU time).
+            self._dataset.close(wait=True)
         # tf.data worker threads calling back into Python can hang interpreter
         # shutdown while an iterator is alive: end it now.
         self.iterator = None
         gc.collect()
+        _wait_until_idle()
+
+
+def _wait_until_idle(timeout: float = 10.0, interval: float = 0.1) -> None:
+    """Returns once this process uses (almost) no CPU, or after `timeout` seconds.
+
+    A closed pipeline's threads may still be finishing the elements they had
+    started (tf.data's parallel map and prefetch, a pool's running tasks):
+    their CPU time would otherwise count in the next row's timed window.
+    """
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        before = time.process_time()
+        time.sleep(interval)
+        if time.process_time() - before < 0.05 * interval:
+            return
 
 
 def run_benchmark(

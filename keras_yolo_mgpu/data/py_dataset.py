@@ -128,14 +128,18 @@ class HostDataset(keras.utils.PyDataset):
             return self._pool.submit(_make_batch, self.host, index)
         return self._pool.submit(self._made_and_placed, index)
 
-    def close(self) -> None:
-        """Stops the workers; batches made ahead are dropped."""
+    def close(self, wait: bool = False) -> None:
+        """Stops the workers; batches made ahead are dropped.
+
+        `wait`: return only once the batches being made have finished (a
+        benchmark's next row must not pay for them).
+        """
         with self._lock:
             for future in self._pending.values():
                 future.cancel()
             self._pending.clear()
             if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool.shutdown(wait=wait, cancel_futures=True)
                 self._pool = None
 
     def __del__(self):
