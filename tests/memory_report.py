@@ -95,6 +95,12 @@ def release_memory() -> None:
     import keras
 
     keras.backend.clear_session()  # collects Python's garbage too (free_memory=True)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        # The compiled programs of finished runs (a new model's step is a new
+        # program; the suite's persistent cache still serves its next process).
+        jax.clear_caches()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 

@@ -25,7 +25,12 @@ from xdist.scheduler import LoadScopeScheduling
 
 # (node id pattern, work unit name or None for the test's own node id,
 # expected seconds of the whole unit). The first match wins.
-_PARAMETRIZED_OPTION = r"test_recipe_equivalence\.py::test_option_alone_on_replicas_matches_one_device\[(\w+)\]"
+_OPTION = r"test_recipe_equivalence\.py::test_option_on_replicas_matches_one_device"
+# The option groups of test_recipe_equivalence.py (`OPTION_GROUPS`): each group's tests share one run.
+_GROUPED_OPTIONS = {
+    "recipe-cosine_mosaic_eval": r"cosine_warmup|mosaic|eval_every_monitor_map",
+    "recipe-plateau_multiscale_default": r"plateau_warmup|multi_scale|recipe_default",
+}
 _JAX_OPTION = r"test_recipe_equivalence\.py::test_jax_option_on_devices_matches_one_device\[(\w+)\]"
 _REPLICA_CASE = r"test_parallel\.py::test_replicas_match_one_device\[\w+-\d-(\w+)-([\w-]+)\]"
 _FREE_RUNNING = r"test_parallel\.py::test_free_running_replicas_track_one_device\[(\w+)-([\w-]+)\]"
@@ -33,7 +38,9 @@ WORK_UNITS = [
     (r"test_recipe_equivalence\.py::test_all_options_together", "recipe-all", 230),
     (r"test_recipe_equivalence\.py::test_the_tolerance_is_far_below_a_step", "recipe-ema", 70),
     (r"test_recipe_equivalence\.py::test_(iou_thresh_changes|xla_on_one_device)", "recipe-iou_thresh", 120),
-    (_PARAMETRIZED_OPTION, "recipe-{0}", 45),
+    (_OPTION + r"\[ema\]", "recipe-ema", 70),
+    (_OPTION + r"\[iou_thresh\]", "recipe-iou_thresh", 120),
+    *((rf"{_OPTION}\[({options})\]", unit, 90) for unit, options in _GROUPED_OPTIONS.items()),
     (r"test_recipe_equivalence\.py::test_jax_all_options_together", "recipe-jax-all", 110),
     # Every JAX option group runs in one child; the tests that read those runs go with it.
     (r"test_recipe_equivalence\.py::test_(jax_tolerance|tensorflow_and_jax)", "recipe-jax-options", 140),
@@ -50,9 +57,6 @@ UNIT_SECONDS = {
     "parallel-unfrozen-yolov4-tiny": 190,
     "parallel-unfrozen-yolov3-tiny": 100,
     "parallel-frozen-yolov3-tiny": 45,
-    "recipe-multi_scale": 75,
-    "recipe-recipe_default": 60,
-    "recipe-eval_every_monitor_map": 60,
 }
 DEFAULT_SECONDS = 5
 

@@ -6,8 +6,8 @@ option runs its device counts, so the pytest process never holds their
 graphs), in float64 so that rounding cannot masquerade as a difference
 (test_parallel.py explains why), from the same start weights. The final,
 best and last weights and the history (losses, val_mAP) of the replicated
-runs must equal the single-device run's: each option alone on 2 devices,
-every option together on 4. An option that let replicas see different
+runs must equal the single-device run's: each option on 2 devices (in one
+of four runs, `OPTION_GROUPS`), every option together on 4. An option that let replicas see different
 learning rates, averages, input sizes or images would differ by at least a
 whole optimizer step, far above the tolerance
 (`test_the_tolerance_is_far_below_a_step` keeps that claim honest). On TF
@@ -21,7 +21,7 @@ with SGD). That is Adam amplifying rounding, on one device as well, not a
 difference in what the replicas compute.
 
 Runs are kept short (tracing a 4-replica float64 step dominates on TF): one
-epoch for each option alone, both stages (one epoch each) with every option
+epoch for each option group, both stages (one epoch each) with every option
 together, which also covers the start options (--objectness-prior), the
 CIoU box loss and Darknet's anchor assignment (--iou-thresh).
 """
@@ -61,23 +61,32 @@ ALL_TOGETHER = [
     *("--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "1.5", "--iou-thresh", "0.213"),
 ]
 NEEDS_VALIDATION = {"eval_every_monitor_map", "recipe_default"}
-# Devices each option alone is compared on: 2 (tracing a 4-replica float64
+# Devices each option group is compared on: 2 (tracing a 4-replica float64
 # step on TensorFlow costs twice as much); every option together runs on 4.
 # Any N > 1 catches what a replica could get wrong alone (its share of the
 # loss, its BatchNormalization statistics).
 OPTION_DEVICES = {"tensorflow": (2,), "jax": (2,)}
-# On JAX the options that leave the other options' arithmetic alone share
-# runs (each compiled program is JAX's cost on the CPU: ~5 s of a ~13 s run):
-# an option that made 2 devices differ from one still differs with others
-# beside it. EMA and --iou-thresh run alone (the TF-vs-JAX comparisons below
-# need them alone); every option together runs on 4 devices.
-JAX_OPTION_GROUPS = {
+# The options share four runs on each backend (a run's start, its traces on
+# TF and its compiled programs on JAX are most of its cost): an option that
+# made 2 devices differ from one still differs with others beside it, by a
+# step's worth, far above the tolerance. EMA and --iou-thresh run alone: the
+# tests below compare them with other runs (without the option, with XLA, on
+# the other backend).
+OPTION_GROUPS = {
     "ema": ["ema"],
     "iou_thresh": ["iou_thresh"],
     "cosine_mosaic_eval": ["cosine_warmup", "mosaic", "eval_every_monitor_map"],
     "plateau_multiscale_default": ["plateau_warmup", "multi_scale", "recipe_default"],
 }
-JAX_GROUP_OF = {option: group for group, options in JAX_OPTION_GROUPS.items() for option in options}
+GROUP_OF = {option: group for group, options in OPTION_GROUPS.items() for option in options}
+
+
+def _group_run(group):
+    """(flags, `_train` kwargs) of `OPTION_GROUPS[group]`'s run."""
+    options = OPTION_GROUPS[group]
+    return [flag for option in options for flag in OPTIONS[option]], {
+        "validation": not NEEDS_VALIDATION.isdisjoint(options)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +212,12 @@ def replica_runs(dataset, start_weights, tmp_path_factory):
     shared = shared_folder(tmp_path_factory)
 
     def get(name, options, start=True, backend="tensorflow", device_counts=None, **train_kwargs):
-        if backend == "jax" and name in OPTIONS:
-            return jax_options()[JAX_GROUP_OF[name]]
+        """`name`: an option (its group's runs: `OPTION_GROUPS`) or the name of other runs."""
+        if name in OPTIONS:
+            if backend == "jax":
+                return jax_options()[GROUP_OF[name]]
+            name = GROUP_OF[name]
+            options, train_kwargs = _group_run(name)
         device_counts = device_counts or OPTION_DEVICES[backend]
         key = f"recipe-{name}" if backend == "tensorflow" else f"recipe-{backend}-{name}"
 
@@ -228,19 +241,12 @@ def replica_runs(dataset, start_weights, tmp_path_factory):
         return computed_once(key, compute, shared)
 
     def jax_options():
-        """Every `JAX_OPTION_GROUPS` run in one child process: JAX starts and caches its programs once."""
+        """Every `OPTION_GROUPS` run on JAX in one child process: JAX starts and caches its programs once."""
 
         def compute():
             work_dir = shared / "recipe-jax-options"
             work_dir.mkdir()
-            jobs = {
-                group: (
-                    [flag for option in options for flag in OPTIONS[option]],
-                    {"validation": not NEEDS_VALIDATION.isdisjoint(options)},
-                    OPTION_DEVICES["jax"],
-                )
-                for group, options in JAX_OPTION_GROUPS.items()
-            }
+            jobs = {group: (*_group_run(group), OPTION_DEVICES["jax"]) for group in OPTION_GROUPS}
             results = run_isolated(
                 _compare_each_option, dataset, start_weights, str(work_dir), jobs, floatx="float64", backend="jax"
             )
@@ -262,9 +268,9 @@ def _assert_same_run(runs, gpus, tolerance=TOLERANCE):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("option", list(OPTIONS))
-def test_option_alone_on_replicas_matches_one_device(replica_runs, option):
-    """Each option alone, 1 device against 2 replicas (4 replicas: every option together, below)."""
-    runs = replica_runs(option, OPTIONS[option], validation=option in NEEDS_VALIDATION)
+def test_option_on_replicas_matches_one_device(replica_runs, option):
+    """Each option, 1 device against 2 replicas, in its `OPTION_GROUPS` run (4 replicas: every option together)."""
+    runs = replica_runs(option, OPTIONS[option])
     _assert_same_run(runs, 2)
 
 
@@ -332,7 +338,7 @@ CROSS_BACKEND_TOLERANCE = 1e-6
 @pytest.mark.slow
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_jax_option_on_devices_matches_one_device(replica_runs, option):
-    """Each option on 2 devices against one device, in its `JAX_OPTION_GROUPS` run."""
+    """Each option on 2 devices against one device, in its `OPTION_GROUPS` run."""
     runs = replica_runs(option, OPTIONS[option], backend="jax")
     _assert_same_run(runs, 2, JAX_TOLERANCE)
 
