@@ -217,6 +217,12 @@ def _on_jax(folder: str) -> dict:
         save_json=str(folder / "jax_video.jsonl"),
         progress=False,
     )
+    # `align` reads train.py's batches without TensorFlow too (float32 here: the default threshold).
+    from keras_yolo_mgpu.cli import align as align_cli
+
+    align_flags = ["--annotations", inputs["val"], "--classes", inputs["classes"], "--tiny", "--input-size", "64"]
+    align_flags += ["--batch-size", "4", "--gpus", "2", "--simulate-devices", "--steps", "2"]
+    results["align_status"] = align_cli.main(align_flags)
     results["tensorflow_importers"] = blocker.importers
     return results
 
@@ -238,6 +244,7 @@ def _prepare_and_run_jax(folder: Path) -> dict:
     clip = make_synthetic_video(folder / "clip.mp4", num_frames=8, frame_size=(120, 160), fps=10.0, seed=3)
     # The first case is left to the test run here: each case is a compile on JAX.
     inputs = {"images": random_images(5, seed=4), "nms_cases": nms_cases()[1:], "val": data.val, "clip": clip}
+    inputs["classes"] = data.classes
     with open(folder / "inputs.pickle", "wb") as handle:
         pickle.dump(inputs, handle)
     return {"folder": folder, "inputs": inputs, "jax": run_isolated(_on_jax, str(folder), backend="jax")}
@@ -389,3 +396,8 @@ def test_video_and_pictures_on_jax(run):
 def test_jax_ran_without_tensorflow(run):
     assert not run["jax"]["tensorflow_at_start"]
     assert run["jax"]["tensorflow_importers"] <= TENSORFLOW_IMPORTERS_TO_FIX
+
+
+@pytest.mark.slow
+def test_align_on_jax_reads_its_batches_without_tensorflow(run):
+    assert run["jax"]["align_status"] == 0

@@ -113,11 +113,19 @@ def _make_optimizer(name: str, learning_rate: float):
 
 
 def _load_batches(args, anchors, num_classes, kind):
-    """The first `--steps` global batches of train.py's pipeline for model `kind`, as arrays in floatx."""
+    """The first `--steps` global batches of train.py's pipeline for model `kind`, as arrays in floatx.
+
+    The host's batches (`data.host`, no TensorFlow needed) finished by the
+    training model's own `DeviceInputs` (HSV jitter, scaling, targets), run
+    here once so that every engine of the comparison trains on the same
+    dense arrays: `({"image": (B, H, W, 3), "y_true_0": ..., ...}, (B, 1) zeros)`.
+    """
     import keras
+    import numpy as np
 
     from keras_yolo_mgpu.data.check import check_annotations
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.data.device_side import DeviceInputs
+    from keras_yolo_mgpu.data.host import HostBatches
     from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
 
     report = check_annotations(args.annotations, num_classes)
@@ -125,22 +133,26 @@ def _load_batches(args, anchors, num_classes, kind):
         logger.warning("%s: %d problem(s), first: %s", args.annotations, len(report.problems), report.problems[0])
     if not report.annotations:
         raise ValueError(f"{args.annotations}: no usable annotation lines")
-    dataset = make_dataset(
+    host = HostBatches(
         report.annotations,
         tuple(args.input_size),
-        anchors,
         num_classes,
         args.batch_size,
         training=True,
         augment=not args.no_augment,
         seed=args.seed,
-        masks=args.masks,
-        iou_thresh=resolve_iou_thresh(args.iou_thresh, kind),  # the targets train.py builds for the model
     )
+    # The targets train.py builds for the model (float32 images, as the pipeline's).
+    finish = DeviceInputs(anchors, num_classes, args.masks, resolve_iou_thresh(args.iou_thresh, kind), dtype="float32")
     dtype = keras.config.floatx()
     batches = []
-    for x, y in dataset.take(args.steps):
-        batches.append(({k: v.numpy().astype(dtype) for k, v in x.items()}, y.numpy().astype(dtype)))
+    for k in range(args.steps):
+        batch = host.batch(k)
+        image, y_true = finish({"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype(np.float32)})
+        x = {"image": keras.ops.convert_to_numpy(image).astype(dtype)}
+        for layer, target in enumerate(y_true):
+            x[f"y_true_{layer}"] = keras.ops.convert_to_numpy(target).astype(dtype)
+        batches.append((x, np.zeros((len(batch.images), 1), dtype)))
     return batches
 
 
