@@ -18,19 +18,10 @@ TensorFlow's side and keras-yolo3's numpy.
 
 from __future__ import annotations
 
-import importlib.abc
 import pickle
 import sys
 
-
-class _NoTensorFlow(importlib.abc.MetaPathFinder):
-    """`import tensorflow` fails, as on a JAX machine where it is not installed."""
-
-    def find_spec(self, name, path, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked by tests/jax_input_checks.py)")
-        return None
-
+from keras_yolo_mgpu.cli.without_tensorflow import block_tensorflow
 
 TRAINING = {"seed": 4, "mosaic": 0.5, "multi_scale": (32, 96), "start_position": 12}
 
@@ -222,7 +213,7 @@ def _device_inputs(data_folder: str, found: dict) -> None:
 
 
 def main(data_folder: str, out_path: str) -> None:
-    sys.meta_path.insert(0, _NoTensorFlow())
+    block_tensorflow("blocked by tests/jax_input_checks.py")
     import numpy as np
 
     from keras_yolo_mgpu.data.annotations import read_annotations

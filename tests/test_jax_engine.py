@@ -62,15 +62,12 @@ def _args(dataset, log_dir, *extra):
     ]
 
 
-# train.py where `import tensorflow` fails, as on a JAX machine without it: a
-# meta-path finder refuses it (and Keras's TensorBoard callback, which needs it).
+# train.py where `import tensorflow` fails, as on a JAX machine without it
+# (and Keras's TensorBoard callback, which needs it).
 WITHOUT_TENSORFLOW = """
-import importlib.abc, runpy, sys
-class NoTensorFlow(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("tensorflow", "tf_keras"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, NoTensorFlow())
+import runpy, sys
+from keras_yolo_mgpu.cli.without_tensorflow import block_tensorflow
+block_tensorflow("the JAX test runs without it")
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

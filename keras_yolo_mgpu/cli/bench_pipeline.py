@@ -12,7 +12,6 @@ what it costs, where TensorFlow is not installed.
 
 from __future__ import annotations
 
-import importlib.abc
 import logging
 import sys
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.args import ArgumentParser, input_size, positive_int
 from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+from keras_yolo_mgpu.cli.without_tensorflow import block_tensorflow
 
 logger = logging.getLogger("bench")
 
@@ -63,15 +63,6 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-class _NoTensorFlow(importlib.abc.MetaPathFinder):
-    """Makes `import tensorflow` fail, as on a machine where it is not installed."""
-
-    def find_spec(self, name, path, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            raise ModuleNotFoundError(f"No module named {name!r} (bench pipeline --without-tensorflow)")
-        return None
-
-
 def run(args) -> int:
     rows = parse_rows(args.generator, args.cache)
     if args.without_tensorflow:
@@ -81,7 +72,7 @@ def run(args) -> int:
                 "--without-tensorflow needs KERAS_BACKEND=jax and rows that do not use TensorFlow "
                 f"(pydataset, reference). Received rows needing it: {needing or 'none'}"
             )
-        sys.meta_path.insert(0, _NoTensorFlow())
+        block_tensorflow("bench pipeline --without-tensorflow")
 
     from keras_yolo_mgpu.bench.pipeline import run_benchmark, run_rounds
     from keras_yolo_mgpu.data.annotations import read_annotations
