@@ -57,6 +57,8 @@ def _targets(found: dict) -> None:
     from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
     mismatches, cases = [], 0
+    # Which part differs where a case does: box values (xywh), objectness (which slots), class bits.
+    parts_wrong = {"xywh": 0, "objectness": 0, "classes": 0}
     for anchors_file in ("yolo_anchors.txt", "tiny_yolo_anchors.txt"):
         anchors = get_anchors(model_data_path(anchors_file))
         for shape in ((416, 416), (320, 480), (64, 96)):
@@ -69,7 +71,13 @@ def _targets(found: dict) -> None:
                 for layer, (e, g) in enumerate(zip(expected, got, strict=True)):
                     if e.shape != g.shape or not np.array_equal(e, np.asarray(g)):
                         mismatches.append((anchors_file, shape, iou_thresh, layer))
+                        if e.shape == g.shape:
+                            g = np.asarray(g)
+                            for part, where in (("xywh", np.s_[..., :4]), ("objectness", np.s_[..., 4])):
+                                parts_wrong[part] += int((e[where] != g[where]).sum())
+                            parts_wrong["classes"] += int((e[..., 5:] != g[..., 5:]).sum())
     found["target_mismatches"], found["target_cases"] = mismatches, cases
+    found["target_parts_wrong"] = parts_wrong
     # The cell index on every centre of every size: exact where a float32 product is not.
     wrong, naive_wrong = 0, 0
     floor = jax.jit(_floor_of_product)
@@ -81,6 +89,14 @@ def _targets(found: dict) -> None:
             wrong += int((np.asarray(floor(x, np.float32(grid))) != expected).sum())
             naive_wrong += int((np.floor(x * np.float32(grid)) != expected).sum())
     found["floor_wrong"], found["floor_naive_wrong"] = wrong, naive_wrong
+    # The device's own division of the centres, which `_quotients` does not rely on: how often it is
+    # not numpy's correctly rounded quotient (0 on the CPU; a GPU may divide approximately).
+    divide = jax.jit(lambda x, size: x / size)
+    found["division_wrong"] = 0
+    for width in range(32, 1024 + 1, 32):
+        centres = np.arange(width + 1, dtype=np.float32)
+        quotients = np.asarray(divide(centres, np.full_like(centres, width)))
+        found["division_wrong"] += int((quotients != centres / np.float32(width)).sum())
     # With the batch split over the 4 devices, every image's targets are made on its device alone.
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 

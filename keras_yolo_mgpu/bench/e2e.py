@@ -35,19 +35,34 @@ logger = logging.getLogger(__name__)
 
 
 def _wall_times(engine, model, dataset, steps: int) -> list[float]:
-    """`fit` for `steps` steps; the wall time at the end of each step."""
+    """`fit` for `steps` steps; the wall time at the end of each step, in step order.
+
+    As `train.py`'s `Throughput`: the hook waits for its step's loss in
+    Keras's callback threads (`async_safe`), so the step loop dispatches
+    ahead without waiting for the device, and the clock reads when each
+    step has finished.
+    """
     import keras
 
-    ends: list[float] = []
+    ends: list[tuple[int, float]] = []
 
     class StepEnds(keras.callbacks.Callback):
+        async_safe = True
+
         def on_train_batch_end(self, batch, logs=None):
-            float(logs["loss"])  # the step has finished (devices run asynchronously)
-            ends.append(time.perf_counter())
+            float(logs["loss"])  # waits for this step, in the callback thread
+            ends.append((batch, time.perf_counter()))
 
     with engine.strategy.scope():
-        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[StepEnds()], shuffle=False)
-    return ends
+        model.fit(
+            dataset,
+            steps_per_epoch=steps,
+            epochs=1,
+            verbose=0,
+            callbacks=[*engine.fit_callbacks(), StepEnds()],
+            shuffle=False,
+        )
+    return [end for _, end in sorted(ends)]
 
 
 def _images_per_sec(ends: list[float], warmup: int, batch_size: int) -> float:

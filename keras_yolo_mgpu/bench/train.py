@@ -4,8 +4,10 @@ Feeds one generated batch from memory (a repeated tf.data dataset on
 TensorFlow; on JAX the batch placed on the devices once, with the data
 sharding of the run's distribution), so the number measures the model step
 and the replica communication, not the input pipeline (`bench pipeline`
-measures that). Each step is timed from Keras's batch-begin callback to its
-batch-end callback, which waits for the loss. It runs on Keras's backend
+measures that). Each round is one `fit` of `steps` steps, timed from its
+first step's start to the epoch end, after Keras has read the last step's
+loss back: the steps run as `train.py` runs them, dispatched without
+waiting for the device, and the figure holds for any `steps_per_execution`. It runs on Keras's backend
 (`KERAS_BACKEND`); on JAX it needs no TensorFlow. `bench.backend_rounds`
 times both backends against each other.
 
@@ -23,6 +25,8 @@ import contextlib
 import logging
 import statistics
 import time
+
+from keras_yolo_mgpu.training.ema import untie_averages
 
 logger = logging.getLogger(__name__)
 
@@ -110,30 +114,39 @@ def synthetic_host_batch(global_batch, input_shape, num_classes, seed=0):
 
 
 def _step_timer(callback_base):
-    """A callback class (Keras 3 or Keras 2 base) recording each step's wall and process CPU seconds."""
+    """A callback class (Keras 3 or Keras 2 base) timing one `fit` call of `steps` steps as the trainer runs it.
 
-    class StepTimer(callback_base):
+    The clock starts at the first step's batch-begin hook (the devices are
+    idle: the previous round ended with a read) and stops at the epoch end,
+    which Keras reaches after reading the last step's logs back, so the round
+    covers every step's device time. No hook reads a value per step, so Keras
+    dispatches asynchronously as in `train.py`, and Keras calling the batch
+    hooks once per execution (`steps_per_execution` > 1) changes nothing.
+    """
+
+    class RoundTimer(callback_base):
         def __init__(self):
             super().__init__()
-            self.times: list[float] = []
-            self.cpu_times: list[float] = []
+            self._start = None
+            self.wall_seconds = self.cpu_seconds = None
 
         def on_train_batch_begin(self, batch, logs=None):
-            self._start, self._cpu_start = time.perf_counter(), time.process_time()
+            if self._start is None:
+                self._start = time.perf_counter(), time.process_time()
 
-        def on_train_batch_end(self, batch, logs=None):
-            float(logs["loss"])  # the step has finished (GPUs run asynchronously)
-            self.times.append(time.perf_counter() - self._start)
-            self.cpu_times.append(time.process_time() - self._cpu_start)
+        def on_epoch_end(self, epoch, logs=None):
+            self.wall_seconds = time.perf_counter() - self._start[0]
+            self.cpu_seconds = time.process_time() - self._start[1]
 
-    return StepTimer
+    return RoundTimer
 
 
 class _Side:
     """One model to time: fits `steps` steps on the repeated batch, keeps each round's step times."""
 
-    def __init__(self, name, model, dataset, callback_base, global_batch, parts=None, scope=None):
+    def __init__(self, name, model, dataset, callback_base, global_batch, parts=None, scope=None, callbacks=()):
         self.name, self.model, self.dataset, self.global_batch = name, model, dataset, global_batch
+        self.callbacks = list(callbacks)  # the engine's, as train.py passes them
         # What `fit` runs under: on JAX the distribution's scope shards each batch.
         self.scope = scope or contextlib.nullcontext
         self.timer_class = _step_timer(callback_base)
@@ -142,12 +155,22 @@ class _Side:
         self.cpu_times: list[float] = []
 
     def fit(self, steps: int) -> list[float]:
+        """Runs `steps` steps in one `fit`; returns the round's mean seconds per step, as a one-element list."""
         timer = self.timer_class()
         with self.scope():
             # shuffle=False: a repeated in-memory batch; Keras cannot shuffle a dataset anyway.
-            self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer], shuffle=False)
-        self.cpu_times += timer.cpu_times
-        return timer.times
+            self.model.fit(
+                self.dataset,
+                steps_per_epoch=steps,
+                epochs=1,
+                verbose=0,
+                callbacks=[*self.callbacks, timer],
+                shuffle=False,
+            )
+            if getattr(self.model.optimizer, "use_ema", False):
+                untie_averages(self.model)  # the next round's fit on the same optimizer
+        self.cpu_times.append(timer.cpu_seconds / steps)
+        return [timer.wall_seconds / steps]
 
     def images_per_sec(self, times) -> float:
         return self.global_batch / statistics.median(times)
@@ -240,7 +263,16 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
             [tf.constant(x[key]) for key in ("image", *sorted(k for k in x if k.startswith("y_true_")))],
             jit=jit,
         )
-    return _Side(name, model, dataset, keras.callbacks.Callback, global_batch, parts, engine.strategy.scope)
+    return _Side(
+        name,
+        model,
+        dataset,
+        keras.callbacks.Callback,
+        global_batch,
+        parts,
+        engine.strategy.scope,
+        engine.fit_callbacks(),
+    )
 
 
 def _build_reference(options, anchors, x, y, global_batch):

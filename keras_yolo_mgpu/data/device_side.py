@@ -18,7 +18,10 @@ per-image reductions instead of boolean masks and scatters, so a batch split
 over devices needs no exchange) and uses float32 only: JAX without x64 has
 no float64, so the one place where keras-yolo3's numpy arithmetic is float64
 (the cell index, `floor(x * grid)` of a float32 `x`) is computed exactly
-from float32 partial products (`_floor_of_product`).
+from float32 partial products (`_floor_of_product`). What decides a cell is
+exact on any device by construction: the centres' quotients come from a
+table of numpy's (`_quotients`), not from the device's division, and the
+floor uses exact products only.
 
 The host's OpenCV copy of the jitter (`augment.distort_hsv`, for the
 dense-target stream) and keras-yolo3's numpy targets
@@ -145,6 +148,58 @@ def _floor_of_product(x, n):
     return floor - ops.cast(excess < 0.0, "float32")
 
 
+def _quotients(centres, size: int):
+    """`centres / size` of integer-valued float32 centres, as numpy's float32 division rounds it, on any device.
+
+    The cell of a box is the floor of its centre's quotient times the grid,
+    and a quotient one ulp low moves a centre on a cell border into the cell
+    before it. A GPU's division need not round correctly (XLA may emit an
+    approximate one), so the quotients of the centres in the image, the
+    integers 0..size, are numpy's, looked up; outside it (no cell: the cell
+    index is clipped) and for NaN the division stands.
+
+    Args:
+        centres: (...) float32, integer-valued (`floor((x_min + x_max) / 2)`).
+        size: the input's width or height in pixels.
+    """
+    table = ops.convert_to_tensor(np.arange(size + 1, dtype=np.float32) / np.float32(size))  # (size + 1,)
+    inside = ops.logical_and(centres >= 0.0, centres <= float(size))  # False for NaN
+    index = ops.cast(ops.where(inside, centres, 0.0), "int32")
+    return ops.where(inside, ops.take(table, index), centres / float(size))
+
+
+def _exact_quotient(values, size: int):
+    """`values / size`, correctly rounded (as numpy's float32 division) whatever the device's division.
+
+    A GPU's float32 division may be off by an ulp or two (measured on an
+    H100 under XLA, 2026-11-26: 4,719 of 16,896 centre quotients). One
+    correction step makes it exact: with `size = 2**p * k` (k < 2**11, odd
+    or not), `y = values / 2**p` is exact, the device's `q0 = y / k` is
+    within a few ulps, and the residual `y - q0 * k` is computed exactly
+    from `q0` split into three parts of at most 13 significant bits (each
+    product with `k` exact in float32; an FMA contraction changes nothing).
+    `q0 + residual / k` then rounds to the correctly rounded quotient: the
+    quotient of a float32 by an integer below 2**11 lies at least 2**-12 ulp
+    from a rounding boundary unless exact, far more than the error of
+    `residual / k`. Exact for quotients in [2**-12, 2) (boxes down to
+    size / 4096 pixels); smaller ones keep a few ulps.
+
+    Args:
+        values: (...) float32, in [0, 2 * size).
+        size: the input's width or height in pixels.
+    """
+    power = size & -size  # the largest power of two dividing size
+    odd = float(size // power)
+    y = values / float(power)  # exact: a power of two
+    q0 = y / odd
+    high = ops.floor(q0 * 4096.0) / 4096.0  # bits 2^0 .. 2^-12
+    rest = q0 - high
+    middle = ops.floor(rest * 16777216.0) / 16777216.0  # 2^-13 .. 2^-24
+    low = rest - middle  # below 2^-24
+    residual = ((y - high * odd) - middle * odd) - low * odd
+    return q0 + residual / odd
+
+
 def build_targets(boxes, input_shape, anchors, num_classes: int, masks=None, iou_thresh: float | None = None):
     """keras-yolo3's `preprocess_true_boxes` in `keras.ops`, bitwise, with static shapes.
 
@@ -188,9 +243,16 @@ def build_targets(boxes, input_shape, anchors, num_classes: int, masks=None, iou
     # XLA compiles `x / constant` to `x * (1 / constant)`, one ulp off numpy's
     # quotient for a third of the coordinates (measured, JAX on the CPU). A
     # divisor that depends on the data (the size, or 1 where a box is NaN and
-    # the quotient NaN anyway) stays a correctly rounded division.
+    # the quotient NaN anyway) stays a division.
     input_wh = ops.where(ops.isnan(boxes_xy), 1.0, input_wh)  # (B, T, 2)
-    rel_xywh = ops.concatenate([boxes_xy / input_wh, boxes_wh / input_wh], axis=-1)  # (B, T, 4)
+    if all(isinstance(side, (int, np.integer)) for side in (width, height)):
+        # The centres decide the cells (a floor): their quotients come from numpy's table;
+        # the sizes' are corrected to numpy's correctly rounded ones.
+        rel_xy = ops.stack([_quotients(boxes_xy[..., 0], width), _quotients(boxes_xy[..., 1], height)], axis=-1)
+        rel_wh = ops.stack([_exact_quotient(boxes_wh[..., 0], width), _exact_quotient(boxes_wh[..., 1], height)], -1)
+    else:  # multi-scale on TensorFlow, whose division is correctly rounded on every device
+        rel_xy, rel_wh = boxes_xy / input_wh, boxes_wh / input_wh
+    rel_xywh = ops.concatenate([rel_xy, rel_wh], axis=-1)  # (B, T, 4)
     valid = boxes_wh[..., 0] > 0.0  # (B, T)
 
     # Best anchor by IoU of centred boxes, the first on ties (np.argmax).

@@ -81,6 +81,15 @@ class Engine:
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
             self.strategy.reduce("SUM", self.strategy.run(lambda: tf.constant(1.0)), axis=None)
 
+    def fit_callbacks(self) -> list:
+        """Callbacks every `fit` on this engine needs (on JAX with one device: one compile of the step)."""
+        if self.backend != "jax":
+            return []
+        from keras_yolo_mgpu.parallel import jax_devices
+
+        callback = jax_devices.commit_state_callback(self.strategy.device_mesh.devices.flatten().tolist())
+        return [callback] if callback is not None else []
+
     def wrap(self, train_model):
         """The model to `fit`: `train_model`, or its in-graph replica model. Call under `strategy.scope()`."""
         if self.parallel == "multi_gpu_model":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 import keras
@@ -12,41 +13,79 @@ logger = logging.getLogger(__name__)
 
 
 class Throughput(keras.callbacks.Callback):
-    """Adds `images_per_sec` (global batch / step time) to the logs.
+    """Adds `images_per_sec` to the logs: images trained per second of wall time on the device.
 
-    The first step of every epoch includes tracing and data warm-up, so it
-    is left out of the epoch average.
+    The rate counts from the end of an epoch's first step (tracing,
+    compiling and the input's warm-up are left out) to the end of its latest
+    step, by the steps' own indices, so it is right for any
+    `steps_per_execution` (Keras calls the batch hooks once per execution).
+
+    Asynchronous: Keras dispatches the next step without waiting for the
+    device only when every callback is `async_safe`; it then runs the batch-end
+    hooks in a thread pool. This hook waits for its own step's loss in that
+    thread, so its clock reads when the step finished on the device, and the
+    step loop itself never reads a device value back.
     """
+
+    async_safe = True
 
     def __init__(self, global_batch_size: int):
         super().__init__()
         self.global_batch_size = global_batch_size
-        self._epoch_start = None
-        self._steps_after_first = 0
-        self._last = None
+        # Batch-end hooks of consecutive steps may run in different pool threads.
+        self._lock = threading.Lock()
+        self._first = None  # (step index, time) of the epoch's first finished step
+        self._latest = None  # (step index, time) of its latest finished step
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = None
-        self._steps_after_first = 0
-        self._last = time.perf_counter()
+        with self._lock:
+            self._first = self._latest = None
 
     def on_train_batch_end(self, batch, logs=None):
+        if logs and "loss" in logs:
+            float(logs["loss"])  # waits for this step in the callback thread, not in the step loop
         now = time.perf_counter()
-        if self._epoch_start is None:
-            self._epoch_start = now  # end of the warm-up step
-        else:
-            self._steps_after_first += 1
-        if logs is not None and self._steps_after_first:
-            logs["images_per_sec"] = self._rate(now)
-        self._last = now
+        with self._lock:
+            if self._first is None or batch < self._first[0]:
+                self._first = (batch, now)
+            if self._latest is None or batch > self._latest[0]:
+                self._latest = (batch, now)
+            rate = self._rate()
+        if logs is not None and rate is not None:
+            logs["images_per_sec"] = rate
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is not None and self._steps_after_first:
-            logs["images_per_sec"] = self._rate(self._last)
+        with self._lock:
+            rate = self._rate()
+        if logs is not None and rate is not None:
+            logs["images_per_sec"] = rate
 
-    def _rate(self, now):
-        elapsed = max(now - self._epoch_start, 1e-9)
-        return self._steps_after_first * self.global_batch_size / elapsed
+    def _rate(self) -> float | None:
+        if self._first is None or self._latest[0] <= self._first[0]:
+            return None
+        steps = self._latest[0] - self._first[0]
+        return steps * self.global_batch_size / max(self._latest[1] - self._first[1], 1e-9)
+
+
+def overrides_batch_end(callback) -> bool:
+    """Whether `callback` has a batch-end hook of its own.
+
+    Keras 3 then waits for every step's results before dispatching the next
+    one, unless the callback says it is `async_safe`.
+    """
+    base, kind = keras.callbacks.Callback, type(callback)
+    return kind.on_train_batch_end is not base.on_train_batch_end or kind.on_batch_end is not base.on_batch_end
+
+
+class EpochTensorBoard(keras.callbacks.TensorBoard):
+    """Keras's TensorBoard callback with the epoch curves only.
+
+    Keras's batch-end hook writes every step's logs as `batch_*` scalars, a
+    read of the device's values per step that holds the step loop back; the
+    run's curves are per epoch (history.csv has the same).
+    """
+
+    on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
 
 
 class LossPlot(keras.callbacks.Callback):

@@ -148,6 +148,11 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.period = period
         self._epochs_since_last_save = 0
 
+    @property
+    def async_safe(self) -> bool:
+        """Saving once per epoch reads nothing at batch ends: the step loop need not wait for the device."""
+        return self.save_freq == "epoch"
+
     def _save_model(self, epoch, batch, logs):
         # Overrides ModelCheckpoint's single save routine: the decision logic
         # (`_should_save_model`, `_get_file_path`) is reused as is; only what

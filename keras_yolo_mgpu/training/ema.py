@@ -100,3 +100,16 @@ def average_swap_callbacks() -> tuple[SwapInAverages, SwapOutAverages]:
     """(first, last): the first before every other callback, the last before the run-state saver."""
     swap = _AverageSwap()
     return SwapInAverages(swap), SwapOutAverages(swap)
+
+
+def untie_averages(model) -> None:
+    """Gives `model`'s trainable variables buffers of their own again after a `fit` with an EMA.
+
+    Keras ends `fit` by writing the averages into the weights
+    (`finalize_variable_values`); on JAX the weights then hold the very
+    buffers the optimizer keeps its averages in, and the next `fit` on the
+    same optimizer, whose compiled step donates the weights' buffers, would
+    delete the averages with them.
+    """
+    for variable in model.trainable_variables:
+        variable.assign(keras.ops.copy(variable))

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
+from keras_yolo_mgpu.training.callbacks import overrides_batch_end
+
 logger = logging.getLogger(__name__)
 
 MAP_KEY = "val_mAP"
@@ -233,6 +235,11 @@ class OnEvaluatedEpochs(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.callback.on_train_batch_end(batch, logs)
+
+    @property
+    def async_safe(self) -> bool:
+        """Whether Keras may run the step loop ahead of the batch-end hook: as safe as the wrapped callback."""
+        return getattr(self.callback, "async_safe", False) or not overrides_batch_end(self.callback)
 
     # The wrapped callback's counters are part of the run state (--resume).
 

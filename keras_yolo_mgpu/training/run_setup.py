@@ -114,6 +114,8 @@ class RunSetup:
             )
             for reason in plan.reasons:
                 logger.info(reason)
+            # bfloat16 by default is checked on the run's first step (precision.first_step_check).
+            self.first_step_policy = plan.mixed_policy if plan.check_mixed_precision else None
             config.mixed_precision, config.jit = precision.run_checks(plan, self.check_model, self.first_inputs)
             mixed_policy = plan.mixed_policy
         if config.resume and config.dtype_policy and config.dtype_policy.startswith("mixed_"):
@@ -125,6 +127,15 @@ class RunSetup:
             config.dtype_policy = keras.config.dtype_policy().name  # what the run trains under
             if self.chief:
                 _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
+
+    def precision_callbacks(self) -> list:
+        """The first-step check of a run on bfloat16 by default (`precision.first_step_check`), else nothing."""
+        from keras_yolo_mgpu.training import precision
+
+        policy = getattr(self, "first_step_policy", None)
+        if policy != "mixed_bfloat16" or not self.config.mixed_precision:
+            return []
+        return [precision.first_step_check(policy)]
 
     def start_weights(self) -> list:
         """The seeded start weights of a new run (and --weights), built once."""
@@ -250,8 +261,6 @@ def _tensorboard(run_dir: str) -> list:
     """
     import importlib.util
 
-    import keras
-
     try:
         installed = importlib.util.find_spec("tensorflow") is not None
     except (ImportError, ValueError):  # a broken or blocked install counts as none
@@ -259,4 +268,6 @@ def _tensorboard(run_dir: str) -> list:
     if not installed:
         logger.info("no TensorBoard logs: Keras writes them with TensorFlow, which is not installed")
         return []
-    return [keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False)]
+    from keras_yolo_mgpu.training.callbacks import EpochTensorBoard
+
+    return [EpochTensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False)]

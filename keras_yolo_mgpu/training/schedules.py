@@ -141,10 +141,16 @@ class LinearWarmup(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._finished = self.first_epoch >= self.warmup_epochs
 
+    def on_epoch_begin(self, epoch, logs=None):
+        # One read of the step count per epoch, then counted here: a read per
+        # step would make every step wait for the one before it.
+        if not self._finished:
+            self._epoch_start_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
     def on_train_batch_begin(self, batch, logs=None):
         if self._finished:
             return
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        step = self._epoch_start_step + batch
         position = self.first_epoch + step / self.steps_per_epoch
         if position < self.warmup_epochs:
             factor = float(rate_factor(position, total_epochs=1, warmup_epochs=self.warmup_epochs))

@@ -284,7 +284,14 @@ class _TrainingRun(RunSetup):
                 validation_data=val_ds,
                 epochs=end_epoch,
                 initial_epoch=initial_epoch,
-                callbacks=[*recipe.first(learning_rate, stage_start, steps), *tracked, *recipe.last(), saver],
+                callbacks=[
+                    *self.engine.fit_callbacks(),
+                    *self.precision_callbacks(),
+                    *recipe.first(learning_rate, stage_start, steps),
+                    *tracked,
+                    *recipe.last(),
+                    saver,
+                ],
                 verbose=config.verbose,
             )
         return result.history, saver.last_state
