@@ -49,7 +49,8 @@ WORK_UNITS = [
     (r"test_inference_jax\.py::", "inference-jax", 50),
     (_REPLICA_CASE, "parallel-{0}-{1}", 120),
     (_FREE_RUNNING, "parallel-{0}-{1}", 120),
-    (r"test_parallel\.py::test_multi_gpu_model_uneven_slices", "parallel-frozen-yolov3-tiny", 40),
+    # Every run of the engine matrix is shared by its tests.
+    (r"test_engine_matrix\.py::", "engine-matrix", 130),
     (r"test_run_reproducible\.py::", None, 75),
 ]
 # Units measured longer than their pattern's figure above.

@@ -200,34 +200,6 @@ def test_data_tools_never_import_tensorflow(tmp_path):
 
 # ---- quiet by default ---------------------------------------------------------
 
-# absl/TensorFlow C++ lines: `I0000 00:00:1795418012.604492   10224 port.cc:153] ...`, absl's notice,
-# and the older `2024-01-01 12:00:00.000000: W tensorflow/...` format.
-_TF_CPP_LINE = re.compile(
-    r"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]|WARNING: All log messages before absl"
-    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )",
-    re.M,
-)
-_PYTHON_WARNING = re.compile(r"^\S+:\d+: \w*Warning: |^WARNING:tensorflow:", re.M)
-
-
-@pytest.mark.slow
-def test_train_prints_only_the_projects_lines(tmp_path):
-    from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
-
-    data = make_synthetic_dataset(tmp_path / "data", num_train=8, num_val=4, image_size=64, seed=0)
-    env = _env()
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # what a user's shell has: nothing set
-    env.pop("TF_CONFIG", None)
-    args = ["--annotations", data.train, "--val-annotations", data.val, "--classes", data.classes]
-    args += ["--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "1", "--log-dir", str(tmp_path / "run")]
-    args += ["--recipe", "keras-yolo3"]  # no mAP evaluation: this test reads the log lines only
-    result = _python(os.path.join(REPO, "train.py"), *args, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not _TF_CPP_LINE.search(result.stderr), result.stderr
-    assert not _PYTHON_WARNING.search(result.stderr), result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines and all(re.match(r"(INFO|WARNING|ERROR) (keras_yolo_mgpu|train)\b", line) for line in lines), lines
-
 
 def test_loader_noise_is_dropped_with_its_continuation_lines():
     from keras_yolo_mgpu.cli.quiet import _without_load_noise

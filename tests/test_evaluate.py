@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body
 
 from keras_yolo_mgpu.cli.evaluate import main
-from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,41 +111,3 @@ def test_cli_writes_no_plot_unless_asked(dataset, tmp_path, monkeypatch, capsys)
     assert main([*argv, "--detections", dataset["detections"]]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pr_curve"] is None
     assert os.listdir(workdir) == []  # nothing dropped in the current folder
-
-
-def test_cli_weights_end_to_end_matches_saved_detections(tmp_path):
-    """evaluate.py --weights in a subprocess; its saved detections re-scored here give the same mAP."""
-    data = make_synthetic_dataset(
-        tmp_path / "data", num_train=0, num_val=6, image_size=96, classes=("circle", "square")
-    )
-    weights = str(tmp_path / "tiny.weights.h5")
-    make_body().save_weights(weights)
-    saved = tmp_path / "detections.json"
-    command = [
-        sys.executable,
-        str(REPO / "evaluate.py"),
-        "--annotations",
-        data.val,
-        "--classes",
-        data.classes,
-        "--anchors",
-        TINY_ANCHORS_PATH,
-        "--weights",
-        weights,
-        "--input-size",
-        f"{INPUT_SHAPE[0]}x{INPUT_SHAPE[1]}",
-        "--save-detections",
-        str(saved),
-        "--pr-curve",
-        str(tmp_path / "pr.png"),
-        "--no-progress",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert {"mAP", "mAP50", "per_class", "precision", "recall"} <= set(report)
-    assert report["num_images"] == 6 and report["num_detections"] > 0
-    assert (tmp_path / "pr.png").is_file()
-
-    rescored = evaluate_detections(str(saved), data.val, data.classes)
-    assert rescored["mAP"] == pytest.approx(report["mAP"]) and rescored["mAP50"] == pytest.approx(report["mAP50"])

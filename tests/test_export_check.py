@@ -10,8 +10,12 @@ from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
 from keras_yolo_mgpu.inference import export
 from keras_yolo_mgpu.inference.backends import open_runner
 from keras_yolo_mgpu.inference.export_check import (
+    FLOAT_TOLERANCES,
+    INT8_TOLERANCES,
     ExportCheckError,
     check_export,
+    format_check,
+    judge_outputs,
     run_keras,
     synthetic_check_images,
 )
@@ -89,3 +93,83 @@ def test_nothing_to_compare_fails(setup):
     model = build_inference_model(body, TINY_ANCHORS, len(CLASS_NAMES), input_shape=INPUT, decoded_outputs=True)
     with pytest.raises(ExportCheckError, match="nothing was compared"):
         check_export(model, lambda image, shape: run_keras(model, image, shape), *setup["scenes"], source="scenes")
+
+
+def _decoded_scene(rng, images=4, boxes=3000, classes=2):
+    """Keras-model-like outputs: faint background boxes and 3 confident objects per image, apart.
+
+    Returns `decoded_boxes` (N, K, 4) pixels of a 64 px input, `decoded_scores` (N, K, C).
+    """
+    corner = rng.uniform(0, 48, (images, boxes, 2))
+    decoded_boxes = np.concatenate([corner, corner + rng.uniform(4, 16, (images, boxes, 2))], axis=-1)
+    decoded_scores = rng.uniform(0, 0.02, (images, boxes, classes))
+    for i in range(images):
+        for j, (x, y) in enumerate([(2, 2), (40, 2), (20, 40)]):
+            decoded_boxes[i, j] = [x, y, x + 20, y + 20]
+            decoded_scores[i, j, j % classes] = rng.uniform(0.7, 0.9)
+    return {"decoded_boxes": decoded_boxes.astype(np.float32), "decoded_scores": decoded_scores.astype(np.float32)}
+
+
+def _with_own_nms(decoded):
+    """The outputs of an export with decoding and NMS inside at the export's score 0.3."""
+    from keras_yolo_mgpu.inference.backends import host_nms
+
+    return {**decoded, **host_nms(decoded, score=0.3, iou=0.45, max_boxes=20, max_detections=100)}
+
+
+def _judge(reference, decoded, tolerance):
+    return judge_outputs(reference, _with_own_nms(decoded), score=0.3, iou=0.45, source="arrays", tolerance=tolerance)
+
+
+@pytest.fixture(scope="module")
+def int8_outputs():
+    """(Keras outputs, a healthy INT8 export's): 8-bit noise on every score, 5 background boxes off by 0.12."""
+    rng = np.random.default_rng(0)
+    reference = _decoded_scene(rng)
+    scores = reference["decoded_scores"] + rng.normal(0, 0.01, reference["decoded_scores"].shape)
+    scores[:2, 100:105, 0] += 0.12  # 5 background boxes of 2 images
+    boxes = reference["decoded_boxes"] + rng.uniform(-1, 1, reference["decoded_boxes"].shape)
+    good = {"decoded_boxes": boxes.astype(np.float32), "decoded_scores": np.clip(scores, 0, 1).astype(np.float32)}
+    return _with_own_nms(reference), good
+
+
+def test_a_good_int8_export_whose_largest_score_difference_exceeds_the_bound_passes(int8_outputs):
+    reference, good = int8_outputs
+    result = _judge(reference, good, INT8_TOLERANCES)
+    decoded = result["decoded"]
+    # The former check (the largest of all differences) refused it; the judged figures are well inside.
+    assert decoded["max_score_diff"] > INT8_TOLERANCES.score
+    assert decoded["score_diff_at_percentile"] < 0.05 and decoded["scored_mean_score_diff"] < 0.02
+    assert result["at_floor"]["found"] == result["at_floor"]["compared"] == 12
+    assert result["own_nms"]["found"] == result["own_nms"]["compared"] == 12
+    line = format_check(result)
+    assert "99th percentile" in line and "mean score difference of the scored boxes" in line
+    with pytest.raises(ExportCheckError, match="at the largest of 12000 boxes"):
+        _judge(reference, good, FLOAT_TOLERANCES)  # a float32 export must match everywhere
+
+
+def _wrong_scale(good):
+    return {**good, "decoded_scores": good["decoded_scores"] * 0.5}
+
+
+def _swapped_classes(good):
+    return {**good, "decoded_scores": good["decoded_scores"][..., ::-1]}
+
+
+def _no_detections(good):
+    return {**good, "decoded_scores": np.zeros_like(good["decoded_scores"])}
+
+
+@pytest.mark.parametrize(
+    "break_export, says",
+    [
+        (_wrong_scale, r"differ in score by 0\.[34]"),  # still detects every object (at >= 0.35), at the wrong score
+        (_swapped_classes, "finds 0 of the Keras model's 12 detections"),
+        (_no_detections, "finds 0 of the Keras model's 12 detections"),
+    ],
+    ids=["wrong_score_scale", "swapped_class_outputs", "zero_detections"],
+)
+def test_a_broken_int8_export_fails(int8_outputs, break_export, says):
+    reference, good = int8_outputs
+    with pytest.raises(ExportCheckError, match=says):
+        _judge(reference, break_export(good), INT8_TOLERANCES)

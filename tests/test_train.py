@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
@@ -53,52 +52,6 @@ def _small_run_args(dataset, log_dir, *extra):
         *("--recipe", "keras-yolo3"),  # these tests check the run's mechanics, not the recipe
         *extra,
     ]
-
-
-@pytest.mark.slow
-def test_two_simulated_gpus_write_a_checkpoint_that_loads_on_one_device(dataset, tmp_path):
-    log_dir = tmp_path / "run"
-    result = _run(
-        _small_run_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2", "--freeze-epochs", "1")
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    files = set(os.listdir(log_dir))
-    for name in (
-        "args.json",
-        "history.csv",
-        "loss.png",
-        "trained_weights_final.weights.h5",
-        "trained_weights_stage_1.weights.h5",
-        "tensorboard",
-    ):
-        assert name in files, (name, files)
-    assert any(f.startswith("ep") and f.endswith(".weights.h5") for f in files)
-    assert "2 replica(s)" in result.stderr
-    # No precision flags on the CPU: float32 and no XLA ran, and args.json says so (not "default").
-    saved = json.loads((log_dir / "args.json").read_text())
-    assert (saved["mixed_precision"], saved["jit"]) == (False, False)
-    history = (log_dir / "history.csv").read_text().splitlines()
-    assert len(history) == 3  # header + 2 epochs
-    assert "images_per_sec" in history[0]
-
-    # This process sees 4 logical CPUs, but inference needs only one device.
-    from keras_yolo_mgpu.model.yolo3 import build_body
-    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
-    from keras_yolo_mgpu.weights.loading import load_weights
-
-    body = build_body(get_anchors(default_anchors_path(True)), 4)
-    report = load_weights(body, str(log_dir / "trained_weights_final.weights.h5"))
-    assert report.loaded > 0 and not report.skipped
-    # Every file the run wrote knows its model: the checkpoints alone are enough to detect with.
-    from keras_yolo_mgpu.weights.metadata import read_metadata
-
-    for name in files:
-        if name.endswith(".weights.h5"):
-            meta = read_metadata(str(log_dir / name))
-            assert meta.kind == "yolov3-tiny" and meta.num_classes == 4 and meta.masks_list == [[3, 4, 5], [1, 2, 3]]
-    assert report.metadata == meta
-    outputs = body.predict(np.zeros((1, 64, 64, 3), np.float32), verbose=0)
-    assert all(np.isfinite(o).all() for o in outputs)
 
 
 def test_more_gpus_than_visible_stops_with_the_count(dataset, tmp_path):

@@ -14,9 +14,13 @@ user gives some and on generated scenes with objects otherwise:
 
 It counts what it compared and fails when no detection was compared: an
 empty comparison proves nothing. A float32 export must match to rounding
-(`FLOAT_TOLERANCES`); a float16 or INT8 export is compared with looser
-tolerances and by how many of the Keras model's detections it finds again
-(same class, IoU >= 0.5): its accuracy is judged by mAP (`quantize`).
+(`FLOAT_TOLERANCES`): every score and box. A float16 or INT8 export is judged
+on the task: how many of the Keras model's detections it finds again (same
+class, IoU >= 0.5), looser score and box bounds, and the mean score
+difference of the boxes that score at the floor (where a wrong score scale
+shows however few they are). An INT8 export's score bound holds for all but
+the worst 1 % of the decoded boxes: one box's 8-bit rounding past it does not
+fail a good export. Accuracy is measured by mAP (`quantize`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,13 @@ class Tolerance(NamedTuple):
         box_px: decoded box corners (pixels), for boxes that score at least
             the floor in the Keras model, plus `box_relative` x the box's
             larger side.
-        score: any decoded score, and any matched detection's score.
+        score: the decoded score difference (a box's largest over its
+            classes) at the `score_percentile` of all decoded boxes.
+        score_percentile: 100 judges the largest difference (float32); a
+            quantised export's worst boxes sit where an 8-bit step crosses a
+            sigmoid's steep part, so it is judged below them.
+        scored_mean: the mean decoded score difference over the boxes that
+            score at least the floor in the Keras model.
         recall: least fraction of the Keras model's detections (floor and
             export score) the export finds again, same class, IoU >= 0.5.
         exact: detection lists must be equal (counts, classes, order).
@@ -49,17 +59,28 @@ class Tolerance(NamedTuple):
     box_px: float
     box_relative: float
     score: float
+    score_percentile: float
+    scored_mean: float
     recall: float
     exact: bool
 
 
-FLOAT_TOLERANCES = Tolerance(box_px=0.05, box_relative=1e-4, score=1e-4, recall=1.0, exact=True)
-HALF_TOLERANCES = Tolerance(box_px=2.0, box_relative=1e-2, score=0.02, recall=0.9, exact=False)
-# INT8: 8-bit activations move scores by up to ~0.04 and a box's log-size by
-# one quantisation step (several % of its size; measured on tiny YOLOv3 on
-# real photos), and low-scoring detections trade places; a wrong anchor (x1.5)
-# or a swapped channel order moves them by far more.
-INT8_TOLERANCES = Tolerance(box_px=8.0, box_relative=0.15, score=0.1, recall=0.5, exact=False)
+FLOAT_TOLERANCES = Tolerance(
+    box_px=0.05, box_relative=1e-4, score=1e-4, score_percentile=100.0, scored_mean=1e-4, recall=1.0, exact=True
+)
+HALF_TOLERANCES = Tolerance(
+    box_px=2.0, box_relative=1e-2, score=0.02, score_percentile=100.0, scored_mean=0.02, recall=0.9, exact=False
+)
+# INT8: 8-bit activations move most scores by up to ~0.04 and a box's
+# log-size by one quantisation step (several % of its size; measured on tiny
+# YOLOv3 on real photos); a few of ~12,000 boxes move by more (0.102 on a
+# good raccoon model, mAP@.5 0.955 against 0.965), and low-scoring detections
+# trade places. A wrong anchor (x1.5), a swapped channel order or a wrong
+# score scale moves far more boxes by far more, and an export that keeps no
+# detection finds none of the Keras model's again.
+INT8_TOLERANCES = Tolerance(
+    box_px=8.0, box_relative=0.15, score=0.1, score_percentile=99.0, scored_mean=0.05, recall=0.5, exact=False
+)
 
 
 class ExportCheckError(RuntimeError):
@@ -189,8 +210,10 @@ def compare_decoded(reference: dict, other: dict, floor: float, tolerance: Toler
 
     Returns:
         `boxes` (all decoded boxes), `scored_boxes` (those >= floor),
-        `max_score_diff`, `max_box_excess` (largest box difference less its
-        tolerance; <= 0 passes), `max_box_diff`.
+        `max_score_diff`, `score_diff_at_percentile` (at
+        `tolerance.score_percentile` of the boxes), `scored_mean_score_diff`
+        (over the scored boxes), `max_box_excess` (largest box difference
+        less its tolerance; <= 0 passes), `max_box_diff`.
     """
     ref_boxes, other_boxes = np.asarray(reference["decoded_boxes"]), np.asarray(other["decoded_boxes"])
     ref_scores, other_scores = np.asarray(reference["decoded_scores"]), np.asarray(other["decoded_scores"])
@@ -200,6 +223,7 @@ def compare_decoded(reference: dict, other: dict, floor: float, tolerance: Toler
             f"scores {ref_scores.shape} vs {other_scores.shape}"
         )
     scored = ref_scores.max(axis=-1) >= floor  # (N, K)
+    score_diff = np.abs(ref_scores - other_scores).max(axis=-1)  # (N, K): each box's largest over its classes
     diff = np.abs(ref_boxes - other_boxes)[scored]  # (S, 4)
     # Errors in a box's corners scale with the box (a log-size step moves
     # both corners by a share of the width), not with where it sits.
@@ -208,7 +232,9 @@ def compare_decoded(reference: dict, other: dict, floor: float, tolerance: Toler
     return {
         "boxes": int(scored.size),
         "scored_boxes": int(scored.sum()),
-        "max_score_diff": float(np.abs(ref_scores - other_scores).max()),
+        "max_score_diff": float(score_diff.max()),
+        "score_diff_at_percentile": float(np.percentile(score_diff, tolerance.score_percentile)),
+        "scored_mean_score_diff": float(score_diff[scored].mean()) if scored.any() else 0.0,
         "max_box_diff": float(diff.max()) if diff.size else 0.0,
         "max_box_excess": float((diff - allowed).max()) if diff.size else 0.0,
     }
@@ -249,18 +275,53 @@ def check_export(
     Raises:
         ExportCheckError: nothing was compared, or a difference exceeds `tolerance`.
     """
-    from keras_yolo_mgpu.inference.backends import host_nms
-
     image = np.asarray(images, np.float32) / 255.0
     shapes = np.asarray(image_shapes, np.float32)
     reference, other = run_keras(model, image, shapes), run_export(image, shapes)
     nms = model.get_layer("yolo_nms")
-    floor = score_floor(reference["decoded_scores"], nms.score_threshold)
-    options = dict(score=floor, iou=nms.iou_threshold, max_boxes=max_boxes, max_detections=max_detections)
+    return judge_outputs(
+        reference,
+        other,
+        score=nms.score_threshold,
+        iou=nms.iou_threshold,
+        source=source,
+        max_boxes=max_boxes,
+        max_detections=max_detections,
+        tolerance=tolerance,
+    )
+
+
+def judge_outputs(
+    reference: dict,
+    other: dict,
+    *,
+    score: float,
+    iou: float,
+    source: str,
+    max_boxes: int = 20,
+    max_detections: int = 100,
+    tolerance: Tolerance = FLOAT_TOLERANCES,
+) -> dict:
+    """`check_export`'s verdict on the two models' outputs on the same images.
+
+    Args:
+        reference, other: the Keras model's and the export's outputs:
+            `decoded_boxes` (N, K, 4) pixels, `decoded_scores` (N, K, C), and
+            their own NMS's `boxes` (N, M, 4), `scores` (N, M), `classes`
+            (N, M), `valid_detections` (N,).
+        score, iou: the export's NMS settings; the floor is at most `score`.
+
+    Returns and raises as `check_export`.
+    """
+    from keras_yolo_mgpu.inference.backends import host_nms
+
+    floor = score_floor(reference["decoded_scores"], score)
+    options = dict(score=floor, iou=iou, max_boxes=max_boxes, max_detections=max_detections)
     result = {
         "source": source,
-        "images": len(image),
+        "images": len(reference["decoded_scores"]),
         "floor": floor,
+        "score_percentile": tolerance.score_percentile,
         "decoded": compare_decoded(reference, other, floor, tolerance),
         "own_nms": compare_detection_lists(reference, other),
         "at_floor": compare_detection_lists(host_nms(reference, **options), host_nms(other, **options)),
@@ -277,8 +338,16 @@ def _raise_on_failure(result: dict, tolerance: Tolerance) -> None:
             f"nothing was compared: the Keras model scores below {SCORE_FLOOR_MIN} everywhere on {result['source']}"
         )
     decoded = result["decoded"]
-    if decoded["max_score_diff"] > tolerance.score:
-        problems.append(f"decoded scores differ by up to {decoded['max_score_diff']:.3g} (tolerance {tolerance.score})")
+    if decoded["score_diff_at_percentile"] > tolerance.score:
+        problems.append(
+            f"decoded scores differ by up to {decoded['score_diff_at_percentile']:.3g} at the "
+            f"{_percentile_name(tolerance.score_percentile)} of {decoded['boxes']} boxes (tolerance {tolerance.score})"
+        )
+    if decoded["scored_mean_score_diff"] > tolerance.scored_mean:
+        problems.append(
+            f"the {decoded['scored_boxes']} boxes scoring >= {result['floor']:.3g} differ in score by "
+            f"{decoded['scored_mean_score_diff']:.3g} on average (tolerance {tolerance.scored_mean})"
+        )
     if decoded["max_box_excess"] > 0:
         problems.append(f"decoded boxes differ by up to {decoded['max_box_diff']:.3g} px")
     for name in ("own_nms", "at_floor"):
@@ -295,13 +364,20 @@ def _raise_on_failure(result: dict, tolerance: Tolerance) -> None:
         raise ExportCheckError("the export does not match the Keras model: " + "; ".join(problems))
 
 
+def _percentile_name(percentile: float) -> str:
+    return "largest" if percentile >= 100 else f"{percentile:g}th percentile"
+
+
 def format_check(result: dict) -> str:
-    """One line for the command's report."""
+    """One line for the command's report: every figure the check judged."""
     decoded, own, floor = result["decoded"], result["own_nms"], result["at_floor"]
+    percentile = result.get("score_percentile", 100.0)
+    judged = "" if percentile >= 100 else f" ({_percentile_name(percentile)} {decoded['score_diff_at_percentile']:.2e})"
     return (
         f"check on {result['images']} {result['source']}: {decoded['boxes']} decoded boxes "
         f"({decoded['scored_boxes']} scoring >= {result['floor']:.3g}), largest differences "
-        f"{decoded['max_box_diff']:.2e} px, score {decoded['max_score_diff']:.2e}; "
+        f"{decoded['max_box_diff']:.2e} px, score {decoded['max_score_diff']:.2e}{judged}, "
+        f"mean score difference of the scored boxes {decoded['scored_mean_score_diff']:.2e}; "
         f"{floor['compared']} detections at score >= {result['floor']:.3g} ({floor['found']} found again) and "
         f"{own['compared']} from the export's own NMS ({own['found']} found again)"
     )

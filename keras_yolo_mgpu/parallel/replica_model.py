@@ -59,15 +59,32 @@ class ReplicaParallel(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        flat = tf.nest.flatten(inputs)
+        """Runs the template on each device's slice of the batch.
+
+        Args:
+            inputs: the template's input structure (a tensor, a list, or a
+                dict such as the training model's {"image": (batch, h, w, 3)
+                uint8, "boxes": (batch, max_boxes, 5), "hsv": (batch, k)});
+                every leaf is sliced along its first (batch) axis.
+
+        Returns:
+            The template's outputs for the whole batch: per-sample leaves
+            (batch, ...) in the original order, scalar leaves averaged.
+        """
+        flat = keras.tree.flatten(inputs)
         batch = tf.shape(flat[0])[0]
         sizes = split_sizes(batch, len(self.devices))
+        # tf.split, not keras.ops.split: the slice sizes are a tensor here
+        # (any batch, uneven slices), which ops.split's indices cannot express.
         slices = [tf.split(t, sizes, num=len(self.devices), axis=0) for t in flat]
         replica_outputs = []
         for index, device in enumerate(self.devices):
             with tf.device(device), tf.name_scope(f"replica_{index}"):
-                replica_inputs = tf.nest.pack_sequence_as(inputs, [s[index] for s in slices])
-                replica_outputs.append(tf.nest.flatten(self.template(replica_inputs, training=training)))
+                # The template's own structure (dict keys, list order), so a
+                # Functional model with named dict inputs accepts it.
+                replica_inputs = keras.tree.pack_sequence_as(inputs, [s[index] for s in slices])
+                outputs = self.template(replica_inputs, training=training)
+                replica_outputs.append(keras.tree.flatten(outputs))
         merged = []
         weights = tf.cast(sizes, tf.float32) / tf.cast(batch, tf.float32)
         for per_replica in zip(*replica_outputs):
@@ -75,7 +92,7 @@ class ReplicaParallel(keras.layers.Layer):
                 merged.append(tf.add_n([w * tf.cast(o, tf.float32) for w, o in zip(tf.unstack(weights), per_replica)]))
             else:
                 merged.append(tf.concat(per_replica, axis=0))
-        return merged[0] if len(merged) == 1 else merged
+        return keras.tree.pack_sequence_as(outputs, merged)
 
     def compute_output_spec(self, inputs, training=None):
         return self.template.compute_output_spec(inputs)
@@ -95,7 +112,8 @@ class ReplicaParallel(keras.layers.Layer):
 def multi_gpu_model(model: keras.Model, gpus: int | None = None, devices: Sequence[str] | None = None) -> keras.Model:
     """Replicates `model` over devices; the drop-in for Keras 2's removed function.
 
-    Each input is sliced along the batch (uneven slices allowed), the
+    Each input of any structure (one tensor, a list, a dict of named
+    inputs) is sliced along the batch (uneven slices allowed), the
     template runs on each device, and the outputs are merged: per-sample
     outputs concatenated, scalar outputs averaged weighted by sample count
     (never summed, which would multiply gradients by the device count).
@@ -107,13 +125,15 @@ def multi_gpu_model(model: keras.Model, gpus: int | None = None, devices: Sequen
         devices: explicit device names (e.g. logical CPUs in tests).
 
     Returns:
-        A model with the template's inputs (same names) and outputs.
+        A model with the template's inputs (same structure and names) and outputs.
     """
     if devices is None:
         if gpus is None or gpus < 1:
             raise ValueError(f"pass gpus >= 1 or devices. Received: gpus={gpus}, devices={devices}")
         devices = select_devices(gpus)
     devices = list(devices)
-    inputs = [keras.Input(shape=t.shape[1:], dtype=t.dtype, name=t.name) for t in model.inputs]
-    outputs = ReplicaParallel(model, devices, name="replica_parallel")(inputs if len(inputs) > 1 else inputs[0])
+    # The template's input structure (one tensor, a list, or a dict of named
+    # inputs), each input re-created with its name, shape and dtype.
+    inputs = keras.tree.map_structure(lambda t: keras.Input(shape=t.shape[1:], dtype=t.dtype, name=t.name), model.input)
+    outputs = ReplicaParallel(model, devices, name="replica_parallel")(inputs)
     return keras.Model(inputs, outputs, name=f"{model.name}_parallel")

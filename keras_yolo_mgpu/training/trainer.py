@@ -22,8 +22,9 @@ there and ends with the weights of the uninterrupted run.
 
 Devices: `parallel="strategy"` (default) uses MirroredStrategy over the
 selected GPUs (or MultiWorkerMirroredStrategy), `parallel="multi_gpu_model"`
-the in-graph replica model. Either way the global batch must divide by the
-number of replicas, so that every replica sees the same batch size.
+the in-graph replica model. Under a strategy the global batch must divide by
+the number of replicas, so that every replica sees the same batch size; the
+replica model slices any batch (8 over 3 devices: 3, 3, 2).
 
 Where the parts live: `training.config` (TrainConfig, args.json),
 `training.run_folder` (the log directory), `training.model_settings`
@@ -128,6 +129,12 @@ def _check_batch_sizes(batch_sizes: list[int], replicas: int) -> None:
             )
 
 
+def _per_replica(batch: int, replicas: int) -> str:
+    """Images per replica for the log: "4", or "2-3" where the replica model slices unevenly."""
+    low, high = batch // replicas, -(-batch // replicas)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def _extend_history(history: dict[str, list[float]], stage_history: dict[str, list[float]]) -> None:
     """Appends one stage's `fit` history to the run's."""
     for key, values in stage_history.items():
@@ -153,7 +160,8 @@ class _TrainingRun(RunSetup):
         self.engine = engine
         # Global batch of stage 1 and of stage 2.
         self.batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
-        _check_batch_sizes(self.batch_sizes, engine.replicas)
+        if engine.parallel == "strategy":  # the replica model slices unevenly (replica_model.split_sizes)
+            _check_batch_sizes(self.batch_sizes, engine.replicas)
         self.chief = is_chief(engine.strategy)
         # Non-chief multi-worker processes write their logs to a scratch folder.
         self.run_dir = config.log_dir if self.chief else tempfile.mkdtemp(prefix="yolo_worker_")
@@ -266,13 +274,13 @@ class _TrainingRun(RunSetup):
                     fit_model.optimizer.finalize_variable_values(fit_model.trainable_weights)
             return {}, restore
         logger.info(
-            "stage %d: epochs %d-%d, lr %g, global batch %d (%d per replica), %d steps/epoch, %d trainable weights",
+            "stage %d: epochs %d-%d, lr %g, global batch %d (%s per replica), %d steps/epoch, %d trainable weights",
             stage,
             initial_epoch + 1,
             end_epoch,
             learning_rate,
             batch,
-            batch // self.engine.replicas,
+            _per_replica(batch, self.engine.replicas),
             steps,
             len(fit_model.trainable_weights),
         )
