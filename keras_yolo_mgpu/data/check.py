@@ -262,6 +262,7 @@ def check_annotations(
     progress: bool = False,
     full_decode: bool = False,
     record_dir: str | None = None,
+    write_record: bool = True,
 ) -> CheckReport:
     """Checks an annotation file and its images; never modifies anything.
 
@@ -276,7 +277,8 @@ def check_annotations(
             of reading its header (`check_dataset --full`).
         workers: threads reading images (default: CPU count, at most 8).
         progress: show a tqdm progress bar.
-        record_dir: the folder of scan records (`data.scan.cache_dir`), or None.
+        record_dir, write_record: the folder of scan records (`data.scan.cache_dir`), or None, and whether
+            to write the record back.
 
     Returns:
         A `CheckReport`; `report.annotations` holds the lines with no problem.
@@ -298,6 +300,7 @@ def check_annotations(
         progress=progress,
         full_decode=full_decode,
         record_dir=record_dir,
+        write_record=write_record,
         num_unlabelled=split.num_unlabelled,
         labels_looked_for=split.labels_looked_for,
     )

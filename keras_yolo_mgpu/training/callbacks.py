@@ -24,6 +24,7 @@ class Throughput(keras.callbacks.Callback):
         self._epoch_start = None
         self._steps_after_first = 0
         self._last = None
+        self._logged_first = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = None
@@ -34,6 +35,9 @@ class Throughput(keras.callbacks.Callback):
         now = time.perf_counter()
         if self._epoch_start is None:
             self._epoch_start = now  # end of the warm-up step
+            if not self._logged_first:  # the start-up time a user waits for (BENCHMARKS.md measures it)
+                self._logged_first = True
+                logger.info("first training step done (%.1f s)", now - self._last)
         else:
             self._steps_after_first += 1
         if logs is not None and self._steps_after_first:
