@@ -203,7 +203,7 @@ def check_cache_fits(cache: str | None, annotations: list[Annotation], input_sha
         return 0
     need = cache_bytes(annotations, input_shape)
     images = len({a.image_path for a in annotations})
-    what = f"{images} images at their {input_shape[1]}x{input_shape[0]} letterbox size x 3 bytes"
+    what = f"{images} images at their letterbox size in the {input_shape[1]}x{input_shape[0]} input, x 3 bytes"
     if cache in _RAM_CACHE_NAMES:
         free, where, instead = _free_memory(), "memory available", "--cache DIR on a disk with room, or no --cache"
     else:
