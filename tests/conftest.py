@@ -31,6 +31,7 @@ from isolation import JAX_CACHE_VARIABLE, configure_test_devices, logical_device
 from memory_report import TreeMemorySampler, largest_growths, record_module_growth, release_memory  # noqa: E402
 
 _sampler = None
+SCAN_CACHE_VARIABLE = "KERAS_YOLO_MGPU_CACHE"  # data.scan.CACHE_ENV, named here before the package is imported
 # Each test module's resident growth in its worker, one line per module:
 # set by the controller, inherited by the workers it starts.
 _GROWTH_LOG = "KERAS_YOLO_TEST_MEMORY_LOG"
@@ -50,6 +51,8 @@ def pytest_configure(config):
         # One JAX compilation cache for every JAX process of this test run
         # (inherited by the workers and their children, isolation.jax_environment).
         os.environ.setdefault(JAX_CACHE_VARIABLE, tempfile.mkdtemp(prefix="test-jax-cache-"))
+        # The commands' scan records (data/scan.py) go to a folder of this test run, not the user's cache.
+        os.environ[SCAN_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="test-scan-cache-")
     if not _is_xdist_controller(config):
         configure_test_devices()
 
@@ -68,6 +71,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(largest_growths(os.environ[_GROWTH_LOG]))
         os.remove(os.environ[_GROWTH_LOG])
         shutil.rmtree(os.environ.get(JAX_CACHE_VARIABLE, ""), ignore_errors=True)
+        shutil.rmtree(os.environ.get(SCAN_CACHE_VARIABLE, ""), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,7 +8,9 @@ has no box left (training would refuse it) or more than half of its images
 have no labels, where the labels were looked for. Exit status: 0 clean, 1
 when there are problems or a split without a box, 2 when the command itself
 is wrong (a missing file, a bad classes file). Never modifies a file; never
-imports TensorFlow.
+imports TensorFlow. Images are checked by their headers (`data.scan`; `--full`
+decodes them), and what was read and scanned is recorded in the user's cache
+folder (`--scan-cache`), so checking the same dataset again takes seconds.
 """
 
 from __future__ import annotations
@@ -42,9 +44,17 @@ def build_parser() -> ArgumentParser:
         default=None,
         help="folder for relative image paths (default: the annotation file's folder, then the working directory)",
     )
-    parser.add_argument("--no-images", action="store_true", help="only check that images exist; do not decode them")
+    images = parser.add_mutually_exclusive_group()
+    images.add_argument(
+        "--no-images", action="store_true", help="only check that images exist; do not read their headers"
+    )
+    images.add_argument(
+        "--full",
+        action="store_true",
+        help="decode every image in full (default: read each image's header and, for a JPEG, its end marker)",
+    )
     parser.add_argument(
-        "--workers", type=positive_int, default=None, help="image decoding threads (default: CPU count)"
+        "--workers", type=positive_int, default=None, help="image reading threads (default: CPU count, at most 8)"
     )
     return parser
 
@@ -52,10 +62,13 @@ def build_parser() -> ArgumentParser:
 def _reports(path: str, args):
     """(split name, CheckReport) for each split of the dataset at `path`."""
     from keras_yolo_mgpu.data.dataset_source import open_dataset
+    from keras_yolo_mgpu.data.scan import cache_dir
     from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
     classes = get_classes(args.classes) if args.classes else None
-    dataset = open_dataset(path, image_dir=args.image_dir, class_names=classes, root=args.root)
+    dataset = open_dataset(
+        path, image_dir=args.image_dir, class_names=classes, root=args.root, record_dir=cache_dir(args.scan_cache)
+    )
     if dataset.class_names is not None and classes is not None and classes != dataset.class_names:
         raise CommandError(f"--classes {args.classes} lists {classes} but {path} names {dataset.class_names}")
     names = dataset.class_names or get_classes(resolve_resource(args.classes, "classes"))
@@ -65,7 +78,12 @@ def _reports(path: str, args):
         yield (
             split,
             dataset.checked(
-                split, len(names), check_images=not args.no_images, workers=args.workers, progress=sys.stderr.isatty()
+                split,
+                len(names),
+                check_images=not args.no_images,
+                full_decode=args.full,
+                workers=args.workers,
+                progress=True,
             ),
         )
 

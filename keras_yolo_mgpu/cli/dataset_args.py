@@ -1,4 +1,4 @@
-"""`--data`, `--split`, `--image-dir`: a dataset of any kind for the commands that read one.
+"""`--data`, `--split`, `--image-dir`, `--scan-cache`: a dataset of any kind for the commands that read one.
 
 train.py, evaluate.py, kmeans.py and the dataset checker take these flags;
 `checked_records` opens the dataset (`data.dataset_source`), runs the
@@ -12,7 +12,13 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_data_args", "checked_records", "open_data"]
+__all__ = ["SCAN_CACHE_HELP", "add_data_args", "checked_records", "open_data"]
+
+SCAN_CACHE_HELP = (
+    "folder of the records of what was read and scanned, so the next start skips it (default: "
+    "$KERAS_YOLO_MGPU_CACHE, else $XDG_CACHE_HOME/keras-yolo-mgpu, else ~/.cache/keras-yolo-mgpu; never the "
+    "dataset's folder); 'none': no record"
+)
 
 
 def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val", required: bool = False) -> None:
@@ -28,6 +34,7 @@ def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val",
     parser.add_argument(
         "--image-dir", default=None, help="COCO: folder of the JSON's images (default: beside the JSON, or images/)"
     )
+    parser.add_argument("--scan-cache", metavar="DIR", default=None, help=SCAN_CACHE_HELP)
     if split is not None:
         parser.add_argument(
             "--split",
@@ -40,8 +47,15 @@ def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val",
 def open_data(args, class_names: list[str] | None = None):
     """The `Dataset` of `args.data` (VOC reads `class_names` when given)."""
     from keras_yolo_mgpu.data.dataset_source import open_dataset
+    from keras_yolo_mgpu.data.scan import cache_dir
 
-    return open_dataset(args.data, image_dir=args.image_dir, class_names=class_names, root=getattr(args, "root", None))
+    return open_dataset(
+        args.data,
+        image_dir=args.image_dir,
+        class_names=class_names,
+        root=getattr(args, "root", None),
+        record_dir=cache_dir(args.scan_cache),
+    )
 
 
 def checked_records(dataset, split: str, num_classes: int, *, check_images: bool = True) -> list:
@@ -52,7 +66,7 @@ def checked_records(dataset, split: str, num_classes: int, *, check_images: bool
             split = "train"
         else:
             raise ValueError(f"{dataset.path} has no {split} split (it has {', '.join(dataset.splits)})")
-    report = dataset.checked(split, num_classes, check_images=check_images)
+    report = dataset.checked(split, num_classes, check_images=check_images, progress=True)
     for problem in report.problems[:20]:
         logger.warning("%s", problem)
     if len(report.problems) > 20:

@@ -88,14 +88,18 @@ def run(args) -> int:
 
 
 def _data_records(args) -> list:
-    """The checked records of --data's --split (images not decoded: only their boxes count here)."""
+    """The checked records of --data's --split (images not decoded: only their boxes count here).
+
+    With --input-size the boxes are scaled by each image's size: the headers
+    are then read by the check's parallel scan (and recorded), not one by one.
+    """
     from keras_yolo_mgpu.cli.dataset_args import checked_records, open_data
     from keras_yolo_mgpu.data.dataset_source import resolve_class_names
     from keras_yolo_mgpu.resources import get_classes
 
     dataset = open_data(args, class_names=get_classes(args.classes) if args.classes else None)
     names = resolve_class_names(dataset, args.classes)
-    return checked_records(dataset, args.split, len(names), check_images=False)
+    return checked_records(dataset, args.split, len(names), check_images=args.input_size is not None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

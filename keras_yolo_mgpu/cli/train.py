@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 
@@ -62,7 +63,13 @@ def build_parser() -> cli.ArgumentParser:
     )
     data.add_argument("--val-split", type=cli.unit_float, default=0.1, help="fraction held out for validation")
     data.add_argument("--no-augment", action="store_true", help="turn training augmentation off")
-    data.add_argument("--cache", default=None, help="cache decoded images: 'ram' or a file path")
+    data.add_argument(
+        "--cache",
+        default=None,
+        help="cache decoded images: 'ram' or a folder; refused at the start when its estimate exceeds the free "
+        "memory or disk",
+    )
+    data.add_argument("--scan-cache", metavar="DIR", default=None, help=SCAN_CACHE_HELP)
     data.add_argument(
         "--strict",
         action="store_true",
@@ -344,7 +351,7 @@ def config_from_args(args):
 # Flags that say how a resumed run executes, not what it computes: they
 # apply to the resumed process. Every other flag given with --resume must
 # agree with the run's args.json.
-RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "no_pictures")
+RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "scan_cache", "no_pictures")
 
 
 def given_flags(argv=None) -> dict:

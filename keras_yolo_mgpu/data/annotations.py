@@ -61,12 +61,17 @@ class Annotation:
             class_id in image pixels; K == 0 for a background image.
         source: the annotation file ("<string>" when parsed from a string).
         line_number: 1-based line in `source`.
+        size: the image's stored (width, height) when the dataset check
+            read it from the header (None before; not part of equality), so
+            later steps (anchor fit, `labels.jpg`, the cache estimate) need
+            not open the file again.
     """
 
     image_path: str
     boxes: np.ndarray = field(repr=False)
     source: str = "<string>"
     line_number: int = 0
+    size: tuple[int, int] | None = None
 
     def __eq__(self, other) -> bool:  # ndarray fields break the generated __eq__
         if not isinstance(other, Annotation):

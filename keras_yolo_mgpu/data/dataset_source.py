@@ -22,11 +22,15 @@ and different is an error naming both (`resolve_class_names`).
 from __future__ import annotations
 
 import glob
+import logging
 import os
+import time
 from dataclasses import dataclass
 
 from keras_yolo_mgpu.data.check import CheckReport, check_records
 from keras_yolo_mgpu.data.formats.records import SplitRecords
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["KINDS", "Dataset", "detect_kind", "open_dataset", "resolve_class_names"]
 
@@ -88,16 +92,23 @@ class Dataset:
         class_names: the dataset's own class names, or None (keras-yolo3
             files and YOLO folders without names have none).
         splits: "train" and, when the dataset defines one, "val".
+        record_dir: the folder of the records of what was read and scanned
+            (`data.scan.cache_dir`), or None for none.
+        write_record: whether this process writes them (the chief of several does).
     """
 
     kind: str
     path: str
     class_names: list[str] | None
     splits: dict[str, SplitRecords]
+    record_dir: str | None = None
+    write_record: bool = True
 
     def checked(self, split: str, num_classes: int, *, check_images: bool = True, **options) -> CheckReport:
         """The dataset checker's report on one split (see `data.check.check_records`)."""
         records = self.splits[split]
+        options.setdefault("record_dir", self.record_dir)
+        options.setdefault("write_record", self.write_record)
         report = check_records(
             records.records,
             num_classes,
@@ -114,8 +125,43 @@ class Dataset:
         return report
 
 
+def _recorded(read, kind: str, path: str, options: dict, record_dir: str | None, write_record: bool):
+    """`read()` -> (SplitRecords, names), through the record of `path` in `record_dir` when there is one.
+
+    The record is keyed by the file's size and mtime, the reader's options
+    and its version: any change to the file reads it again.
+    """
+    from keras_yolo_mgpu.data.formats.records import file_stat, load_split_record, save_split_record
+    from keras_yolo_mgpu.data.scan import record_path
+
+    if record_dir is None:
+        return read()
+    source = os.path.abspath(path)
+    record = record_path(record_dir, "records", {"kind": kind, "source": source, **options})
+    key = {"kind": kind, "source": source, "stat": file_stat(path), **options}
+    found = load_split_record(record, key)
+    if found is not None:
+        logger.info("%s: read from its record %s (%d images)", path, record, len(found[0].records))
+        return found
+    started = time.perf_counter()
+    split, names = read()
+    logger.info("%s: %d images read in %.1f s", path, len(split.records), time.perf_counter() - started)
+    if write_record:
+        try:
+            save_split_record(record, split, names, key)
+        except OSError as error:  # a read-only cache folder costs the next start time, not this run
+            logger.warning("cannot write the record %s (%s): the next start reads %s again", record, error, path)
+    return split, names
+
+
 def open_dataset(
-    path: str, *, image_dir: str | None = None, class_names: list[str] | None = None, root: str | None = None
+    path: str,
+    *,
+    image_dir: str | None = None,
+    class_names: list[str] | None = None,
+    root: str | None = None,
+    record_dir: str | None = None,
+    write_record: bool = True,
 ) -> Dataset:
     """Reads the dataset at `path`, whatever its kind.
 
@@ -125,6 +171,11 @@ def open_dataset(
             JSON, else `images/` next to it).
         class_names: VOC: the class list (default: the object names of the XML files, sorted).
         root: keras-yolo3 files: folder of relative image paths.
+        record_dir: the folder of records (`data.scan.cache_dir`): a COCO
+            JSON or keras-yolo3 file already read is loaded from its record,
+            and every split's image scan reuses its own; None: no records.
+        write_record: write the records (the chief of several processes does;
+            the others only read them).
     """
     from keras_yolo_mgpu.data.formats.coco_json import read_coco_json
     from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
@@ -132,22 +183,29 @@ def open_dataset(
     from keras_yolo_mgpu.data.formats.yolo import read_yolo_dataset
 
     kind = detect_kind(path)
+    recorded = {"record_dir": record_dir, "write_record": write_record}
     if kind == "keras-yolo3":
-        return Dataset(kind, path, None, {"train": read_annotation_file(path, root)})
+        # Relative image paths resolve against the working directory too (`annotations.resolve_image_path`).
+        options = {"root": root and os.path.abspath(root), "cwd": os.getcwd()}
+        split, _ = _recorded(lambda: (read_annotation_file(path, root), None), kind, path, options, **recorded)
+        return Dataset(kind, path, None, {"train": split}, **recorded)
     if kind == "yolo":
         splits, names = read_yolo_dataset(path)
-        return Dataset(kind, path, names, splits)
+        return Dataset(kind, path, names, splits, **recorded)
     if kind == "voc":
         splits, names = read_voc_dataset(path, class_names)
-        return Dataset(kind, path, names, splits)
+        return Dataset(kind, path, names, splits, **recorded)
     files = {"train": path} if os.path.isfile(path) else _coco_split_files(path)
     splits, names = {}, None
+    options = {"image_dir": image_dir and os.path.abspath(image_dir)}
     for split, json_path in files.items():
-        splits[split], split_names = read_coco_json(json_path, image_dir)
+        splits[split], split_names = _recorded(
+            lambda json_path=json_path: read_coco_json(json_path, image_dir), kind, json_path, options, **recorded
+        )
         if names is not None and split_names != names:
             raise ValueError(f"{json_path}: categories {split_names} differ from {files['train']}'s {names}")
         names = split_names
-    return Dataset(kind, path, names, splits)
+    return Dataset(kind, path, names, splits, **recorded)
 
 
 def resolve_class_names(dataset: Dataset, classes_path: str | None) -> list[str]:

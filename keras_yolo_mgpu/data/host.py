@@ -59,6 +59,7 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterable
@@ -96,6 +97,8 @@ __all__ = [
     "HostBatch",
     "HostBatches",
     "ImageSource",
+    "cache_bytes",
+    "check_cache_fits",
     "element_seeds",
     "hsv_to_float",
     "steps_per_epoch",
@@ -147,6 +150,76 @@ def _check_writable(folder: str) -> None:
             f"the image cache folder {folder} cannot be written to ({type(error).__name__}: {error}). "
             "Pass `cache` (--cache) a writable folder, 'ram', or nothing."
         ) from error
+
+
+def _free_memory() -> int:
+    """Bytes of memory available to a new allocation: Linux's MemAvailable, else the free pages."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _bytes_in(folder: str) -> int:
+    """Bytes the cache entries already in `folder` hold (an entry rewritten reuses its room)."""
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(folder) if entry.name.endswith(".bin"))
+    except OSError:
+        return 0
+
+
+def cache_bytes(annotations: Iterable[Annotation], input_shape: tuple[int, int]) -> int:
+    """Bytes the decoded-image cache holds: each distinct image at its letterbox ("placed") size x 3.
+
+    Args:
+        annotations: records; an image's size is `Annotation.size` (read by
+            the dataset check), else the whole canvas is counted.
+        input_shape: (height, width) of the network input.
+    """
+    canvas = (int(input_shape[1]), int(input_shape[0]))
+    sizes = {a.image_path: a.size for a in annotations}
+    total = 0
+    for size in sizes.values():
+        geometry = letterbox_geometry(size, canvas) if size else None
+        total += (geometry.width * geometry.height if geometry else canvas[0] * canvas[1]) * 3
+    return total
+
+
+def check_cache_fits(cache: str | None, annotations: list[Annotation], input_shape: tuple[int, int]) -> int:
+    """Refuses at the start a `cache` (--cache) that cannot fit, instead of failing late in an epoch.
+
+    Returns:
+        The estimate in bytes (0 without a cache).
+
+    Raises:
+        ValueError: the estimate exceeds the free memory ('ram') or the free
+            disk of the cache folder (plus what its entries already hold), giving both numbers.
+    """
+    if cache is None:
+        return 0
+    need = cache_bytes(annotations, input_shape)
+    images = len({a.image_path for a in annotations})
+    what = f"{images} images at their letterbox size in the {input_shape[1]}x{input_shape[0]} input, x 3 bytes"
+    if cache in _RAM_CACHE_NAMES:
+        free, where, instead = _free_memory(), "memory available", "--cache DIR on a disk with room, or no --cache"
+    else:
+        folder = os.path.abspath(os.fspath(cache))
+        existing = folder
+        while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+            existing = os.path.dirname(existing)
+        free = shutil.disk_usage(existing).free + _bytes_in(folder)
+        where, instead = f"disk free for {folder}", "a folder on a disk with room, 'ram', or no --cache"
+    if need > free:
+        raise ValueError(
+            f"--cache {cache}: the decoded images need about {need / 1e9:.1f} GB ({what}), but only "
+            f"{free / 1e9:.1f} GB of {where}; pass {instead}"
+        )
+    logger.info("--cache %s: about %.1f GB for %s (%.1f GB free)", cache, need / 1e9, what, free / 1e9)
+    return need
 
 
 class ImageSource:

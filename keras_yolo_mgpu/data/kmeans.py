@@ -176,15 +176,15 @@ def box_sizes_from_records(annotations, *, input_size: int | None = None) -> np.
     sizes = []
     dropped = 0
     if input_size is not None:
-        from PIL import Image
         from tqdm import tqdm
+
+        from keras_yolo_mgpu.data.images import image_size
 
         annotations = tqdm(annotations, desc="image sizes", unit="img", disable=len(annotations) < 1000)
     for annotation in annotations:
         wh = annotation.boxes[:, 2:4].astype(np.float64) - annotation.boxes[:, 0:2]
         if input_size is not None and len(wh):
-            with Image.open(annotation.image_path) as image:
-                width, height = image.size
+            width, height = annotation.size or image_size(annotation.image_path)  # the check's scan read it
             wh = wh * min(input_size / width, input_size / height)
         keep = (wh > 0).all(axis=1)
         dropped += int((~keep).sum())

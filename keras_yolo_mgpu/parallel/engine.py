@@ -67,12 +67,13 @@ class Engine:
         """Whether this process writes the run's files."""
         return is_chief(self.strategy)
 
-    def wait_for_all_workers(self) -> None:
-        """A barrier over the processes, so no worker exits while the chief saves."""
+    def wait_for_all_workers(self, name: str = "keras_yolo_mgpu_run_end") -> None:
+        """A barrier over the processes (none with one): so no worker exits while the chief saves, or
+        the others wait for the chief's records of the dataset (`name`: the barrier's, on JAX)."""
         if self.backend == "jax":
             from keras_yolo_mgpu.parallel import jax_devices
 
-            jax_devices.wait_for_all_processes("keras_yolo_mgpu_run_end")
+            jax_devices.wait_for_all_processes(name)
             return
         import tensorflow as tf
 

@@ -14,24 +14,26 @@ __all__ = ["letterboxed_boxes", "plot_labels"]
 def letterboxed_boxes(annotations, input_hw: tuple[int, int]) -> np.ndarray:
     """Every box as the letterbox scales it into the network input: (N, 5) cx, cy, w, h (input pixels), class.
 
-    Reads each image's size from its header (no decode).
+    Each image's size is the one the dataset check read (`Annotation.size`),
+    else read from the header (no decode). One array operation over all
+    boxes: 828k boxes take a fraction of a second.
     """
     from keras_yolo_mgpu.data.images import image_size
 
     height, width = input_hw
-    rows = []
-    for annotation in annotations:
-        if not len(annotation.boxes):
-            continue
-        image_w, image_h = image_size(annotation.image_path)
-        scale = min(width / image_w, height / image_h)
-        boxes = annotation.boxes.astype(np.float64)
-        dx, dy = (width - image_w * scale) / 2, (height - image_h * scale) / 2
-        cx = (boxes[:, 0] + boxes[:, 2]) / 2 * scale + dx
-        cy = (boxes[:, 1] + boxes[:, 3]) / 2 * scale + dy
-        w, h = (boxes[:, 2] - boxes[:, 0]) * scale, (boxes[:, 3] - boxes[:, 1]) * scale
-        rows.append(np.stack([cx, cy, w, h, boxes[:, 4]], axis=1))
-    return np.concatenate(rows) if rows else np.zeros((0, 5))
+    boxed = [a for a in annotations if len(a.boxes)]
+    if not boxed:
+        return np.zeros((0, 5))
+    sizes = np.array([a.size or image_size(a.image_path) for a in boxed], np.float64).reshape(-1, 2)
+    counts = [len(a.boxes) for a in boxed]
+    scale = np.minimum(width / sizes[:, 0], height / sizes[:, 1])
+    dx, dy = (width - sizes[:, 0] * scale) / 2, (height - sizes[:, 1] * scale) / 2
+    scale, dx, dy = (np.repeat(v, counts) for v in (scale, dx, dy))  # one per box
+    boxes = np.concatenate([a.boxes for a in boxed]).astype(np.float64)
+    cx = (boxes[:, 0] + boxes[:, 2]) / 2 * scale + dx
+    cy = (boxes[:, 1] + boxes[:, 3]) / 2 * scale + dy
+    w, h = (boxes[:, 2] - boxes[:, 0]) * scale, (boxes[:, 3] - boxes[:, 1]) * scale
+    return np.stack([cx, cy, w, h, boxes[:, 4]], axis=1)
 
 
 def plot_labels(annotations, class_names, anchors, input_hw: tuple[int, int], output_path: str) -> str:

@@ -36,10 +36,13 @@ class Throughput(keras.callbacks.Callback):
         self._lock = threading.Lock()
         self._first = None  # (step index, time) of the epoch's first finished step
         self._latest = None  # (step index, time) of its latest finished step
+        self._epoch_begin = None
+        self._logged_first = False
 
     def on_epoch_begin(self, epoch, logs=None):
         with self._lock:
             self._first = self._latest = None
+        self._epoch_begin = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         if logs and "loss" in logs:
@@ -51,6 +54,10 @@ class Throughput(keras.callbacks.Callback):
             if self._latest is None or batch > self._latest[0]:
                 self._latest = (batch, now)
             rate = self._rate()
+            first = not self._logged_first
+            self._logged_first = True
+        if first:  # the start-up time a user waits for (BENCHMARKS.md measures it)
+            logger.info("first training step done (%.1f s)", now - self._epoch_begin)
         if logs is not None and rate is not None:
             logs["images_per_sec"] = rate
 

@@ -69,6 +69,8 @@ class TrainConfig:
     resume: bool = False
     strict: bool = False
     cache: str | None = None
+    # The folder of the records of what was read and scanned (data/scan.py); None: the user's cache folder.
+    scan_cache: str | None = None
     steps_per_epoch: int | None = None
     reduce_lr_patience: int = 3
     early_stopping_patience: int = 10

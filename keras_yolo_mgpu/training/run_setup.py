@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"
 CHECKPOINT_PATTERN_NO_VAL = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
+# The barrier after which the other processes read the chief's records of the dataset.
+DATA_BARRIER = "keras_yolo_mgpu_dataset_records"
 CHECKPOINT_PATTERN_MAP = "ep{epoch:03d}-loss{loss:.3f}-val_mAP{val_mAP:.3f}.weights.h5"
 
 
@@ -62,6 +64,7 @@ class RunSetup:
 
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
+        from keras_yolo_mgpu.data.host import check_cache_fits
         from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
         from keras_yolo_mgpu.training.anchor_fit import run_anchors
         from keras_yolo_mgpu.training.training_data import open_training_data
@@ -73,10 +76,17 @@ class RunSetup:
         # the run itself starts from their conversion.
         self.weights_as_given = config.weights
         resolve_start_weights(config, self.run_dir)
-        data = open_training_data(config)
+        # Several processes scan once: the chief reads and scans the dataset and writes the records
+        # (data/scan.py); the others wait for it, then read the records instead of the files.
+        if not self.chief:
+            self.engine.wait_for_all_workers(DATA_BARRIER)
+        data = open_training_data(config, write_record=self.chief)
         self.class_names, self.anchors, self.masks, self.kind = _model_settings(config, data.class_names)
         self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
         self.train_annotations, self.val_annotations = data.splits(self.run_dir)
+        if self.chief:
+            self.engine.wait_for_all_workers(DATA_BARRIER)
+        check_cache_fits(config.cache, [*self.train_annotations, *self.val_annotations], config.input_shape)
         self.anchors = run_anchors(config, self.anchors, self.masks, self.train_annotations, self.run_dir)
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)

@@ -3,10 +3,12 @@
 `config.data` (`--data`) names a dataset of any kind `data.dataset_source`
 reads; `config.annotations` (+ `config.val_annotations`) a keras-yolo3
 annotation file as before. Either way every split goes through the dataset
-checker: problems are listed in the run folder (`skipped_lines_<split>.txt`)
-and skipped, or refused with `strict`. Validation is the dataset's own `val`
-split, else `val_annotations`, else `val_split` of the training records
-drawn with the run's seed.
+checker (image headers, `data.scan`; what was read and scanned is recorded in
+`config.scan_cache`, the user's cache folder by default): problems are listed
+in the run folder (`skipped_lines_<split>.txt`) and skipped, or refused with
+`strict`. Validation is the dataset's own `val` split, else
+`val_annotations`, else `val_split` of the training records drawn with the
+run's seed.
 
 A training split with no box left after the checks is refused, naming where
 labels were looked for (a labels folder in the wrong place trains a detector
@@ -30,15 +32,24 @@ __all__ = ["TrainingData", "open_training_data"]
 class TrainingData:
     """The run's dataset: `class_names` now, the checked records with `splits`."""
 
-    def __init__(self, config):
+    def __init__(self, config, write_record: bool = True):
         from keras_yolo_mgpu.data.dataset_source import open_dataset, resolve_class_names
+        from keras_yolo_mgpu.data.scan import cache_dir
         from keras_yolo_mgpu.resources import get_classes
 
         self.config = config
         self.dataset = None
+        self.record_dir = cache_dir(config.scan_cache)
+        self.write_record = write_record
         if config.data:
             classes = get_classes(config.classes) if config.classes else None
-            self.dataset = open_dataset(config.data, image_dir=config.image_dir, class_names=classes)
+            self.dataset = open_dataset(
+                config.data,
+                image_dir=config.image_dir,
+                class_names=classes,
+                record_dir=self.record_dir,
+                write_record=write_record,
+            )
             self.class_names = resolve_class_names(self.dataset, config.classes)
             logger.info("--data %s: %s dataset, classes %s", config.data, self.dataset.kind, self.class_names)
         else:
@@ -49,9 +60,12 @@ class TrainingData:
     def _report(self, split_name: str, path: str | None, num_classes: int):
         from keras_yolo_mgpu.data.check import check_annotations
 
+        progress = bool(self.config.verbose)
         if path is None:
-            return self.dataset.checked(split_name, num_classes)
-        return check_annotations(path, num_classes)
+            return self.dataset.checked(split_name, num_classes, progress=progress)
+        return check_annotations(
+            path, num_classes, progress=progress, record_dir=self.record_dir, write_record=self.write_record
+        )
 
     def _checked(self, split_name: str, path: str | None, run_dir: str, *, need_boxes: bool = True) -> list:
         """The usable records of one split; problems listed in the run folder, or refused under `strict`.
@@ -149,6 +163,10 @@ def _split_off_validation(annotations: list, val_split: float, seed, source: str
     return train, val
 
 
-def open_training_data(config) -> TrainingData:
-    """Opens `config.data` (or reads `config.classes`); raises ValueError on a class-name contradiction."""
-    return TrainingData(config)
+def open_training_data(config, write_record: bool = True) -> TrainingData:
+    """Opens `config.data` (or reads `config.classes`); raises ValueError on a class-name contradiction.
+
+    `write_record`: whether this process writes the records of what it read
+    and scanned (`data.scan`): the chief does, the other processes read them.
+    """
+    return TrainingData(config, write_record)

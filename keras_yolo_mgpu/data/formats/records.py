@@ -1,14 +1,34 @@
-"""What every format reader returns: one split's records and what was wrong with its entries."""
+"""What every format reader returns: one split's records and what was wrong with its entries.
+
+A split read from one annotation file (a COCO JSON, a keras-yolo3 file) is
+also saved as a record in the user's cache folder (`save_split_record`),
+keyed by the file's size and modification time and the reader's options,
+so the next start loads arrays instead of parsing the file again.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.check import Problem
 
-__all__ = ["IMAGE_EXTENSIONS", "SplitRecords", "is_image_file", "pixel_box_rounding"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "SplitRecords",
+    "file_stat",
+    "is_image_file",
+    "load_split_record",
+    "pixel_box_rounding",
+    "save_split_record",
+]
 
 # What YOLO-format tools (ultralytics, Roboflow, CVAT) count as images.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif", ".pgm", ".ppm")
@@ -58,3 +78,92 @@ class SplitRecords:
 
     def __post_init__(self):
         self.source = os.fspath(self.source)
+
+
+# --- the record of a split, so the next start reads arrays instead of the annotation file ---------
+
+# Bump when a reader's output or the record's layout changes: older records are then rebuilt.
+RECORDS_VERSION = 1
+
+
+def file_stat(path: str) -> list[int]:
+    """[size, mtime_ns] of `path`: what a record of it is keyed by."""
+    stat = os.stat(path)
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def save_split_record(path: str, split: SplitRecords, names: list[str] | None, key: dict) -> None:
+    """Writes `split` (and the class names) atomically as arrays: all boxes in one (M, 5) float32 array.
+
+    Args:
+        path: the record file, in the user's cache folder (`data.scan.record_path`).
+        key: what the record must match to be used (the annotation file's
+            `file_stat`, the reader's options); stored and compared whole.
+    """
+    from keras_yolo_mgpu.fileio import atomic_write
+
+    records = split.records
+    meta = {
+        "version": RECORDS_VERSION,
+        "key": key,
+        "names": names,
+        "num_entries": split.num_entries,
+        "source": split.source,
+        "num_unlabelled": split.num_unlabelled,
+        "labels_looked_for": split.labels_looked_for,
+        "problems": [[p.source, p.line_number, p.kind, p.message] for p in split.problems],
+    }
+    boxes = [r.boxes for r in records if len(r.boxes)]
+
+    def text(values) -> np.ndarray:  # NUL never occurs in a path or a source name
+        return np.frombuffer("\0".join(values).encode(), np.uint8)
+
+    def write(temporary: str) -> None:
+        with open(temporary, "wb") as handle:
+            np.savez(
+                handle,
+                meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                paths=text(r.image_path for r in records),
+                sources=text(r.source for r in records),
+                lines=np.array([r.line_number for r in records], np.int64),
+                counts=np.array([len(r.boxes) for r in records], np.int64),
+                boxes=np.concatenate(boxes).astype(np.float32) if boxes else np.zeros((0, 5), np.float32),
+            )
+
+    atomic_write(path, write)
+
+
+def load_split_record(path: str, key: dict) -> tuple[SplitRecords, list[str] | None] | None:
+    """(the split, its class names) from the record at `path`; None when missing, unreadable or stale.
+
+    Each record's boxes are a view into one (M, 5) array: about 160 bytes of
+    Python objects per image instead of a list per box.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(data["meta"].tobytes().decode())
+            if meta.get("version") != RECORDS_VERSION or meta.get("key") != key:
+                return None
+            paths = data["paths"].tobytes().decode().split("\0")
+            sources = data["sources"].tobytes().decode().split("\0")
+            lines, counts, boxes = data["lines"], data["counts"], data["boxes"]
+    except Exception as error:  # noqa: BLE001 - a damaged record is rebuilt, never trusted
+        if not isinstance(error, FileNotFoundError):
+            logger.info("record %s unreadable (%s: %s): reading the dataset again", path, type(error).__name__, error)
+        return None
+    if not len(counts):
+        paths, sources = [], []
+    if not (len(paths) == len(sources) == len(lines) == len(counts)) or counts.sum() != len(boxes):
+        return None
+    split = SplitRecords(
+        records=[
+            Annotation(p, b, s, int(n))
+            for p, b, s, n in zip(paths, np.split(boxes, np.cumsum(counts)[:-1]), sources, lines.tolist())
+        ],
+        problems=[Problem(*problem) for problem in meta["problems"]],
+        num_entries=meta["num_entries"],
+        source=meta["source"],
+        num_unlabelled=meta["num_unlabelled"],
+        labels_looked_for=meta["labels_looked_for"],
+    )
+    return split, meta["names"]
