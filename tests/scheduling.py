@@ -52,6 +52,7 @@ WORK_UNITS = [
     # Every run of the engine matrix is shared by its tests.
     (r"test_engine_matrix\.py::", "engine-matrix", 130),
     (r"test_run_reproducible\.py::", None, 75),
+    (r"test_gpu_check\.py::", None, 35),
 ]
 # Units measured longer than their pattern's figure above.
 UNIT_SECONDS = {

@@ -9,7 +9,7 @@ A small matrix of real subprocesses on generated images (tiny YOLOv3, 64 px,
 | `strategy_resumed` | TF strategy | 2 | the same, killed after its first epoch and resumed |
 | `replica_model` | TF multi_gpu_model | 3 (slices of 2, 1, 1) | the same |
 | `replica_default` | TF multi_gpu_model | 2 | default: one unfrozen stage, EMA, val mAP |
-| `jax_default` | JAX | 2 | default |
+| `jax_default` | JAX | 2 | default, 4 steps an epoch, its step loop watched (`STEP_LOOP_GUARD`) |
 
 Each run must finish, keep its weights and score its validation images.
 Where the engine is exact the weights equal one device's: multi_gpu_model's
@@ -80,6 +80,37 @@ def _train_command(dataset, log_dir, *flags):
     ]
 
 
+# train.py under a watch of Keras's step loop (Keras 3.15's CallbackList): for every `fit`, whether Keras
+# dispatches steps without waiting for the device (`_async_train`, off as soon as one callback has a batch-end
+# hook that is not `async_safe`: every step's logs would then come back to Python), and the steps between an
+# epoch's second and last step run under `jax.transfer_guard_device_to_host("disallow")`, so a read of a device
+# value in the loop raises (on GPUs; JAX does not count a CPU array's read as a transfer).
+STEP_LOOP_GUARD = """
+import atexit, json, os, runpy, sys
+import jax, keras
+found = {"async_fits": [], "guarded_steps": 0}
+guard = []
+begin, batch_begin = keras.callbacks.CallbackList.on_train_begin, keras.callbacks.CallbackList.on_train_batch_begin
+def on_train_begin(self, logs=None):
+    found["async_fits"].append(bool(self._async_train))
+    begin(self, logs)
+def on_train_batch_begin(self, batch, logs=None):
+    batch_begin(self, batch, logs)
+    steps = self.params.get("steps") or 0
+    if guard and batch >= steps - 1:
+        guard.pop().__exit__(None, None, None)
+    elif not guard and batch == 1 and steps > 2:
+        guard.append(jax.transfer_guard_device_to_host("disallow"))
+        guard[-1].__enter__()
+    found["guarded_steps"] += bool(guard)
+keras.callbacks.CallbackList.on_train_begin = on_train_begin
+keras.callbacks.CallbackList.on_train_batch_begin = on_train_batch_begin
+atexit.register(lambda: open(os.environ["STEP_LOOP_RECORD"], "w").write(json.dumps(found)))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def _train(dataset, log_dir, *flags, env=None):
     result = subprocess.run(
         _train_command(dataset, log_dir, *flags),
@@ -127,8 +158,13 @@ class _Runs:
         return _train(self.dataset, log_dir, *DEFAULT, *flags).stderr
 
     def _jax_default(self, log_dir):
-        flags = ("--gpus", "2", "--simulate-devices", "--quiet", "--no-pictures")
-        return _train(self.dataset, log_dir, *DEFAULT, *flags, env=_env("jax")).stderr
+        # Through STEP_LOOP_GUARD, with 4 steps an epoch so that steps 2 and 3 run under its guard.
+        flags = ("--gpus", "2", "--simulate-devices", "--quiet", "--no-pictures", "--steps-per-epoch", "4")
+        env = _env("jax", STEP_LOOP_RECORD=str(log_dir / "step_loop.json"))
+        command = [sys.executable, "-c", STEP_LOOP_GUARD, *_train_command(self.dataset, log_dir, *DEFAULT, *flags)[1:]]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stderr
 
     def _strategy_resumed(self, log_dir):
         """Killed once its first epoch is saved (a frozen one), then `--resume`d through both stages."""
@@ -236,6 +272,11 @@ def test_default_recipe_trains_and_scores_on_every_engine(runs, name, backend):
     _check_finished(log_dir, 2, "val_mAP50")
     saved = json.loads((log_dir / "args.json").read_text())
     assert (saved["recipe"], saved["backend"], saved["freeze_body"]) == ("default", backend, 0)
+    if backend == "jax":
+        # Every callback of the default recipe (EMA, val mAP, checkpoints, throughput, ...) lets Keras run
+        # the steps ahead of the device; on a GPU the guard would also have stopped any read in the loop.
+        loop = json.loads((log_dir / "step_loop.json").read_text())
+        assert loop["async_fits"] == [True] and loop["guarded_steps"] == 4, loop
 
 
 # Lines that are not the project's own: absl/TensorFlow C++ lines (`I0000 00:00:1795418012.604492   10224
