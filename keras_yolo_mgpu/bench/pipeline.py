@@ -25,6 +25,9 @@ per image: on a shared machine the robust figure.
   through Keras's `PyDataset` workers (threads): the pipeline of JAX
   training, no TensorFlow needed (`--without-tensorflow` makes
   `import tensorflow` fail, to prove it);
+- `pyprocesses`: `pydataset` with worker processes (`--feed processes` of
+  `train.py`, `data.host_processes`): the same batches, made past the
+  training process's interpreter lock; its CPU time adds the workers';
 - `reference`: keras-yolo3's single-threaded generator (see
   `reference_generator`), the baseline;
 - `decode-only`: the same files read, decoded and resized (bilinear) to the
@@ -49,7 +52,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-GENERATORS = ("tfdata", "tfdata-device", "pydataset", "reference", "decode-only")
+GENERATORS = ("tfdata", "tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only")
 NEEDS_TENSORFLOW = ("tfdata", "tfdata-device", "decode-only")
 
 
@@ -92,12 +95,13 @@ class _Row:
             self.iterator = data_generator(annotations, batch_size, input_shape, anchors, num_classes)
         elif generator == "decode-only":
             self.iterator = iter(_decode_only_dataset(annotations, input_shape, batch_size))
-        elif generator == "pydataset":
+        elif generator in ("pydataset", "pyprocesses"):
             from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
             from keras_yolo_mgpu.data.py_dataset import make_py_dataset
 
             options = {"seed": seed, "cache": cache, "workers": workers}
+            options["use_multiprocessing"] = generator == "pyprocesses"
             dataset = make_py_dataset(annotations, input_shape, num_classes, batch_size, training=True, **options)
             self.host, self._dataset = dataset.host, dataset
             # What `fit` does with a PyDataset: its workers make batches ahead.
@@ -188,11 +192,11 @@ def run_benchmark(
         for _ in range(warmup):
             next(row.iterator)
         warmup_seconds = time.perf_counter() - start
-        start, cpu_start = time.perf_counter(), time.process_time()
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
         for _ in range(batches):
             next(row.iterator)
         seconds = time.perf_counter() - start
-        cpu_seconds = time.process_time() - cpu_start  # all threads of the process
+        cpu_seconds = _cpu_seconds() - cpu_start  # all threads of the process and its worker processes
     finally:
         row.close()
     return {
@@ -212,10 +216,26 @@ def run_benchmark(
         "num_images": len(annotations),
         "augment": generator != "decode-only",
         "cache": cache,
-        "workers": workers if generator == "pydataset" else None,
+        "workers": workers if generator in ("pydataset", "pyprocesses") else None,
         "tensorflow_loaded": "tensorflow" in sys.modules,
         "cpu_count": os.cpu_count(),
     }
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (all threads) and of its live child processes (the feed's workers)."""
+    seconds = time.process_time()
+    try:
+        import psutil
+    except ImportError:  # the workers' share then goes uncounted
+        return seconds
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # ended meanwhile
+            continue
+        seconds += times.user + times.system
+    return seconds
 
 
 def run_rounds(rows: list[tuple[str, str | None]], rounds: int, annotations, *args, **kwargs) -> dict:

@@ -71,6 +71,16 @@ def build_parser() -> cli.ArgumentParser:
     )
     data.add_argument("--scan-cache", metavar="DIR", default=None, help=SCAN_CACHE_HELP)
     data.add_argument(
+        "--feed",
+        choices=("threads", "processes"),
+        default="threads",
+        help="JAX: make batches in worker threads of the training process, or in worker processes (each with "
+        "its own interpreter lock: for hosts that feed several GPUs; the same batches) (default: threads)",
+    )
+    data.add_argument(
+        "--workers", type=cli.positive_int, default=None, help="JAX: feed workers (default: one per CPU core)"
+    )
+    data.add_argument(
         "--strict",
         action="store_true",
         help="refuse to start when the annotation check finds problems (default: skip bad lines)",
@@ -351,7 +361,7 @@ def config_from_args(args):
 # Flags that say how a resumed run executes, not what it computes: they
 # apply to the resumed process. Every other flag given with --resume must
 # agree with the run's args.json.
-RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "scan_cache", "no_pictures")
+RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "scan_cache", "no_pictures", "feed", "workers")
 
 
 def given_flags(argv=None) -> dict:

@@ -13,7 +13,9 @@ float32 zeros (B, 1), and for validation `sample_weight` (B,); the device
 finishes them (`data.device_side.DeviceInputs`).
 
 Batches are made ahead in `workers` threads of the dataset's own, in order
-(decoding, resizing and OpenCV release the GIL), not in Keras's enqueuer:
+(decoding, resizing and OpenCV release the GIL), or in `workers` processes
+(`use_multiprocessing`, `data.host_processes`: the feed past one interpreter
+lock) whose batches threads then place on the devices, not in Keras's enqueuer:
 Keras 3.15's multi-worker enqueuer keeps one index counter for an endless
 dataset, and the first batch that `fit` takes to build the compiled loss
 (`Trainer._symbolic_build`) is then consumed and lost: training started at
@@ -37,16 +39,18 @@ multi-process JAX run each process makes its slice of every global batch:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 import keras
-import numpy as np
 
+from keras_yolo_mgpu.data import host_processes
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.host import HostBatches
+from keras_yolo_mgpu.data.host_processes import batch_arrays
 
 __all__ = ["HostDataset", "make_py_dataset"]
 
@@ -57,11 +61,13 @@ class HostDataset(keras.utils.PyDataset):
     Args:
         host: the `data.host.HostBatches` to serve.
         workers: threads (or processes) making batches ahead (default: one per core).
-        use_multiprocessing: processes instead of threads (each with its own RAM cache).
+        use_multiprocessing: processes instead of threads (`data.host_processes`;
+            started with "spawn", each with its own RAM cache); the same batches.
         max_queue_size: batches made ahead at most.
         to_device: None, or a function applied to every `(x, y[, sample_weight])`
-            in the worker that made it, e.g. a `jax.device_put` onto the
-            devices that will train on it (threads only).
+            ahead of its step, in a thread: the one that made it, or with
+            processes one that waits for it, e.g. a `jax.device_put` onto the
+            devices that will train on it.
     """
 
     def __init__(
@@ -73,8 +79,6 @@ class HostDataset(keras.utils.PyDataset):
         max_queue_size: int = 10,
         to_device: Callable | None = None,
     ):
-        if to_device is not None and use_multiprocessing:
-            raise ValueError("`to_device` places batches from worker threads; it cannot run in worker processes")
         # One worker as far as Keras knows: Keras asks for batches in order, in
         # its training thread; the workers below make them ahead (module docstring).
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=max_queue_size)
@@ -86,6 +90,9 @@ class HostDataset(keras.utils.PyDataset):
         self.in_processes = use_multiprocessing
         self.ahead = max(1, max_queue_size)
         self._pool = None
+        self._processes = None
+        # Batches of worker processes not yet taken: their shared blocks are freed on `close`.
+        self._unclaimed: set[Future] = set()
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
 
@@ -95,21 +102,33 @@ class HostDataset(keras.utils.PyDataset):
 
     def make(self, index: int):
         """Batch `index`, made here (no look-ahead): `(x, y[, sample_weight])` of numpy arrays."""
-        batch = self.host.batch(int(index))
-        x = {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype(np.float32)}
-        y = np.zeros((len(batch.images), 1), np.float32)
-        return (x, y) if batch.weights is None else (x, y, batch.weights)
+        return batch_arrays(self.host, index)
 
     def _made_and_placed(self, index: int):
         batch = self.make(index)
+        return batch if self.to_device is None else self.to_device(batch)
+
+    def _placed(self, made: Future):
+        with self._lock:
+            if made not in self._unclaimed:  # closed meanwhile: `close` frees it
+                return None
+            self._unclaimed.discard(made)
+        batch = host_processes.take_batch(made.result())  # a worker's error is raised here, with its traceback
         return batch if self.to_device is None else self.to_device(batch)
 
     def __getitem__(self, index: int):
         index = int(index)
         with self._lock:
             if self._pool is None:
-                executor = ProcessPoolExecutor if self.in_processes else ThreadPoolExecutor
-                self._pool = executor(self.threads)
+                self._pool = ThreadPoolExecutor(self.threads)
+                if self.in_processes:
+                    # "spawn": JAX's and TensorFlow's threads make a forked copy of this process unsafe.
+                    self._processes = ProcessPoolExecutor(
+                        self.threads,
+                        mp_context=multiprocessing.get_context("spawn"),
+                        initializer=host_processes.start_worker,
+                        initargs=(self.host, os.getpid()),
+                    )
             # Batches behind `index` are no longer wanted (a new pass started over).
             for stale in [k for k in self._pending if k < index]:
                 self._pending.pop(stale).cancel()
@@ -118,14 +137,13 @@ class HostDataset(keras.utils.PyDataset):
                 if k not in self._pending:
                     self._pending[k] = self._submit(k)
             future = self._pending.pop(index)
-        batch = future.result()
-        if self.in_processes and self.to_device is not None:
-            batch = self.to_device(batch)
-        return batch
+        return future.result()
 
     def _submit(self, index: int) -> Future:
-        if self.in_processes:  # made in a process (the host is pickled), placed here
-            return self._pool.submit(_make_batch, self.host, index)
+        if self.in_processes:  # made in a process, placed ahead by a thread that waits for it
+            made = self._processes.submit(host_processes.make_batch, index)
+            self._unclaimed.add(made)
+            return self._pool.submit(self._placed, made)
         return self._pool.submit(self._made_and_placed, index)
 
     def close(self, wait: bool = False) -> None:
@@ -138,17 +156,17 @@ class HostDataset(keras.utils.PyDataset):
             for future in self._pending.values():
                 future.cancel()
             self._pending.clear()
-            if self._pool is not None:
-                self._pool.shutdown(wait=wait, cancel_futures=True)
-                self._pool = None
+            for made in self._unclaimed:
+                made.add_done_callback(host_processes.discard_batch)  # now if done, else when it is
+            self._unclaimed.clear()
+            pools, self._pool, self._processes = (self._processes, self._pool), None, None
+        # Outside the lock: a placing thread being waited for may be about to take it.
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=wait, cancel_futures=True)
 
     def __del__(self):
         self.close()
-
-
-def _make_batch(host: HostBatches, index: int):
-    """`HostDataset.make` in a worker process."""
-    return HostDataset(host).make(index)
 
 
 def make_py_dataset(

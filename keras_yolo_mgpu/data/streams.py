@@ -24,19 +24,33 @@ from keras_yolo_mgpu.data.annotations import Annotation
 
 
 def training_stream(
-    engine, annotations: list[Annotation], input_shape, anchors, num_classes: int, batch_size: int, **options
+    engine,
+    annotations: list[Annotation],
+    input_shape,
+    anchors,
+    num_classes: int,
+    batch_size: int,
+    *,
+    feed: str = "threads",
+    workers: int | None = None,
+    **options,
 ):
     """The endless training stream for `engine` (`parallel.engine.Engine`).
 
     Args:
         batch_size: the GLOBAL batch.
+        feed, workers: JAX's workers, "threads" or "processes", and how many
+            (None: one per core); TensorFlow's tf.data has its own.
         **options: `make_dataset`'s (`augment`, `seed`, `cache`, `max_boxes`,
             `start_position`, `multi_scale`, `mosaic`; `masks` and
             `iou_thresh` matter to the TensorFlow dataset's checks only:
             the targets are built on the device).
     """
     if engine.backend == "jax":
-        return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=True, **options)
+        feeding = dict(workers=workers, use_multiprocessing=feed == "processes")
+        return _py_dataset(
+            engine, annotations, input_shape, num_classes, batch_size, training=True, **feeding, **options
+        )
     from keras_yolo_mgpu.data.pipeline import distribute_training_dataset
 
     return distribute_training_dataset(

@@ -12,6 +12,9 @@ import json
 import os
 from dataclasses import dataclass, field
 
+# JAX input feeds (TrainConfig.feed).
+FEEDS = ("threads", "processes")
+
 
 @dataclass
 class TrainConfig:
@@ -69,6 +72,10 @@ class TrainConfig:
     resume: bool = False
     strict: bool = False
     cache: str | None = None
+    # JAX's input feed (data/py_dataset.py): worker "threads" of the training process, or "processes"
+    # (data/host_processes.py: each with its interpreter lock); `workers` of them (None: one per core).
+    feed: str = "threads"
+    workers: int | None = None
     # The folder of the records of what was read and scanned (data/scan.py); None: the user's cache folder.
     scan_cache: str | None = None
     steps_per_epoch: int | None = None
@@ -126,6 +133,10 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1. Received: {name}={value}")
+        if self.feed not in FEEDS:
+            raise ValueError(f"feed must be one of {FEEDS}. Received: feed={self.feed!r}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be >= 1. Received: workers={self.workers}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd'. Received: optimizer={self.optimizer!r}")
         if self.parallel not in ("strategy", "multi_gpu_model"):

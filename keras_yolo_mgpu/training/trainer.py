@@ -108,6 +108,11 @@ def _check_backend(config: TrainConfig) -> None:
     import keras
 
     backend = keras.backend.backend()
+    if config.feed == "processes" and backend != "jax":
+        raise ValueError(
+            "--feed processes is the JAX feed's; on TensorFlow, tf.data makes the batches in its own threads. "
+            "Run with KERAS_BACKEND=jax, or leave --feed out"
+        )
     if not config.resume or config.backend is None:
         config.backend = backend
     elif config.backend != backend:
@@ -220,6 +225,8 @@ class _TrainingRun(RunSetup):
             self.train_annotations,
             *encoding,
             augment=config.augment,
+            feed=config.feed,
+            workers=config.workers,
             start_position=start_position,
             multi_scale=config.multi_scale,
             mosaic=config.mosaic,

@@ -1,0 +1,111 @@
+"""The feed in worker processes (`--feed processes`, data/host_processes.py): the threads' batches, no orphans.
+
+Batch `k` of a stream is a pure function of `k` and its settings, so worker
+processes make the batches worker threads make, bit for bit and in order,
+with augmentation, mosaic, multi-scale and a resumed stream position. The
+workers end with the process that started them: after Ctrl-C of the trainer,
+and after a SIGKILL that gives it no chance to stop them.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+from isolation import jax_environment
+
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.py_dataset import make_py_dataset
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAINING = {"seed": 3, "mosaic": 0.5, "multi_scale": (32, 96), "start_position": 6}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_synthetic_dataset(tmp_path_factory.mktemp("feed"), num_train=12, num_val=4, image_size=64, seed=2)
+
+
+def _batches(annotations, processes: bool, training: bool, count: int):
+    options = TRAINING if training else {}
+    feed = make_py_dataset(
+        annotations, (64, 64), 4, 4, training=training, workers=2, use_multiprocessing=processes, **options
+    )
+    try:
+        return [feed[k] for k in range(count)]
+    finally:
+        feed.close(wait=True)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "validation"])
+def test_worker_processes_make_the_threads_batches(dataset, training):
+    annotations = read_annotations(dataset.train if training else dataset.val)
+    count = 4 if training else 1
+    threads, processes = (_batches(annotations, kind, training, count) for kind in (False, True))
+    for made_in_threads, made_in_processes in zip(threads, processes, strict=True):
+        flat = [np.asarray(a) for a in _flatten(made_in_threads)], [np.asarray(a) for a in _flatten(made_in_processes)]
+        assert len(flat[0]) == len(flat[1]) >= 4
+        for a, b in zip(*flat, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def _flatten(batch):
+    x, *rest = batch
+    return [x["image"], x["boxes"], x["hsv"], *rest]
+
+
+# A process holding the feed of worker processes, as the trainer does: it prints the workers' ids once they run.
+HOLDER = """
+import os, sys, time
+import psutil
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.py_dataset import make_py_dataset
+feed = make_py_dataset(read_annotations(sys.argv[1]), (64, 64), 4, 4, training=True, workers=2,
+                       use_multiprocessing=True)
+feed[0]
+print(" ".join(str(child.pid) for child in psutil.Process().children()), flush=True)
+time.sleep(300)
+"""
+
+
+def _workers_end(pids, seconds=10.0):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        if not alive:
+            return []
+        time.sleep(0.2)
+    return alive
+
+
+@pytest.mark.slow
+def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path):
+    # SIGKILL: the holder cannot stop its workers; their watchdog ends them.
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, dataset.train], stdout=subprocess.PIPE, text=True)
+    pids = [int(pid) for pid in holder.stdout.readline().split()]
+    assert len(pids) >= 2  # the workers (and the spawn's resource tracker)
+    holder.kill()
+    holder.wait()
+    assert _workers_end(pids) == []
+
+    # Ctrl-C of train.py on JAX with --feed processes, while it trains.
+    env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
+    command = [
+        *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", dataset.train, "--classes"),
+        *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50"),
+        *("--feed", "processes", "--workers", "2", "--no-pictures", "--quiet", "--log-dir", str(tmp_path / "run")),
+    ]
+    trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process, workers, deadline = psutil.Process(trainer.pid), [], time.time() + 240
+    while time.time() < deadline and trainer.poll() is None and not (tmp_path / "run" / "history.csv").exists():
+        workers = [child.pid for child in process.children(recursive=True)] or workers
+        time.sleep(0.2)
+    assert trainer.poll() is None and len(workers) >= 2, trainer.stderr.read()[-3000:] if trainer.poll() else workers
+    trainer.send_signal(signal.SIGINT)
+    trainer.wait(timeout=60)
+    assert _workers_end(workers) == []
