@@ -50,7 +50,7 @@ def test_make_bench_images_writes_valid_640x480_jpegs(bench_images):
     assert all(not os.path.isabs(line.split()[0]) for line in bench_images.read_text().splitlines())
 
 
-@pytest.mark.parametrize("generator", ["reference", "decode-only"])
+@pytest.mark.parametrize("generator", ["reference", "decode-only", "pyprocesses"])
 def test_other_generators_run(bench_images, generator):
     annotations = read_annotations(str(bench_images))
     anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
@@ -59,7 +59,7 @@ def test_other_generators_run(bench_images, generator):
     assert result["batch_size"] == 4 and result["batches"] == 2
     with pytest.raises(ValueError, match="generator"):
         run_benchmark("nope", annotations, (64, 64), anchors, 20, batch_size=4, batches=1)
-    assert set(GENERATORS) == {"tfdata", "tfdata-device", "pydataset", "reference", "decode-only"}
+    assert set(GENERATORS) == {"tfdata", "tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only"}
 
 
 def test_rows_with_caches_in_interleaved_rounds(bench_images, tmp_path):
