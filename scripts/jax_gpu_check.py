@@ -210,8 +210,8 @@ def _table(records: dict[str, dict]) -> str:
             shown = f"{result.get('device_kind')} {result.get('memory_gib')} GiB, {result.get('backend')}"
         elif name == "exact":
             shown = (
-                f"targets {len(result.get('target_mismatches', [])) if result else '?'} mismatched of "
-                f"{result.get('target_cases')}, floor wrong {result.get('floor_wrong')}, card's division "
+                f"targets: {len(result.get('target_mismatches', [])) if result else '?'} tensors differ in "
+                f"{result.get('target_cases')} cases, floor wrong {result.get('floor_wrong')}, card's division "
                 f"wrong {result.get('division_wrong')}, hsv {result.get('hsv_max_error')}"
             )
         elif name.startswith("e2e"):

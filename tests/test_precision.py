@@ -130,3 +130,21 @@ def test_gpu_defaults_fall_back_with_warnings_when_the_checks_fail(first_batch, 
     assert "training in float32: the loss or a gradient is not finite under mixed_float16" in messages
     assert "training without XLA: XLA cannot compile the training step" in messages
     assert "PyFunc" in messages
+
+
+@pytest.mark.parametrize("scale, stops", [(1.0, False), (float("nan"), True)], ids=["finite", "nan"])
+def test_bfloat16_first_step_check_stops_a_run_whose_first_loss_is_not_finite(scale, stops):
+    """The check runs in Keras's callback threads (async_safe) and still stops `fit`, loudly, on a NaN loss."""
+    import numpy as np
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 3), np.float32) * scale, np.zeros((8, 1), np.float32)
+    check = precision.first_step_check("mixed_bfloat16")
+    assert check.async_safe
+    if stops:
+        with pytest.raises(precision.MixedPrecisionError, match="--precision float32"):
+            model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[check])
+    else:
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[check])
+        assert check.checked
