@@ -38,10 +38,6 @@ CLUSTER_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", PROCESS_COUNT_VARIABLE,
 _SIMULATE_FLAG = "--xla_force_host_platform_device_count"
 # `jax.distributed` is started once per process.
 _processes_started = False
-_REPLICA_MODEL_REFUSAL = (
-    "--parallel multi_gpu_model is TensorFlow's in-graph replication. On JAX every device count runs as one "
-    "SPMD program (keras.distribution.DataParallel): drop --parallel, or set KERAS_BACKEND=tensorflow."
-)
 
 
 def build_engine_fields(
@@ -75,7 +71,7 @@ def build_engine_fields(
 def check_options(*, strategy: str = "mirrored", parallel: str = "strategy", sync_bn: bool = True) -> None:
     """Raises ValueError for TensorFlow-only choices, saying what to use on JAX instead."""
     if parallel != "strategy":
-        raise ValueError(_REPLICA_MODEL_REFUSAL)
+        _refuse_parallel(parallel)
     if strategy != "mirrored":
         raise ValueError(
             f"--strategy {strategy} configures TensorFlow's MultiWorkerMirroredStrategy (TF_CONFIG). On JAX start "
@@ -92,7 +88,14 @@ def check_options(*, strategy: str = "mirrored", parallel: str = "strategy", syn
 
 def replica_model(train_model, devices):
     """TensorFlow's in-graph replica model (`--parallel multi_gpu_model`) has no JAX counterpart: ValueError."""
-    raise ValueError(_REPLICA_MODEL_REFUSAL)
+    _refuse_parallel("multi_gpu_model")
+
+
+def _refuse_parallel(parallel: str):
+    raise ValueError(
+        f"--parallel {parallel} is TensorFlow's in-graph replication. On JAX every device count runs as one "
+        "SPMD program (keras.distribution.DataParallel): drop --parallel, or set KERAS_BACKEND=tensorflow."
+    )
 
 
 def simulate_devices(count: int) -> list:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def non_max_suppression(boxes, scores, *, method, max_boxes_per_class, max_detections, iou_threshold, score_threshold):
+def non_max_suppression(
+    boxes, scores, *, method="combined", max_boxes_per_class, max_detections, iou_threshold, score_threshold
+):
     """`inference.layers.non_max_suppression` with TensorFlow's ops: the combined op, or single-image ops per class.
 
     Args:
