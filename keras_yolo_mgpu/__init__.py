@@ -33,7 +33,7 @@ _EXPORTS = {
     "get_classes": "resources",
     "model_data_path": "resources",
     "preprocess_true_boxes": "model.targets",
-    "multi_gpu_model": "parallel.replica_model",
+    "multi_gpu_model": "backend.tensorflow.replica_model",
     "TemplateModelCheckpoint": "training.checkpoint",
     "load_weights": "weights.loading",
     "YOLO": "inference.detector",

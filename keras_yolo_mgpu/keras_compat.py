@@ -1,8 +1,8 @@
 """Every use of Keras internals, in one place, guarded by the Keras version it was written for.
 
-Public Keras cannot do three things this project needs; each is done here and
+Public Keras cannot do five things this project needs; each is done here and
 nowhere else, and `tests/test_keras_compat.py` fails loudly when a Keras
-upgrade changes the internals underneath:
+upgrade changes the internals underneath. All were checked against Keras 3.15.1:
 
 1. Two bugs of Keras 3.15's TF trainer under `MultiWorkerMirroredStrategy`
    (`patch_multiworker_first_batch_build`, `patch_multiworker_log_reduction`).
@@ -15,6 +15,11 @@ upgrade changes the internals underneath:
    `check_model_checkpoint_hooks` raises a clear error if they are gone.
 3. Weight loading walks a layer's direct children (`child_layers`), which
    Keras only exposes as `Layer._flatten_layers`.
+4. A training run restores the global dtype policy as it found it, unset
+   included (`global_dtype_policy_setting`, `restore_global_dtype_policy`):
+   the public `keras.config.dtype_policy()` pins an unset policy to floatx.
+5. The fused Adam kernel updates Keras's Adam moments in place
+   (`adam_moments`), which Keras keeps in `_momentums` / `_velocities`.
 """
 
 from __future__ import annotations
@@ -163,3 +168,33 @@ def child_layers(layer) -> list:
     if isinstance(layer, keras.Model):
         return list(layer.layers)
     return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def global_dtype_policy_setting():
+    """Keras's global dtype policy as set: a policy, or None where none was set (it then follows floatx).
+
+    `keras.config.dtype_policy()` would set the floatx policy where none is set;
+    this reads without setting (`keras.src.backend.common.global_state`'s
+    "dtype_policy" attribute, Keras 3.15.1).
+    """
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("dtype_policy", None)
+
+
+def restore_global_dtype_policy(setting) -> None:
+    """Puts back what `global_dtype_policy_setting` returned, None (unset) included (Keras 3.15.1)."""
+    from keras.src.backend.common import global_state
+
+    global_state.set_global_attribute("dtype_policy", setting)
+
+
+def adam_moments(optimizer: keras.optimizers.Adam, variable) -> tuple:
+    """The first and second moment variables `optimizer` keeps for `variable` (Keras 3.15.1).
+
+    `keras.optimizers.Adam` holds them in `_momentums` and `_velocities`,
+    indexed by `_get_variable_index(variable)`; the public `variables` list
+    does not say which moment belongs to which weight.
+    """
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from keras_yolo_mgpu.parallel.devices import simulate_devices
+    from keras_yolo_mgpu.backend.tensorflow.distribution import simulate_devices
 
     devices = simulate_devices(max(args.replicas))
     from keras_yolo_mgpu.cli.align import build_parser, run_alignment

@@ -5,7 +5,7 @@ devices (MirroredStrategy, synchronized BatchNormalization, plain SGD, the
 path `parallel.align` and the equivalence tests use), then times the first
 step, which traces the replicated graph, and the next two. The first step is
 what a multi-GPU run pays before its first batch; with the graph walk that
-`model/batch_norm_tf.py`'s `_all_reduce_sum` avoids, it grew with the square of
+`backend/tensorflow/batch_norm.py`'s `_all_reduce_sum` avoids, it grew with the square of
 the network's BatchNormalization layers.
 
     python scripts/replica_trace_time.py --model yolov4-tiny --replicas 4 [--floatx float64]

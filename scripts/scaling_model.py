@@ -36,7 +36,7 @@ Engines (`--engine`):
   the replicated step: training/precision.py), so N > 1 uses the
   mixed-precision step without XLA; `--assume-xla-replicas` shows what
   compiling each replica's step would give.
-- `jax`: one SPMD program compiled by XLA at every N (parallel/jax_devices.py),
+- `jax`: one SPMD program compiled by XLA at every N (backend/jax/distribution.py),
   mixed_bfloat16; the one-GPU step is the bare jitted step measured on one
   H200 (NOTES.md, 2026-11-26: 28.6 ms at batch 32), a cross-card figure next
   to the H100's. The same all-reduce and BatchNormalization collective
@@ -85,7 +85,7 @@ def measure_collective_latency_us(replicas: int, calls: int = 50, rounds: int = 
     """Median time of one small all-reduce (1,025 floats: a BN layer's statistics) on `replicas` logical CPUs."""
     import tensorflow as tf
 
-    from keras_yolo_mgpu.parallel.devices import mirrored_strategy
+    from keras_yolo_mgpu.backend.tensorflow.distribution import mirrored_strategy
 
     # Collective keys of its own: a second strategy in one process would collide (parallel/devices.py).
     strategy = mirrored_strategy([f"/cpu:{i}" for i in range(replicas)])

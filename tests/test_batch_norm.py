@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_yolo_mgpu.model import batch_norm_tf
+from keras_yolo_mgpu.backend.tensorflow import batch_norm as batch_norm_tf
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 
 
@@ -98,7 +98,7 @@ def _replicated_step(layer_class, x, upstream, devices):
     the optimizer's all-reduce does). Also returns whether every replica
     took the all-reduced-statistics path.
     """
-    from keras_yolo_mgpu.parallel.devices import make_strategy
+    from keras_yolo_mgpu.backend.tensorflow.distribution import make_strategy
 
     strategy = make_strategy(devices)
     replicas = len(devices)

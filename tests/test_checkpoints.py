@@ -245,7 +245,7 @@ def test_keras3_weights_between_body_and_training_model(keras3_tiny, image, tmp_
 
 def test_keras3_nested_template_loads(keras3_tiny, image, tmp_path, logical_cpus):
     """A wrapper holding the template as one layer: the Keras 3 "1 layers" file."""
-    from keras_yolo_mgpu.parallel.replica_model import multi_gpu_model
+    from keras_yolo_mgpu.backend.tensorflow.replica_model import multi_gpu_model
 
     inputs = keras.Input((None, None, 3), name="image")
     wrapper = keras.Model(inputs, keras3_tiny.body(inputs), name="wrapper")

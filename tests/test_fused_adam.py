@@ -77,7 +77,7 @@ def test_amsgrad_takes_keras_update_exactly():
 
 def test_every_replica_copy_is_updated(logical_cpus):
     """Under MirroredStrategy the kernel updates each device's copy (the handle is the updated device's)."""
-    from keras_yolo_mgpu.parallel.devices import make_strategy
+    from keras_yolo_mgpu.backend.tensorflow.distribution import make_strategy
 
     strategy = make_strategy(logical_cpus[:2])
     gradients = _gradients("float32", 3)

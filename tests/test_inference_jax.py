@@ -9,7 +9,7 @@ does every JAX check and this module compares its results with TensorFlow's:
 - weights files cross backends: a `.weights.h5` (with metadata) written by
   TensorFlow detects the same boxes on JAX, and one written by JAX the same
   boxes on TensorFlow, by the detector and by the export's model;
-- NMS: `layers.greedy_nms` (what JAX runs) keeps exactly the boxes
+- NMS: `backend.jax.nms.greedy_nms` (what JAX runs) keeps exactly the boxes
   TensorFlow's kernels keep, ties, degenerate boxes and IoU exactly at the
   threshold included (also checked here, on TensorFlow, over many blocks);
 - `gpu_num=4` on JAX splits a batch that 4 does not divide;
@@ -78,9 +78,9 @@ def nms_cases(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray, dict]]:
 
 
 def tensorflow_nms(boxes, scores, options, method="padded"):
-    from keras_yolo_mgpu.inference.layers import _tensorflow_nms
+    from keras_yolo_mgpu.backend.tensorflow.nms import non_max_suppression
 
-    return tuple(np.asarray(t) for t in _tensorflow_nms(boxes, scores, method=method, **options))
+    return tuple(np.asarray(t) for t in non_max_suppression(boxes, scores, method=method, **options))
 
 
 def assert_same_nms(got, expected):
@@ -90,7 +90,7 @@ def assert_same_nms(got, expected):
 
 def test_greedy_nms_keeps_what_tensorflow_kernels_keep():
     """The algorithm JAX runs, run here by TensorFlow's keras.ops, block sizes from 1 to all the boxes."""
-    from keras_yolo_mgpu.inference.layers import greedy_nms
+    from keras_yolo_mgpu.backend.jax.nms import greedy_nms
 
     for boxes, scores, options in nms_cases(seed=1):
         expected = tensorflow_nms(boxes, scores, options)

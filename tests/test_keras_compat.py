@@ -4,6 +4,7 @@ import inspect
 import logging
 
 import keras
+import numpy as np
 import pytest
 
 from keras_yolo_mgpu import keras_compat
@@ -90,3 +91,30 @@ def test_child_layers_of_a_plain_layer():
 
 def test_the_patches_are_for_the_tensorflow_backend():
     assert keras.backend.backend() == "tensorflow"
+
+
+def test_dtype_policy_setting_reads_unset_without_setting_it():
+    previous = keras_compat.global_dtype_policy_setting()
+    try:
+        keras_compat.restore_global_dtype_policy(None)
+        assert keras_compat.global_dtype_policy_setting() is None
+        keras.config.set_dtype_policy("mixed_float16")
+        assert keras_compat.global_dtype_policy_setting().name == "mixed_float16"
+        keras_compat.restore_global_dtype_policy(None)
+        assert keras_compat.global_dtype_policy_setting() is None
+        # The public reader pins the unset policy to floatx: why the internal one is needed.
+        assert keras.config.dtype_policy().name == keras.config.floatx()
+    finally:
+        keras_compat.restore_global_dtype_policy(previous)
+
+
+def test_adam_moments_are_the_variables_adam_updates():
+    weight = keras.Variable(np.ones(3, np.float32))
+    other = keras.Variable(np.ones(2, np.float32))
+    optimizer = keras.optimizers.Adam(0.1)
+    optimizer.apply_gradients([(np.full(3, 2.0, np.float32), weight), (np.full(2, 5.0, np.float32), other)])
+    momentum, velocity = keras_compat.adam_moments(optimizer, weight)
+    # After one step from zero: m = (1 - beta_1) g, v = (1 - beta_2) g^2.
+    np.testing.assert_allclose(momentum.numpy(), 0.1 * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(velocity.numpy(), 0.001 * 4.0, rtol=1e-6)
+    np.testing.assert_allclose(keras_compat.adam_moments(optimizer, other)[0].numpy(), 0.1 * 5.0, rtol=1e-6)

@@ -18,8 +18,8 @@ import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes, totalloss
+from keras_yolo_mgpu.backend.tensorflow.distribution import make_strategy
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
-from keras_yolo_mgpu.parallel.devices import make_strategy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -101,9 +101,9 @@ def test_mosaic_probability_zero_is_the_plain_stream_and_one_changes_every_eleme
 @pytest.mark.slow
 def test_keras_traces_the_train_step_at_most_once_per_size_on_two_replicas(annotations, logical_cpus):
     """The train function is traced for the dataset's (None, None) spec, not once per size."""
+    from keras_yolo_mgpu.backend.tensorflow.distribution import make_strategy
     from keras_yolo_mgpu.model.loss import totalloss
     from keras_yolo_mgpu.model.yolo3 import create_model
-    from keras_yolo_mgpu.parallel.devices import make_strategy
 
     traces = []
 

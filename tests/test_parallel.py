@@ -17,8 +17,8 @@ from isolation import computed_once, logical_device_names, run_isolated, shared_
 from memory_report import release_memory
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes
+from keras_yolo_mgpu.backend.tensorflow.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
 from keras_yolo_mgpu.parallel.align import max_difference, replicate, train_steps
-from keras_yolo_mgpu.parallel.replica_model import ReplicaParallel, multi_gpu_model, split_sizes
 
 ANCHORS = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
 INPUT_SHAPE = (64, 64)
@@ -269,7 +269,7 @@ def test_multi_gpu_model_needs_devices():
 
 
 def test_asking_for_more_gpus_than_visible_fails_with_count():
-    from keras_yolo_mgpu.parallel.devices import select_devices
+    from keras_yolo_mgpu.backend.tensorflow.distribution import select_devices
 
     with pytest.raises(ValueError, match="TensorFlow sees 0"):
         select_devices(4)
@@ -283,7 +283,7 @@ def test_successive_strategies_all_reduce_different_shapes_with_collective_ops(l
     numbering both strategies use instance 100 and the second aborts with
     "Shape mismatch in the collective instance 100" (issue #14).
     """
-    from keras_yolo_mgpu.parallel.devices import mirrored_strategy
+    from keras_yolo_mgpu.backend.tensorflow.distribution import mirrored_strategy
 
     def all_reduce_ones(size):
         strategy = mirrored_strategy(logical_cpus[:2])

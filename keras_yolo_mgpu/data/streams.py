@@ -13,13 +13,16 @@ finishes on the device (`data.device_side.DeviceInputs`):
   and on one process the worker threads also copy each batch onto the
   devices, sharded as the step reads it, ahead of the step.
 
-Nothing here imports TensorFlow unless the engine is TensorFlow's.
+Which one feeds the engine is the backend's `distribution.INPUT_PIPELINE`
+(`keras_yolo_mgpu.backend`). Nothing here imports TensorFlow unless the
+engine is TensorFlow's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from keras_yolo_mgpu.backend import distribution
 from keras_yolo_mgpu.data.annotations import Annotation
 
 
@@ -46,16 +49,14 @@ def training_stream(
             `iou_thresh` matter to the TensorFlow dataset's checks only:
             the targets are built on the device).
     """
-    if engine.backend == "jax":
-        feeding = dict(workers=workers, use_multiprocessing=feed == "processes")
-        return _py_dataset(
-            engine, annotations, input_shape, num_classes, batch_size, training=True, **feeding, **options
-        )
-    from keras_yolo_mgpu.data.pipeline import distribute_training_dataset
+    if distribution.INPUT_PIPELINE == "tf.data":
+        from keras_yolo_mgpu.data.pipeline import distribute_training_dataset
 
-    return distribute_training_dataset(
-        engine.strategy, annotations, input_shape, anchors, num_classes, batch_size, device_targets=True, **options
-    )
+        return distribute_training_dataset(
+            engine.strategy, annotations, input_shape, anchors, num_classes, batch_size, device_targets=True, **options
+        )
+    feeding = dict(workers=workers, use_multiprocessing=feed == "processes")
+    return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=True, **feeding, **options)
 
 
 def validation_stream(
@@ -63,13 +64,13 @@ def validation_stream(
 ):
     """One ordered pass over the validation images, the last batch padded with weight-0 images."""
     options = {key: value for key, value in options.items() if key not in ("start_position", "multi_scale", "mosaic")}
-    if engine.backend == "jax":
-        return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=False, **options)
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    if distribution.INPUT_PIPELINE == "tf.data":
+        from keras_yolo_mgpu.data.pipeline import make_dataset
 
-    return make_dataset(
-        annotations, input_shape, anchors, num_classes, batch_size, training=False, device_targets=True, **options
-    )
+        return make_dataset(
+            annotations, input_shape, anchors, num_classes, batch_size, training=False, device_targets=True, **options
+        )
+    return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=False, **options)
 
 
 def first_batch(annotations: list[Annotation], input_shape, num_classes: int, batch_size: int, **options) -> dict:
@@ -91,7 +92,8 @@ def _py_dataset(engine, annotations, input_shape, num_classes, batch_size, *, tr
     options = {key: value for key, value in options.items() if key not in ("masks", "iou_thresh")}
     index, count = engine.processes
     if count == 1:
-        finish = _placer(engine)
+        # One process: the worker threads also copy each batch onto the devices, ahead of the step.
+        finish = distribution.batch_placer(engine.strategy)
     elif training:
         # Several processes: each makes and hands Keras only its slice, which Keras
         # assembles across processes (`jax.make_array_from_process_local_data`).
@@ -114,15 +116,3 @@ def _process_slice(index: int, count: int, batch_size: int):
         return keras.tree.map_structure(lambda array: array[rows], batch)
 
     return take
-
-
-def _placer(engine):
-    """`batch -> the batch on the devices`, sharded along the batch axis as the step reads it (JAX, one process)."""
-    import jax
-
-    sharding = engine.strategy.get_data_layout((None,)).backend_layout
-
-    def place(batch):
-        return jax.device_put(batch, sharding)
-
-    return place

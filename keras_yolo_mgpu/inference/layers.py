@@ -11,7 +11,8 @@ ONNX), where the original's ragged per-image output did not.
 Decoding is written once, in `keras.ops`. NMS is the one thing the backends
 do differently, in one function, `non_max_suppression`: TensorFlow runs its
 own NMS kernels (what SavedModel, TFLite and ONNX export), JAX runs
-`greedy_nms`, the same selection written in `keras.ops`.
+`greedy_nms`, the same selection written in `keras.ops` (the backend's
+`nms` module, `keras_yolo_mgpu.backend`).
 
 Both layers compute in float32 whatever the body's dtype policy, have
 `get_config` and are registered serializable, so an inference model saved
@@ -24,6 +25,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_yolo_mgpu.backend import nms as backend_nms
 from keras_yolo_mgpu.model.boxes import cell_grid, cell_offset, num_output_layers, resolve_masks
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
@@ -164,8 +166,6 @@ class YoloDecode(keras.layers.Layer):
 
 
 NMS_METHODS = ("combined", "padded")
-# Candidates of every class that `greedy_nms` examines at a time, best first.
-NMS_BLOCK = 256
 
 
 def non_max_suppression(
@@ -178,18 +178,19 @@ def non_max_suppression(
     score_threshold: float,
     method: str = "combined",
 ):
-    """Per-class NMS with a fixed number of outputs per image: the one place where the backends differ.
+    """Per-class NMS with a fixed number of outputs per image: the one step where the backends differ.
 
-    TensorFlow runs its own NMS kernels: they are what a SavedModel, a TFLite
-    file and an ONNX export carry (`method`, see `YoloNMS`). JAX runs
-    `greedy_nms`: the same selection in `keras.ops`, compiled with the
-    network into one XLA program. It was chosen over NMS in numpy on the host
-    because it is as exact (TensorFlow's selection rule and IoU arithmetic,
-    see `greedy_nms`), it needs no copy of every box's per-class scores to
-    the host (3.6 MB per image for YOLOv3-416 with 80 classes) on the GPU
-    machines where JAX runs, and on a CPU its cost follows the candidates as
-    the TensorFlow kernel's does, where a Python loop per class and kept box
-    would not.
+    The backend's `nms.non_max_suppression` runs it (`keras_yolo_mgpu.backend`).
+    TensorFlow runs its own NMS kernels (`backend/tensorflow/nms.py`): they
+    are what a SavedModel, a TFLite file and an ONNX export carry (`method`,
+    see `YoloNMS`). JAX runs `greedy_nms` (`backend/jax/nms.py`): the same
+    selection in `keras.ops`, compiled with the network into one XLA program.
+    It was chosen over NMS in numpy on the host because it is as exact
+    (TensorFlow's selection rule and IoU arithmetic, see `greedy_nms`), it
+    needs no copy of every box's per-class scores to the host (3.6 MB per
+    image for YOLOv3-416 with 80 classes) on the GPU machines where JAX
+    runs, and on a CPU its cost follows the candidates as the TensorFlow
+    kernel's does, where a Python loop per class and kept box would not.
 
     Args:
         boxes: (N, K, 4) float32 corners, (x_min, y_min, x_max, y_max) or
@@ -201,246 +202,15 @@ def non_max_suppression(
         `classes` (N, M) int32, `valid_detections` (N,) int32, with M =
         `max_detections` and zeros past `valid_detections`.
     """
-    options = dict(
-        max_boxes_per_class=max_boxes_per_class,
-        max_detections=max_detections,
-        iou_threshold=iou_threshold,
-        score_threshold=score_threshold,
-    )
-    if keras.backend.backend() == "tensorflow":
-        return _tensorflow_nms(boxes, scores, method=method, **options)
-    return greedy_nms(boxes, scores, **options)
-
-
-# ----------------------------------------------------------------------
-# TensorFlow: its NMS kernels
-
-
-def _tensorflow_nms(boxes, scores, *, method, max_boxes_per_class, max_detections, iou_threshold, score_threshold):
-    """`non_max_suppression` with TensorFlow's ops: the combined op, or single-image ops per class ("padded")."""
-    import tensorflow as tf
-
-    options = dict(
-        max_boxes_per_class=max_boxes_per_class,
-        max_detections=max_detections,
-        iou_threshold=iou_threshold,
-        score_threshold=score_threshold,
-    )
-    if method == "padded":
-        if boxes.shape[0] is not None:  # static batch (export): unroll
-            results = [_nms_one_image(boxes[i], scores[i], **options) for i in range(boxes.shape[0])]
-            return tuple(tf.stack(parts, axis=0) for parts in zip(*results))
-        return tf.map_fn(
-            lambda sample: _nms_one_image(sample[0], sample[1], **options),
-            (boxes, scores),
-            fn_output_signature=(
-                tf.TensorSpec([max_detections, 4], tf.float32),
-                tf.TensorSpec([max_detections], tf.float32),
-                tf.TensorSpec([max_detections], tf.int32),
-                tf.TensorSpec([], tf.int32),
-            ),
-        )
-    # IoU is symmetric in x and y, so xyxy boxes work where TF documents
-    # yxyx. clip_boxes would clip to [0, 1]; these are pixels.
-    nmsed_boxes, nmsed_scores, nmsed_classes, valid = tf.image.combined_non_max_suppression(
-        boxes[:, :, None, :],
+    return backend_nms.non_max_suppression(
+        boxes,
         scores,
-        max_output_size_per_class=max_boxes_per_class,
-        max_total_size=max_detections,
+        method=method,
+        max_boxes_per_class=max_boxes_per_class,
+        max_detections=max_detections,
         iou_threshold=iou_threshold,
         score_threshold=score_threshold,
-        pad_per_class=False,
-        clip_boxes=False,
     )
-    return nmsed_boxes, nmsed_scores, tf.cast(nmsed_classes, tf.int32), tf.cast(valid, tf.int32)
-
-
-def _nms_one_image(boxes, scores, *, max_boxes_per_class, max_detections, iou_threshold, score_threshold):
-    """Per-class NMS of one image with single-image NMS ops (TFLite builtins).
-
-    Args:
-        boxes: (K, 4); scores: (K, C).
-
-    Returns:
-        boxes (M, 4), scores (M,), classes (M,) int32, valid count () int32.
-    """
-    import tensorflow as tf
-
-    num_classes = scores.shape[-1]
-    per_class = max_boxes_per_class
-    indices, kept_scores = [], []
-    for c in range(num_classes):
-        selected, selected_scores, valid = tf.raw_ops.NonMaxSuppressionV5(
-            boxes=boxes,
-            scores=scores[:, c],
-            max_output_size=per_class,
-            iou_threshold=iou_threshold,
-            score_threshold=score_threshold,
-            soft_nms_sigma=0.0,
-            pad_to_max_output_size=True,
-        )
-        # Padding rows get score -1 so they sort after every real box.
-        kept_scores.append(tf.where(tf.range(per_class) < valid, selected_scores, -1.0))
-        indices.append(selected)
-    indices = tf.concat(indices, axis=0)  # (C * P,), class-major
-    kept_scores = tf.concat(kept_scores, axis=0)
-    k = min(max_detections, num_classes * per_class)
-    top_scores, order = tf.math.top_k(kept_scores, k=k)
-    is_valid = top_scores >= 0.0
-    valid_count = tf.reduce_sum(tf.cast(is_valid, tf.int32))
-    out_boxes = tf.gather(boxes, tf.gather(indices, order)) * tf.cast(is_valid, tf.float32)[:, None]
-    out_scores = tf.maximum(top_scores, 0.0)
-    out_classes = tf.where(is_valid, order // per_class, 0)
-    if k < max_detections:
-        pad = max_detections - k
-        out_boxes = tf.pad(out_boxes, [[0, pad], [0, 0]])
-        out_scores = tf.pad(out_scores, [[0, pad]])
-        out_classes = tf.pad(out_classes, [[0, pad]])
-    return out_boxes, out_scores, tf.cast(out_classes, tf.int32), valid_count
-
-
-# ----------------------------------------------------------------------
-# JAX (any backend): the same selection in keras.ops
-
-
-def greedy_nms(
-    boxes,
-    scores,
-    *,
-    max_boxes_per_class: int,
-    max_detections: int,
-    iou_threshold: float,
-    score_threshold: float,
-    block_size: int = NMS_BLOCK,
-):
-    """`non_max_suppression` in `keras.ops`, selecting exactly what TensorFlow's NMS kernels select.
-
-    The kernels' rule, per image and class: visit the boxes scoring above
-    `score_threshold` best first (equal scores: lower box index first) and
-    keep a box unless a box kept before it overlaps it by IoU >
-    `iou_threshold`, until `max_boxes_per_class` are kept. Here every class
-    of every image walks its sorted candidates together, `block_size` at a
-    time: a block's candidates are first checked against the boxes kept from
-    earlier blocks, then resolved among themselves by keeping the best one
-    left and dropping what it overlaps, until none is left. The next block
-    is read only while some class can keep more boxes and still has a
-    candidate above the score, so the work follows the candidates, as the
-    kernels' does: a plain padded greedy NMS (keep the best, suppress among
-    all K boxes, `max_boxes_per_class` times) costs K * P IoUs per class,
-    85 million per image for YOLOv3-416 (K = 10,647) with 80 classes at
-    evaluation's 100 boxes per class. IoU is computed op for op as the
-    kernels compute it in float32 (`_kernel_iou`), so the same inputs give
-    the same boxes, bit for bit. The kept boxes of all classes are then
-    sorted by score (equal scores: lower class first, as the "padded"
-    method) and the best `max_detections` returned.
-
-    Args and returns as `non_max_suppression`; `block_size` only changes the
-    speed, never the selection.
-    """
-    boxes = ops.cast(boxes, "float32")
-    scores = ops.cast(scores, "float32")
-    batch, num_boxes, num_classes = ops.shape(scores)
-    per_class = int(max_boxes_per_class)
-    block = max(1, min(int(block_size), num_boxes))
-    num_blocks = -(-num_boxes // block)
-
-    # Each class's boxes, best first: (N, C, K) scores and box indices. top_k
-    # puts equal scores in index order, the kernels' order.
-    sorted_scores, order = ops.top_k(ops.transpose(scores, (0, 2, 1)), k=num_boxes, sorted=True)
-    order = ops.cast(order, "int32")
-    if num_blocks * block > num_boxes:  # whole blocks; a score of -1 is never a candidate
-        padding = [[0, 0], [0, 0], [0, num_blocks * block - num_boxes]]
-        sorted_scores = ops.pad(sorted_scores, padding, constant_values=-1.0)
-        order = ops.pad(order, padding)
-    flat_boxes = ops.reshape(boxes, (-1, 4))
-    first_box = ops.reshape(ops.arange(batch, dtype="int32") * num_boxes, (-1, 1, 1))  # (N, 1, 1) in flat_boxes
-    slots = ops.arange(per_class, dtype="int32")  # (P,)
-    positions = ops.arange(block, dtype="int32")  # (B,)
-
-    def can_keep_more(start, count):
-        """(N, C): the class keeps fewer than P boxes and its candidate at `start` scores above the threshold."""
-        # Start indices of one dtype: with 64-bit types on (a float64 model), JAX would take 0 as int64.
-        zero = start * 0
-        best_left = ops.slice(sorted_scores, (zero, zero, start), (batch, num_classes, 1))[..., 0]
-        return (count < per_class) & (best_left > score_threshold)
-
-    def take_block(b, more, count, kept_index, kept_score, kept_boxes):
-        """Resolves block `b` of every class's candidates."""
-        start = b * block
-        zero = start * 0
-        block_scores = ops.slice(sorted_scores, (zero, zero, start), (batch, num_classes, block))  # (N, C, B)
-        block_index = ops.slice(order, (zero, zero, start), (batch, num_classes, block))
-        block_boxes = ops.take(flat_boxes, block_index + first_box, axis=0)  # (N, C, B, 4)
-
-        def pick(alive, count, kept_index, kept_score, kept_boxes):
-            """Keeps each class's best candidate left in the block (if any) and drops what it overlaps."""
-            found = ops.any(alive, axis=-1)  # (N, C)
-            position = ops.min(ops.where(alive, positions, block - 1), axis=-1)  # (N, C); any valid one if none
-            index = ops.take_along_axis(block_index, position[..., None], axis=-1)[..., 0]
-            score = ops.take_along_axis(block_scores, position[..., None], axis=-1)[..., 0]
-            box = ops.take(flat_boxes, index + first_box[..., 0], axis=0)  # (N, C, 4)
-            slot = (slots == count[..., None]) & found[..., None]  # (N, C, P): the next free slot
-            kept_index = ops.where(slot, index[..., None], kept_index)
-            kept_score = ops.where(slot, score[..., None], kept_score)
-            kept_boxes = ops.where(slot[..., None], box[:, :, None, :], kept_boxes)
-            count = count + ops.cast(found, "int32")
-            overlaps = _kernel_iou(box[:, :, None, :], block_boxes) > iou_threshold  # (N, C, B)
-            alive = alive & ~overlaps & (positions != position[..., None]) & (count < per_class)[..., None]
-            return alive, count, kept_index, kept_score, kept_boxes
-
-        # Candidates that no box kept from earlier blocks overlaps.
-        kept = slots < count[..., None]  # (N, C, P)
-        covered = _kernel_iou(block_boxes[:, :, :, None, :], kept_boxes[:, :, None, :, :]) > iou_threshold
-        alive = (block_scores > score_threshold) & ~ops.any(covered & kept[:, :, None, :], axis=-1)
-        alive = alive & (count < per_class)[..., None]
-        _, count, kept_index, kept_score, kept_boxes = ops.while_loop(
-            lambda alive, *_: ops.any(alive), pick, (alive, count, kept_index, kept_score, kept_boxes)
-        )
-        b = b + 1
-        more = (b < num_blocks) & ops.any(can_keep_more(ops.minimum(b, num_blocks - 1) * block, count))
-        return b, more, count, kept_index, kept_score, kept_boxes
-
-    count = ops.zeros((batch, num_classes), "int32")
-    kept_index = ops.zeros((batch, num_classes, per_class), "int32")
-    kept_score = ops.zeros((batch, num_classes, per_class), "float32")
-    kept_boxes = ops.zeros((batch, num_classes, per_class, 4), "float32")
-    state = (ops.convert_to_tensor(0, "int32"), ops.any(can_keep_more(0, count)))  # (block, more to do)
-    state += (count, kept_index, kept_score, kept_boxes)
-    _, _, count, kept_index, kept_score, _ = ops.while_loop(lambda b, more, *_: more, take_block, state)
-
-    # Every class's kept boxes, class-major, best first overall.
-    kept_score = ops.where(slots < count[..., None], kept_score, -1.0)  # empty slots sort last
-    k = min(int(max_detections), num_classes * per_class)
-    top_scores, top = ops.top_k(ops.reshape(kept_score, (-1, num_classes * per_class)), k=k, sorted=True)
-    valid = top_scores >= 0.0  # kept scores are above a threshold >= 0
-    index = ops.take_along_axis(ops.reshape(kept_index, (-1, num_classes * per_class)), top, axis=-1)
-    out_boxes = ops.where(valid[..., None], ops.take(flat_boxes, index + first_box[:, :, 0], axis=0), 0.0)
-    out_scores = ops.where(valid, top_scores, 0.0)
-    out_classes = ops.cast(ops.where(valid, top // per_class, 0), "int32")
-    valid_count = ops.sum(ops.cast(valid, "int32"), axis=-1)
-    if k < max_detections:
-        pad = int(max_detections) - k
-        out_boxes = ops.pad(out_boxes, [[0, 0], [0, pad], [0, 0]])
-        out_scores = ops.pad(out_scores, [[0, 0], [0, pad]])
-        out_classes = ops.pad(out_classes, [[0, 0], [0, pad]])
-    return out_boxes, out_scores, out_classes, valid_count
-
-
-def _kernel_iou(a, b):
-    """IoU of boxes `a` and `b` (..., 4), broadcast, as TensorFlow's NMS kernels compute it in float32.
-
-    Same operations in the same order (corners sorted per axis, area 0 or
-    less gives IoU 0), so a suppression decision at the threshold is the
-    kernels' own.
-    """
-    a_low, a_high = ops.minimum(a[..., 0:2], a[..., 2:4]), ops.maximum(a[..., 0:2], a[..., 2:4])
-    b_low, b_high = ops.minimum(b[..., 0:2], b[..., 2:4]), ops.maximum(b[..., 0:2], b[..., 2:4])
-    area_a = (a_high[..., 0] - a_low[..., 0]) * (a_high[..., 1] - a_low[..., 1])
-    area_b = (b_high[..., 0] - b_low[..., 0]) * (b_high[..., 1] - b_low[..., 1])
-    size = ops.maximum(ops.minimum(a_high, b_high) - ops.maximum(a_low, b_low), 0.0)
-    intersection = size[..., 0] * size[..., 1]
-    iou = intersection / (area_a + area_b - intersection)
-    return ops.where((area_a <= 0.0) | (area_b <= 0.0), 0.0, iou)
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)

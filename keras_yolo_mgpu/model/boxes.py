@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
+from keras_yolo_mgpu.backend import nms as backend_nms
+
 # Which anchors each output scale predicts, coarsest grid first. The tiny
 # masks overlap on anchor 3 and skip anchor 0: that is keras-yolo3's choice,
 # kept so that weights trained with it decode identically here.
@@ -272,16 +274,15 @@ def yolo_eval(
         `boxes` (K, 4) as (y_min, x_min, y_max, x_max) image pixels,
         `scores` (K,), `classes` (K,) int32.
 
-    TensorFlow only: keras-yolo3's ragged single-image NMS, kept as the
-    reference the detector is tested against. The detector itself
-    (`inference.layers`) runs on every backend.
+    keras-yolo3's ragged single-image NMS, kept as the reference the detector
+    is tested against: TensorFlow's kernels (`backend/tensorflow/nms.py`,
+    `ragged_nms`); JAX refuses it. The detector itself (`inference.layers`)
+    runs on every backend.
     """
-    import tensorflow as tf
-
     num_layers = num_output_layers(len(anchors))
     masks = resolve_masks(masks, len(anchors))
     anchors = np.asarray(anchors, dtype=np.float32)
-    input_shape = tf.shape(yolo_outputs[0])[1:3] * 32
+    input_shape = ops.convert_to_tensor(ops.shape(yolo_outputs[0])[1:3], "int32") * 32
     boxes, box_scores = [], []
     for layer in range(num_layers):
         layer_boxes, layer_scores = yolo_boxes_and_scores(
@@ -294,16 +295,10 @@ def yolo_eval(
         )
         boxes.append(layer_boxes)
         box_scores.append(layer_scores)
-    boxes = tf.concat(boxes, axis=0)
-    box_scores = tf.concat(box_scores, axis=0)
-
-    mask = box_scores >= score_threshold
-    boxes_, scores_, classes_ = [], [], []
-    for c in range(num_classes):
-        class_boxes = tf.boolean_mask(boxes, mask[:, c])
-        class_scores = tf.boolean_mask(box_scores[:, c], mask[:, c])
-        keep = tf.image.non_max_suppression(class_boxes, class_scores, max_boxes, iou_threshold=iou_threshold)
-        boxes_.append(tf.gather(class_boxes, keep))
-        scores_.append(tf.gather(class_scores, keep))
-        classes_.append(tf.fill(tf.shape(keep), c))
-    return tf.concat(boxes_, axis=0), tf.concat(scores_, axis=0), tf.concat(classes_, axis=0)
+    return backend_nms.ragged_nms(
+        ops.concatenate(boxes, axis=0),
+        ops.concatenate(box_scores, axis=0),
+        max_boxes=max_boxes,
+        score_threshold=score_threshold,
+        iou_threshold=iou_threshold,
+    )

@@ -1,1 +1,4 @@
-"""What runs on N devices: device selection and strategies, `multi_gpu_model`, Keras workarounds."""
+"""What runs on N devices: the engine (`engine.py`, backend-neutral) and the 1-vs-N alignment (`align.py`).
+
+How each backend runs N devices is in `keras_yolo_mgpu.backend`.
+"""

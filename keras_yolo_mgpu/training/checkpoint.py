@@ -15,6 +15,7 @@ import shutil
 
 import keras
 
+from keras_yolo_mgpu.backend import distribution
 from keras_yolo_mgpu.fileio import atomic_write
 from keras_yolo_mgpu.keras_compat import check_model_checkpoint_hooks
 from keras_yolo_mgpu.parallel.engine import is_chief
@@ -45,14 +46,7 @@ def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None
     """
     if is_chief(strategy):
         return filepath, None
-    if strategy is None:  # JAX: the process index
-        import jax
-
-        task_id = jax.process_index()
-    else:
-        # MultiWorkerMirroredStrategy's public cluster resolver names the task.
-        task_id = getattr(getattr(strategy, "cluster_resolver", None), "task_id", None) or 0
-    temp_dir = os.path.join(os.path.dirname(filepath), f"workertemp_{task_id}")
+    temp_dir = os.path.join(os.path.dirname(filepath), f"workertemp_{distribution.worker_index(strategy)}")
     return os.path.join(temp_dir, os.path.basename(filepath)), temp_dir
 
 
@@ -177,14 +171,5 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
             logger.info("Epoch %d: saved template weights to %s", epoch + 1, filepath)
 
     def _strategy(self):
-        """The tf.distribute strategy the model trains under; None on JAX (`is_chief` asks JAX itself)."""
-        import keras
-
-        if keras.backend.backend() != "tensorflow":
-            return None
-        strategy = getattr(self.model, "distribute_strategy", None)
-        if strategy is None:
-            import tensorflow as tf
-
-            strategy = tf.distribute.get_strategy()
-        return strategy
+        """The strategy the model trains under; None on JAX (`is_chief` asks JAX itself)."""
+        return distribution.training_strategy(self.model)

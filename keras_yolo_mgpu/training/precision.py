@@ -64,9 +64,10 @@ def training_device_kind(devices: Sequence[str]) -> str:
             cluster, which then looks at the local devices.
     """
     if not devices:
-        import tensorflow as tf
+        from keras_yolo_mgpu.parallel.engine import select_devices
 
-        return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+        # A multi-worker cluster: this worker's devices, as a run without --gpus selects them (its GPUs, else the CPU).
+        devices = select_devices()
     on_accelerator = [any(kind in name.upper() for kind in _ACCELERATOR_NAMES) for name in devices]
     return "GPU" if all(on_accelerator) else "CPU"
 
@@ -165,9 +166,9 @@ def _loss_and_finite(train_model, inputs, jit_compile: bool = False) -> tuple[fl
     """The step's mean loss and whether it and every gradient are finite."""
     import numpy as np
 
-    from keras_yolo_mgpu.parallel.gradients import loss_and_gradients
+    from keras_yolo_mgpu.backend import gradients as backend_gradients
 
-    loss, gradients = loss_and_gradients(train_model, inputs, jit_compile)
+    loss, gradients = backend_gradients.loss_and_gradients(train_model, inputs, jit_compile)
     finite = bool(np.isfinite(loss)) and all(bool(np.all(np.isfinite(g))) for g in gradients)
     return loss, finite
 
@@ -265,9 +266,9 @@ def apply_policy(mixed_precision: bool, mixed_policy: str = "mixed_float16") -> 
     import keras
 
     if mixed_precision:
-        from keras_yolo_mgpu.parallel.engine import visible_accelerators
+        from keras_yolo_mgpu.backend import distribution
 
-        if not visible_accelerators():
+        if not distribution.visible_accelerators():
             # It runs (the tests exercise it on the CPU), it just buys nothing there.
             logger.warning("mixed precision without a GPU: %s on the CPU is slower than float32", mixed_policy)
         keras.mixed_precision.set_global_policy(mixed_policy)

@@ -84,12 +84,12 @@ def train(config: TrainConfig) -> TrainResult:
         parallel=config.parallel,
         sync_bn=config.sync_bn,
     )  # before any TF op
-    from keras.src.backend.common import global_state
+    from keras_yolo_mgpu.keras_compat import global_dtype_policy_setting, restore_global_dtype_policy
 
     # The dtype policy is process-global: a mixed-precision run must not
     # leave it set for whatever the process builds next (nor pin it to this
     # run's floatx, which Keras does when a layer first asks for it).
-    previous_policy = global_state.get_global_attribute("dtype_policy", None)
+    previous_policy = global_dtype_policy_setting()
     # A new run that stops before its first epoch ends (refused weights, bad
     # data) takes the folder it created with it: no empty run is left behind.
     new_folder = not config.resume and not (os.path.isdir(config.log_dir) and os.listdir(config.log_dir))
@@ -100,24 +100,19 @@ def train(config: TrainConfig) -> TrainResult:
             _remove_unstarted_run(config.log_dir)
         raise
     finally:
-        global_state.set_global_attribute("dtype_policy", previous_policy)
+        restore_global_dtype_policy(previous_policy)
 
 
 def _check_backend(config: TrainConfig) -> None:
     """Records Keras's backend in a new run; refuses to resume a run on another backend than it started on."""
-    import keras
+    from keras_yolo_mgpu.backend import NAME, distribution
 
-    backend = keras.backend.backend()
-    if config.feed == "processes" and backend != "jax":
-        raise ValueError(
-            "--feed processes is the JAX feed's; on TensorFlow, tf.data makes the batches in its own threads. "
-            "Run with KERAS_BACKEND=jax, or leave --feed out"
-        )
+    distribution.check_feed(config.feed)
     if not config.resume or config.backend is None:
-        config.backend = backend
-    elif config.backend != backend:
+        config.backend = NAME
+    elif config.backend != NAME:
         raise ValueError(
-            f"the run in {config.log_dir} trained on the {config.backend} backend; this process runs {backend}. "
+            f"the run in {config.log_dir} trained on the {config.backend} backend; this process runs {NAME}. "
             f"Resume it with KERAS_BACKEND={config.backend} (its optimizer state and data stream continue there), or "
             f"start a new run from its weights: --weights {os.path.join(config.log_dir, 'last.weights.h5')}"
         )

@@ -5,6 +5,10 @@ and for users who want in-graph replication: a layer slices the batch, runs
 the template on each device and joins the per-sample outputs. Because the
 loss is per sample (`model/loss.py`), the compiled loss averages over the
 whole global batch exactly once, as on one device.
+
+TensorFlow only (`tf.device`, `tf.split` with tensor sizes): on JAX every
+device count runs as one SPMD program, and `backend/jax/distribution.py`'s
+`replica_model` refuses `--parallel multi_gpu_model` with what to use instead.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from keras_yolo_mgpu.parallel.devices import select_devices
+from keras_yolo_mgpu.backend.tensorflow.distribution import select_devices
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,9 @@
-"""TensorFlow's fused BatchNormalization kernels, for `batch_norm.BatchNormalization` on TensorFlow.
+"""TensorFlow's fused BatchNormalization kernels, for `model.batch_norm.BatchNormalization` on TensorFlow.
+
+`call` is how the layer computes here: the fused kernel where it applies, in
+float64 plain ops with the same written-out gradient, Keras's own path
+otherwise (inference, masks, renormalisation). The JAX side:
+`backend/jax/batch_norm.py`, the same functions.
 
 Keras 3's `BatchNormalization` trains with separate ops: `tf.nn.moments`
 (two reductions), `tf.nn.batch_normalization`, and their gradients through
@@ -33,7 +38,7 @@ The gamma and beta gradients stay local sums; the optimizer's all-reduce of
 gradients adds the replicas' shares, as for every other weight.
 
 On JAX none of this is needed: one SPMD program over N devices computes the
-global batch's statistics with plain `keras.ops` (`batch_norm.py`).
+global batch's statistics with plain `keras.ops` (`backend/jax/batch_norm.py`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,20 @@ import keras
 import tensorflow as tf
 
 FUSED_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def keras_synchronized(synchronized: bool) -> bool:
+    """`synchronized` for `keras.layers.BatchNormalization`: Keras synchronises over MirroredStrategy replicas."""
+    return synchronized
+
+
+def call(layer, inputs, training, mask, keras_call):
+    """(N, H, W, C) -> (N, H, W, C): `layer`'s call; `keras_call` is Keras's own (`super().call`)."""
+    if fused_applies(layer, inputs, training, mask):
+        return fused_training_call(layer, inputs)
+    if written_gradient_applies(layer, inputs, training, mask):
+        return written_gradient_training_call(layer, inputs)
+    return keras_call(inputs, training=training, mask=mask)
 
 
 def fused_applies(layer, inputs, training, mask) -> bool:

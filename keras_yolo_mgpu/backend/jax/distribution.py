@@ -1,6 +1,7 @@
 """Devices on JAX: device selection, simulated CPU devices, several processes, the data-parallel distribution.
 
-The JAX counterpart of `devices.py` (TensorFlow). JAX runs N devices as one
+The JAX side of `keras_yolo_mgpu.backend.distribution` (the TensorFlow side:
+`backend/tensorflow/distribution.py`, the same functions). JAX runs N devices as one
 SPMD program: `keras.distribution.DataParallel` replicates every variable
 over a 1-D device mesh and shards each batch along it, and XLA compiles the
 whole training step once for all of them. A mean over the batch axis (the
@@ -13,6 +14,10 @@ Several processes (machines) join through `jax.distributed`, which
 `KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator's `host:port` first),
 `KERAS_DISTRIBUTION_NUM_PROCESSES` and `KERAS_DISTRIBUTION_PROCESS_ID`;
 each process then feeds only its own slice of every global batch.
+
+TensorFlow's other engines have no meaning here and are refused with what to
+use instead (`build_engine_fields`, `replica_model`). The input is a
+`keras.utils.PyDataset` (`INPUT_PIPELINE`): no TensorFlow is needed.
 """
 
 from __future__ import annotations
@@ -20,14 +25,77 @@ from __future__ import annotations
 import logging
 import os
 
+import jax
+import keras
+
 logger = logging.getLogger(__name__)
 
+# How the training data reaches this engine (`data/streams.py`): a PyDataset of worker threads or processes.
+INPUT_PIPELINE = "py_dataset"
 # The variables `keras.distribution.initialize()` reads.
 PROCESS_COUNT_VARIABLE = "KERAS_DISTRIBUTION_NUM_PROCESSES"
 CLUSTER_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", PROCESS_COUNT_VARIABLE, "KERAS_DISTRIBUTION_PROCESS_ID")
 _SIMULATE_FLAG = "--xla_force_host_platform_device_count"
 # `jax.distributed` is started once per process.
 _processes_started = False
+
+
+def build_engine_fields(
+    gpus: int | None, *, simulate: bool, strategy: str, parallel: str, sync_bn: bool, devices
+) -> dict:
+    """`parallel.engine.Engine`'s fields on JAX: the processes joined, the devices chosen, `DataParallel` over them.
+
+    Raises:
+        ValueError: a TensorFlow-only choice (`check_options`).
+    """
+    check_options(strategy=strategy, parallel=parallel, sync_bn=sync_bn)
+    start_processes()
+    enable_float64_if_asked()
+    if devices is None:
+        devices = select_devices(gpus, simulate)
+    else:
+        by_name = {str(device): device for device in jax.devices()}
+        by_name.update({str(device): device for device in jax.devices("cpu")})
+        devices = [by_name.get(str(name), name) for name in devices]
+    return dict(
+        strategy=make_distribution(devices),
+        devices=tuple(str(device) for device in devices),
+        replicas=len(devices),
+        parallel="strategy",
+        sync_bn=len(devices) > 1,
+        processes=process_slice(),
+        bfloat16=supports_bfloat16(devices),
+    )
+
+
+def check_options(*, strategy: str = "mirrored", parallel: str = "strategy", sync_bn: bool = True) -> None:
+    """Raises ValueError for TensorFlow-only choices, saying what to use on JAX instead."""
+    if parallel != "strategy":
+        _refuse_parallel(parallel)
+    if strategy != "mirrored":
+        raise ValueError(
+            f"--strategy {strategy} configures TensorFlow's MultiWorkerMirroredStrategy (TF_CONFIG). On JAX start "
+            "train.py in every process with KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator's host:port first), "
+            "KERAS_DISTRIBUTION_NUM_PROCESSES and KERAS_DISTRIBUTION_PROCESS_ID set, and drop --strategy."
+        )
+    if not sync_bn:
+        raise ValueError(
+            "--no-sync-bn has no meaning on JAX: N devices run one program, and BatchNormalization always "
+            "normalises over the global batch, as on one device. Drop --no-sync-bn, or set KERAS_BACKEND=tensorflow "
+            "for per-replica statistics."
+        )
+
+
+def replica_model(train_model, devices):
+    """TensorFlow's in-graph replica model (`--parallel multi_gpu_model`) has no JAX counterpart: ValueError."""
+    _refuse_parallel("multi_gpu_model")
+
+
+def _refuse_parallel(parallel: str):
+    raise ValueError(
+        f"--parallel {parallel} is TensorFlow's in-graph replication. On JAX every device count runs as one "
+        "SPMD program (keras.distribution.DataParallel): drop --parallel, or set KERAS_BACKEND=tensorflow."
+    )
 
 
 def simulate_devices(count: int) -> list:
@@ -49,7 +117,6 @@ def simulate_devices(count: int) -> list:
     flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if not flag.startswith(_SIMULATE_FLAG)]
     existing = _flag_value(os.environ.get("XLA_FLAGS", ""))
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"{_SIMULATE_FLAG}={max(count, existing)}"])
-    import jax
 
     devices = jax.devices("cpu")
     if len(devices) < count:
@@ -86,8 +153,6 @@ def start_processes() -> bool:
             f"{PROCESS_COUNT_VARIABLE}={count} asks for several processes, but {', '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not set: every process needs all of {', '.join(CLUSTER_VARIABLES)}"
         )
-    import jax
-    import keras
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     keras.distribution.initialize()
@@ -102,8 +167,6 @@ def select_devices(gpus: int | None = None, simulate: bool = False) -> list:
     Raises:
         ValueError: more GPUs asked for than JAX sees (without `simulate`).
     """
-    import jax
-
     if simulate:
         per_process = gpus or 2
         simulate_devices(per_process)
@@ -134,9 +197,6 @@ def enable_float64_if_asked() -> None:
     float32: a float64 run (the equivalence proofs, `align --float64`) would
     then prove nothing. Must run before the first array is built.
     """
-    import jax
-    import keras
-
     if keras.config.floatx() == "float64" and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)
         logger.info("floatx float64: JAX's 64-bit types enabled (jax_enable_x64)")
@@ -149,38 +209,67 @@ def make_distribution(devices: list):
     process its own slice of every global batch (`data.pipeline`), so Keras
     must not shard it again.
     """
-    import keras
-
     return keras.distribution.DataParallel(devices=list(devices), auto_shard_dataset=False)
 
 
-def is_chief() -> bool:
-    """Process 0 writes the run's files."""
-    import jax
-
+def is_chief(strategy=None) -> bool:
+    """Process 0 writes the run's files (`strategy`: unused, every process knows its index)."""
     return jax.process_index() == 0
+
+
+def worker_index(strategy=None) -> int:
+    """This process's index: where a process other than the chief writes its copy of a checkpoint."""
+    return jax.process_index()
+
+
+def training_strategy(model):
+    """What `is_chief` and `worker_index` take for a model in training: nothing on JAX."""
+    return None
 
 
 def process_slice() -> tuple[int, int]:
     """(this process's index, the number of processes): which slice of each global batch it reads."""
-    import jax
-
     return jax.process_index(), jax.process_count()
 
 
-def wait_for_all_processes(name: str) -> None:
+def wait_for_all_workers(strategy, name: str) -> None:
     """A barrier over the processes (none with one), so no process exits while the chief saves."""
-    import jax
-
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
 
 
-def device_kind(devices: list) -> str:
-    """ "GPU" when every device is a GPU, else "CPU" (TPUs count as GPUs: the accelerator defaults apply)."""
-    return "GPU" if devices and all(d.platform != "cpu" for d in devices) else "CPU"
+def device_names(gpus: int | None = None, simulate: bool = False) -> list[str]:
+    """The names of the devices a run would train on (`select_devices`), the processes joined first."""
+    start_processes()
+    enable_float64_if_asked()
+    return [str(device) for device in select_devices(gpus, simulate)]
+
+
+def visible_accelerators() -> list[str]:
+    """The GPUs (TPUs) JAX sees in this process, by name; empty on a CPU-only machine."""
+    return [str(device) for device in jax.local_devices() if device.platform != "cpu"]
+
+
+def fit_callbacks(distribution) -> list:
+    """Callbacks every `fit` under `distribution` needs: with one device, one compile of the step."""
+    callback = commit_state_callback(distribution.device_mesh.devices.flatten().tolist())
+    return [callback] if callback is not None else []
+
+
+def check_feed(feed: str) -> None:
+    """Every feed of the PyDataset runs here: worker "threads" or "processes"."""
+
+
+def batch_placer(distribution):
+    """`batch -> the batch on the devices`, sharded along the batch axis as the step reads it (one process)."""
+    sharding = distribution.get_data_layout((None,)).backend_layout
+
+    def place(batch):
+        return jax.device_put(batch, sharding)
+
+    return place
 
 
 def supports_bfloat16(devices: list) -> bool:
@@ -210,8 +299,6 @@ def commit_state_callback(devices: list):
     """
     if len(devices) != 1:
         return None
-    import jax
-    import keras
 
     device = devices[0]
 

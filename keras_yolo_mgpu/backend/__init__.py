@@ -1,0 +1,50 @@
+"""What each backend does its own way: one switch, and the same modules with the same functions per backend.
+
+Keras's own pattern (keras/src/backend/{jax,tensorflow}/): `backend/jax/` and
+`backend/tensorflow/` hold modules of the same names with the same functions,
+and this switch picks one set from Keras's backend (`KERAS_BACKEND`, or
+`~/.keras/keras.json`) once, at import. Everything outside this package
+speaks `keras.ops` and calls these modules; it never asks which backend runs.
+To list the differences, open the two folders side by side.
+
+* `distribution`: the devices, the strategy (TensorFlow) or `DataParallel`
+  distribution (JAX) a run trains under, the chief process, the barrier, the
+  callbacks every `fit` needs, the input pipeline that feeds the engine.
+* `gradients`: one forward and backward pass outside `fit` (a tape; a
+  transformed pure function).
+* `batch_norm`: how `model.batch_norm.BatchNormalization` trains (TensorFlow's
+  fused kernels; `keras.ops` kept in float64).
+* `nms`: per-class non-max suppression (TensorFlow's kernels; the same
+  selection in `keras.ops`).
+* `optimizer`: the Adam update (TensorFlow's fused kernel; Keras's, which XLA
+  fuses).
+
+What one engine does not have is said by its module: the JAX
+`distribution.replica_model` refuses `multi_gpu_model` with what to use
+instead, the JAX `nms.ragged_nms` refuses keras-yolo3's ragged `yolo_eval`,
+the TensorFlow `distribution.check_feed` refuses the JAX feed of processes.
+
+This package sits below the model: it imports Keras, its backend's framework,
+numpy and the package's base modules (`keras_compat`, `fileio`,
+`serialization`), nothing else of the package. The JAX modules never import
+TensorFlow, even indirectly: the JAX engine runs where it is not installed.
+"""
+
+from __future__ import annotations
+
+import keras
+
+# Keras's backend for this process: "tensorflow" or "jax" (recorded in args.json).
+NAME = keras.backend.backend()
+
+if NAME == "jax":
+    from keras_yolo_mgpu.backend.jax import batch_norm, distribution, gradients, nms, optimizer
+elif NAME == "tensorflow":
+    from keras_yolo_mgpu.backend.tensorflow import batch_norm, distribution, gradients, nms, optimizer
+else:
+    raise ValueError(
+        f"keras-yolo-mgpu runs on the tensorflow and jax backends; Keras runs on {NAME}. "
+        "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax"
+    )
+
+__all__ = ["NAME", "batch_norm", "distribution", "gradients", "nms", "optimizer"]

@@ -1,0 +1,1 @@
+"""The JAX backend's modules (see `keras_yolo_mgpu.backend`). None of them imports TensorFlow."""

@@ -1,0 +1,1 @@
+"""The TensorFlow backend's modules (see `keras_yolo_mgpu.backend`)."""
