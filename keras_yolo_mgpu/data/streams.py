@@ -5,9 +5,9 @@ placed on the canvas, padded boxes, HSV draws), which the training model
 finishes on the device (`data.device_side.DeviceInputs`):
 
 * **TensorFlow**: `tf.data` around the host's per-sample functions
-  (`data.pipeline.make_dataset(..., device_targets=True)`), distributed by
-  the strategy (`distribute_training_dataset`: under
-  MultiWorkerMirroredStrategy each worker builds only its slice).
+  (`data.tf_dataset.make_dataset`), distributed by the strategy
+  (`distribute_training_dataset`: under MultiWorkerMirroredStrategy each
+  worker builds only its slice).
 * **JAX**: a `keras.utils.PyDataset` of worker threads (`data.py_dataset`),
   with no TensorFlow; each process makes its slice of every global batch,
   and on one process the worker threads also copy each batch onto the
@@ -51,10 +51,10 @@ def training_stream(
         return _py_dataset(
             engine, annotations, input_shape, num_classes, batch_size, training=True, **feeding, **options
         )
-    from keras_yolo_mgpu.data.pipeline import distribute_training_dataset
+    from keras_yolo_mgpu.data.tf_dataset import distribute_training_dataset
 
     return distribute_training_dataset(
-        engine.strategy, annotations, input_shape, anchors, num_classes, batch_size, device_targets=True, **options
+        engine.strategy, annotations, input_shape, anchors, num_classes, batch_size, **options
     )
 
 
@@ -65,11 +65,9 @@ def validation_stream(
     options = {key: value for key, value in options.items() if key not in ("start_position", "multi_scale", "mosaic")}
     if engine.backend == "jax":
         return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=False, **options)
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.data.tf_dataset import make_dataset
 
-    return make_dataset(
-        annotations, input_shape, anchors, num_classes, batch_size, training=False, device_targets=True, **options
-    )
+    return make_dataset(annotations, input_shape, anchors, num_classes, batch_size, training=False, **options)
 
 
 def first_batch(annotations: list[Annotation], input_shape, num_classes: int, batch_size: int, **options) -> dict:
