@@ -32,7 +32,7 @@ _EXPORTS = {
     "get_anchors": "resources",
     "get_classes": "resources",
     "model_data_path": "resources",
-    "preprocess_true_boxes": "model.targets",
+    "preprocess_true_boxes": "data.device_side",
     "multi_gpu_model": "backend.tensorflow.replica_model",
     "TemplateModelCheckpoint": "training.checkpoint",
     "load_weights": "weights.loading",

@@ -15,8 +15,9 @@ finishes, so an interrupted run keeps what it measured. Parts:
   at float32 (interleaved with keras-yolo3's own step under Keras 2, the
   ratio), mixed precision (mixed_float16), XLA (jit_compile) and both.
 * `pipeline`: the tf.data input pipeline on real JPEGs (640x480, generated
-  by scripts/make_bench_images.py), full augmentation and targets, and the
-  bare decode: images/s against the training step's demand (is the GPU fed?).
+  by scripts/make_bench_images.py), full augmentation (the host's share:
+  the targets and the HSV jitter run in the step), and the bare decode:
+  images/s against the training step's demand (is the GPU fed?).
 * `replication`: the GPU split into 2 and 4 logical GPUs, MirroredStrategy
   at the same global batch: what replication itself costs (all-reduce,
   per-replica kernels on a smaller batch, synchronized BatchNormalization).
@@ -95,7 +96,7 @@ def run_pipeline(results: str, size: int, batch: int, timeout: int) -> None:
             env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))),
         )
     classes = os.path.join(REPO, "model_data", "voc_classes.txt")
-    for generator in ("tfdata", "decode-only"):
+    for generator in ("tfdata-device", "decode-only"):
         args = ["pipeline", "--annotations", os.path.join(images, "train.txt"), "--classes", classes]
         args += ["--input-size", str(size), "--batch-size", str(batch), "--batches", "40", "--generator", generator]
         _run(f"pipeline {generator}", args, results, timeout)
@@ -154,11 +155,11 @@ def report(results: str) -> str:
         )
 
     lines += ["", "| input pipeline (real 640x480 JPEGs) | images/s | CPU-ms/image |", "| --- | --- | --- |"]
-    for generator in ("tfdata", "decode-only"):
+    for generator in ("tfdata-device", "decode-only"):
         r = result(f"pipeline {generator}")
         if r:
             lines.append(f"| {generator} | {r['images_per_sec']:.1f} | {r.get('cpu_ms_per_image', float('nan')):.2f} |")
-    fed = result("pipeline tfdata")
+    fed = result("pipeline tfdata-device")
     if fed and demand:
         lines.append(
             f"\nFastest training step above: {demand:.1f} images/s; the pipeline delivers "

@@ -6,7 +6,8 @@ folder (images linked, not copied; the writers of tests/dataset_writers.py,
 which follow each format's own definition), opens each with
 `data.dataset_source.open_dataset`, and prints, per format: the records
 (equal boxes, as float32), the training targets of the validation pipeline
-at --input-size (equal arrays), and the time to read and check the dataset.
+at --input-size (its batches finished by `DeviceInputs`, as training
+finishes them; equal arrays), and the time to read and check the dataset.
 
     python scripts/formats_report.py /path/to/voc_dataset [--input-size 416]
 """
@@ -28,13 +29,13 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 
 def _targets(records, input_size, anchors, num_classes):
-    import tensorflow as tf
+    from keras_yolo3_targets import dense_inputs
 
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo_mgpu.data.tf_dataset import make_dataset
 
     dataset = make_dataset(records, (input_size, input_size), anchors, num_classes, 8, training=False)
-    batches = [tf.nest.flatten(batch) for batch in dataset.as_numpy_iterator()]
-    return [np.concatenate(parts) for parts in zip(*batches)]
+    batches = [list(dense_inputs(x, anchors, num_classes).values()) + [w] for x, _, w in dataset]
+    return [np.concatenate(parts) for parts in zip(*batches)]  # images, targets per scale, weights
 
 
 def _timed_records(path, num_classes, **options):

@@ -6,8 +6,8 @@
 
 Runs, one after the other, clusters of worker processes on 127.0.0.1 (as
 train.py's multi-worker test does), each worker iterating the training
-input exactly as training distributes it, with full augmentation and
-targets, and no model:
+input exactly as training distributes it, with full augmentation (the
+targets and the HSV jitter are the train step's), and no model:
 
 * `shard` (train.py now): `distribute_training_dataset`, each worker reads,
   decodes and augments only its slice of every global batch;
@@ -42,7 +42,7 @@ def run_worker(args) -> dict:
     import tensorflow as tf
 
     from keras_yolo_mgpu.data.annotations import read_annotations
-    from keras_yolo_mgpu.data.pipeline import distribute_training_dataset, make_dataset
+    from keras_yolo_mgpu.data.tf_dataset import distribute_training_dataset, make_dataset
     from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

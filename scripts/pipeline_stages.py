@@ -4,17 +4,14 @@
     python scripts/make_bench_images.py --out /tmp/bench_images --num 256
     python scripts/pipeline_stages.py --annotations /tmp/bench_images/train.txt --rounds 3
 
-Variants, each the real tf.data pipeline (`data.pipeline.DatasetBuilder`
+Variants, each the real tf.data pipeline (`data.tf_dataset.DatasetBuilder`
 over `data.host.HostBatches`) with one stage changed (a subclass overrides
 one method), timed like `bench pipeline` (CPU time of every thread per image)
 in rounds that visit every variant, so that load from other processes
 disturbs all of them alike:
 
-- `dense`: the host does everything, as training did before the device
-  split: the HSV jitter (OpenCV) and the dense targets too;
-- `host`: the host's share only (uint8 canvas, padded boxes, HSV draws:
-  `make_dataset(..., device_targets=True)`); `dense - host` is what moved
-  into the train step;
+- `host`: the host's share, what training reads (uint8 canvas, padded
+  boxes, HSV draws: `make_dataset`);
 - `no-place`: `host` without resizing and placing the image (the decoded
   image is not touched; the canvas stays grey);
 - `full-decode`: `host` decoding every JPEG whole (no reduced-scale DCT
@@ -60,11 +57,10 @@ def _variants():
             self.source = WholeDecodes(self.annotations, self.input_shape, self.cache)
 
     return {
-        "dense": ({}, None),
-        "host": ({"device_targets": True}, None),
-        "no-place": ({"device_targets": True}, NoPlace),
-        "full-decode": ({"device_targets": True}, FullDecode),
-        "host-ram": ({"device_targets": True, "cache": "ram"}, None),
+        "host": ({}, None),
+        "no-place": ({}, NoPlace),
+        "full-decode": ({}, FullDecode),
+        "host-ram": ({"cache": "ram"}, None),
         "decode-only": None,
     }
 
@@ -74,7 +70,7 @@ def time_variant(variant, annotations, input_shape, anchors, num_classes, batch_
     import os
 
     from keras_yolo_mgpu.bench.pipeline import _decode_only_dataset, _wait_until_idle
-    from keras_yolo_mgpu.data.pipeline import DatasetBuilder
+    from keras_yolo_mgpu.data.tf_dataset import DatasetBuilder
 
     if variant is None:
         dataset = _decode_only_dataset(annotations, input_shape, batch_size)

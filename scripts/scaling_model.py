@@ -87,7 +87,7 @@ def measure_collective_latency_us(replicas: int, calls: int = 50, rounds: int = 
 
     from keras_yolo_mgpu.backend.tensorflow.distribution import mirrored_strategy
 
-    # Collective keys of its own: a second strategy in one process would collide (parallel/devices.py).
+    # Collective keys of its own: a second strategy in one process would collide (backend/tensorflow/distribution.py).
     strategy = mirrored_strategy([f"/cpu:{i}" for i in range(replicas)])
 
     def replica_fn():

@@ -51,9 +51,9 @@ def random_boxes(rng, batch, num_boxes, shape, num_classes, min_size=0.5):
 def _targets(found: dict) -> None:
     import jax
     import numpy as np
+    from keras_yolo3_targets import preprocess_true_boxes
 
     from keras_yolo_mgpu.data.device_side import _floor_of_product, build_targets
-    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
     from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
     mismatches, cases = [], 0

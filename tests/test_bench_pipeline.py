@@ -59,15 +59,18 @@ def test_other_generators_run(bench_images, generator):
     assert result["batch_size"] == 4 and result["batches"] == 2
     with pytest.raises(ValueError, match="generator"):
         run_benchmark("nope", annotations, (64, 64), anchors, 20, batch_size=4, batches=1)
-    assert set(GENERATORS) == {"tfdata", "tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only"}
+    assert set(GENERATORS) == {"tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only"}
+    # The host-built dense targets' row is gone with them; its name says what to time instead.
+    with pytest.raises(ValueError, match="'tfdata' was retired: time 'tfdata-device'"):
+        run_benchmark("tfdata", annotations, (64, 64), anchors, 20, batch_size=4, batches=1)
 
 
 def test_rows_with_caches_in_interleaved_rounds(bench_images, tmp_path):
     annotations = read_annotations(str(bench_images))
     anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
-    rows = parse_rows(f"decode-only,tfdata-device@{tmp_path / 'cache'},pydataset@ram,tfdata", default_cache=None)
+    rows = parse_rows(f"decode-only,tfdata-device@{tmp_path / 'cache'},pydataset@ram,tfdata-device", default_cache=None)
     cache = str(tmp_path / "cache")
-    assert rows == [("decode-only", None), ("tfdata-device", cache), ("pydataset", "ram"), ("tfdata", None)]
+    assert rows == [("decode-only", None), ("tfdata-device", cache), ("pydataset", "ram"), ("tfdata-device", None)]
     result = run_rounds(rows, 2, annotations, (64, 64), anchors, 20, 4, 2, warmup=1, workers=2)
     assert result["rounds"] == 2 and [r["generator"] for r in result["rows"]] == [g for g, _ in rows]
     for row in result["rows"]:
@@ -78,7 +81,7 @@ def test_rows_with_caches_in_interleaved_rounds(bench_images, tmp_path):
             assert row["cache_seconds"][0] is not None
     assert len(os.listdir(tmp_path / "cache")) == 6  # every image, once
     with pytest.raises(ValueError, match="generator"):
-        parse_rows("tfdata,nope")
+        parse_rows("tfdata-device,nope")
     with pytest.raises(ValueError, match="no cache"):
         parse_rows("decode-only@ram")
 
@@ -120,7 +123,7 @@ def test_cli_prints_json_last_line(bench_images):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(result.stdout.strip().splitlines()[-1])
-    assert record["generator"] == "tfdata" and record["images_per_sec"] > 0
+    assert record["generator"] == "tfdata-device" and record["images_per_sec"] > 0
     assert record["input_size"] == [64, 64] and record["augment"] is True
 
 
@@ -142,6 +145,10 @@ def test_cli_times_the_pydataset_where_tensorflow_cannot_be_imported(bench_image
     record = json.loads(run.stdout.strip().splitlines()[-1])
     assert record["generator"] == "pydataset" and record["tensorflow_loaded"] is False
     refused = subprocess.run(
-        [*command, "--generator", "tfdata", "--without-tensorflow"], capture_output=True, text=True, cwd=REPO, env=env
+        [*command, "--generator", "tfdata-device", "--without-tensorflow"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
     )
     assert refused.returncode == 2 and "needs KERAS_BACKEND=jax" in refused.stderr

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
 from keras_yolo_mgpu.model.loss import totalloss
-from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 from keras_yolo_mgpu.model.yolo3 import build_body, create_model
 from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, checkpoint_write_path, save_weights_atomic

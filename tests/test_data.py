@@ -1,4 +1,8 @@
-"""The input pipeline (tf.data over the host's batches): targets, augmentation, batching, weights, robustness."""
+"""The input pipeline (tf.data over the host's batches): augmentation, batching, targets, weights, robustness.
+
+The targets themselves are `data.device_side`'s (tests/test_device_side.py);
+here they are read from the stream through `DeviceInputs`, as training does.
+"""
 
 import io
 import logging
@@ -8,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_yolo3_targets import dense_inputs, preprocess_true_boxes
 from PIL import Image
 
 from keras_yolo_mgpu.bench.reference_generator import get_random_data
@@ -19,11 +24,11 @@ from keras_yolo_mgpu.data.augment import (
     distort_hsv,
     sample_augmentation,
 )
-from keras_yolo_mgpu.data.host import NEUTRAL_HSV, HostBatches, element_seeds, hsv_to_float
+from keras_yolo_mgpu.data.device_side import DeviceInputs
+from keras_yolo_mgpu.data.host import NEUTRAL_HSV, HostBatches, element_seeds
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
-from keras_yolo_mgpu.data.pipeline import build_targets, make_dataset, steps_per_epoch
-from keras_yolo_mgpu.model.targets import preprocess_true_boxes
+from keras_yolo_mgpu.data.tf_dataset import make_dataset, steps_per_epoch
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
 FULL_ANCHORS = get_anchors(model_data_path("yolo_anchors.txt"))
@@ -62,77 +67,6 @@ def _write_dataset(folder, sizes, num_classes=2, seed=0, ext="png"):
     return path
 
 
-def _random_boxes(rng, batch, num_boxes, shape, num_classes, min_size=0.5):
-    h, w = shape
-    x1 = rng.uniform(0, w - 2, (batch, num_boxes))
-    y1 = rng.uniform(0, h - 2, (batch, num_boxes))
-    x2 = np.minimum(x1 + rng.uniform(min_size, w, (batch, num_boxes)), w)
-    y2 = np.minimum(y1 + rng.uniform(min_size, h, (batch, num_boxes)), h)
-    boxes = np.stack([x1, y1, x2, y2, rng.integers(0, num_classes, (batch, num_boxes))], -1).astype(np.float32)
-    boxes[: batch // 2, :, :4] = np.round(boxes[: batch // 2, :, :4])  # integer boxes too
-    for b in range(batch):  # padding rows at the end, as the pipeline makes them
-        boxes[b, rng.integers(0, num_boxes + 1) :] = 0
-    return boxes
-
-
-# --- targets ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("anchors", [FULL_ANCHORS, TINY_ANCHORS], ids=["full", "tiny"])
-@pytest.mark.parametrize("shape", [(416, 416), (320, 480), (64, 96)])
-def test_targets_equal_preprocess_true_boxes_on_random_boxes(anchors, shape):
-    rng = np.random.default_rng(sum(shape) + len(anchors))
-    boxes = _random_boxes(rng, 8, 40, shape, num_classes=5)
-    # Collisions: a later box in the same cell and anchor, other class.
-    boxes[0, 1] = boxes[0, 0] + [0.2, 0.2, 0.2, 0.2, 1]
-    boxes[0, 1, 4] = (boxes[0, 0, 4] + 1) % 5
-    expected = preprocess_true_boxes(boxes, shape, anchors, 5)
-    got = build_targets(boxes, shape, anchors, 5)
-    assert len(got) == len(expected) == len(anchors) // 3
-    for e, g in zip(expected, got):
-        assert g.dtype == tf.float32 and tuple(g.shape) == e.shape
-        np.testing.assert_array_equal(g.numpy(), e)  # bitwise
-    assert sum(e[..., 4].sum() for e in expected) > 20  # the boxes did land
-    # Other masks flow through both implementations the same way.
-    masks = [[6, 7, 8], [0, 1, 2], [3, 4, 5]] if len(anchors) == 9 else [[3, 4, 5], [0, 1, 2]]
-    expected = preprocess_true_boxes(boxes, shape, anchors, 5, masks=masks)
-    for e, g in zip(expected, build_targets(boxes, shape, anchors, 5, masks=masks)):
-        np.testing.assert_array_equal(g.numpy(), e)
-
-
-@pytest.mark.parametrize("iou_thresh", [0.213, 0.5])
-@pytest.mark.parametrize("anchors", [FULL_ANCHORS, TINY_ANCHORS], ids=["full", "tiny"])
-def test_targets_with_iou_thresh_equal_preprocess_true_boxes(anchors, iou_thresh):
-    rng = np.random.default_rng(len(anchors))
-    shape = (320, 480)
-    boxes = _random_boxes(rng, 8, 40, shape, num_classes=5, min_size=8)
-    boxes[0, 1] = boxes[0, 0] + [0.2, 0.2, 0.2, 0.2, 1]  # a later box in the same cells, other class
-    boxes[0, 1, 4] = (boxes[0, 0, 4] + 1) % 5
-    expected = preprocess_true_boxes(boxes, shape, anchors, 5, iou_thresh=iou_thresh)
-    for e, g in zip(expected, build_targets(boxes, shape, anchors, 5, iou_thresh=iou_thresh), strict=True):
-        np.testing.assert_array_equal(g.numpy(), e)  # bitwise
-    best_only = preprocess_true_boxes(boxes, shape, anchors, 5)
-    assert sum(e[..., 4].sum() for e in expected) > sum(e[..., 4].sum() for e in best_only)
-
-
-def test_targets_last_box_wins_and_class_bits_accumulate():
-    # Centres (105, 106) and (106, 106): cell (13, 13) of the stride-8 grid, anchor 0 for both.
-    boxes = np.array([[[100, 100, 111, 113, 0], [101, 101, 112, 112, 1], [0, 0, 0, 0, 0]]], np.float32)
-    y_true = [t.numpy() for t in build_targets(boxes, (416, 416), FULL_ANCHORS, 3)]
-    cell = y_true[2][0, 13, 13, 0]
-    np.testing.assert_allclose(cell[:4], [106 / 416, 106 / 416, 11 / 416, 11 / 416], rtol=1e-6)
-    np.testing.assert_array_equal(cell[4:], [1, 1, 1, 0])
-    assert sum(t[..., 4].sum() for t in y_true) == 1
-
-
-def test_targets_tiny_anchor_0_dropped_and_anchor_3_written_twice():
-    small = np.array([[[100, 100, 110, 114, 0]]], np.float32)
-    assert all(float(tf.reduce_sum(t)) == 0 for t in build_targets(small, (416, 416), TINY_ANCHORS, 1))
-    mid = np.array([[[100, 100, 181, 182, 0]]], np.float32)
-    y_true = build_targets(mid, (416, 416), TINY_ANCHORS, 1)
-    assert float(tf.reduce_sum(y_true[0][..., 0, 4])) == 1 and float(tf.reduce_sum(y_true[1][..., 2, 4])) == 1
-
-
 # --- augmentation -------------------------------------------------------------------
 
 
@@ -143,7 +77,7 @@ def test_training_images_follow_keras_yolo3_draw_for_draw(tmp_path, ext):
     Image.fromarray(_photo(160, 120, 0)).save(path, quality=95)
     annotation = parse_annotation_line(f"{path} 10,20,60,90,0")
     dataset = make_dataset([annotation], (64, 96), TINY_ANCHORS, 1, 10, training=True, seed=3)
-    images = np.concatenate([x["image"] for x, _ in dataset.take(3).as_numpy_iterator()])
+    images = np.concatenate([dense_inputs(x, TINY_ANCHORS, 1)["image"] for x, _ in dataset.take(3)])
     mean_errors = []
     for position, image in enumerate(images):
         # The element's draws as TensorFlow's stateless generator makes them (made in numpy by the pipeline).
@@ -265,7 +199,7 @@ def test_training_reads_every_format(tmp_path, caplog):
     dataset = make_dataset(annotations, (64, 64), TINY_ANCHORS, 1, 7, training=True, seed=0)
     with caplog.at_level(logging.WARNING):
         for x, _ in dataset.take(2).as_numpy_iterator():
-            assert np.isfinite(x["image"]).all() and 0 <= x["image"].min() and x["image"].max() <= 1
+            assert x["image"].shape == (7, 64, 64, 3) and x["image"].dtype == np.uint8
     assert not [r for r in caplog.records if "cannot read image" in r.getMessage()]
 
 
@@ -312,15 +246,18 @@ def test_training_batches_structure_and_determinism(small_dataset, anchors):
     batches = first_batches(1)
     x, y = batches[0]
     layers = len(anchors) // 3
-    assert sorted(x) == ["image"] + [f"y_true_{i}" for i in range(layers)]
-    assert x["image"].shape == (4, 64, 96, 3) and x["image"].dtype == np.float32
-    assert 0 <= x["image"].min() and x["image"].max() <= 1
-    assert x["y_true_0"].shape == (4, 2, 3, 3, 7) and x["y_true_1"].shape == (4, 4, 6, 3, 7)
-    if layers == 3:
-        assert x["y_true_2"].shape == (4, 8, 12, 3, 7)
+    assert sorted(x) == ["boxes", "hsv", "image"]
+    assert x["image"].shape == (4, 64, 96, 3) and x["image"].dtype == np.uint8
+    assert x["boxes"].shape == (4, 20, 5) and x["hsv"].shape == (4, 12)
+    assert x["boxes"].dtype == x["hsv"].dtype == np.float32
     assert y.shape == (4, 1) and not y.any()
     assert all(b[0]["image"].shape[0] == 4 for b in batches)  # every batch full, past the end of a pass
-    assert sum(b[0][f"y_true_{i}"][..., 4].sum() for b in batches for i in range(layers)) > 0
+    dense = [dense_inputs(b[0], anchors, 2) for b in batches]
+    assert 0 <= dense[0]["image"].min() and dense[0]["image"].max() <= 1
+    assert dense[0]["y_true_0"].shape == (4, 2, 3, 3, 7) and dense[0]["y_true_1"].shape == (4, 4, 6, 3, 7)
+    if layers == 3:
+        assert dense[0]["y_true_2"].shape == (4, 8, 12, 3, 7)
+    assert sum(d[f"y_true_{i}"][..., 4].sum() for d in dense for i in range(layers)) > 0
     again = first_batches(1)
     for a, b in zip(batches, again):
         for key in a[0]:
@@ -338,10 +275,9 @@ def test_host_steps_alone_compose_into_make_dataset(small_dataset):
     batch = next(iter(make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=True, seed=1)))[0]
     images = np.empty((4, 64, 96, 3), np.uint8)
     boxes, draws = host.elements(element_seeds(1, positions), indices, list(images), (64, 96))
-    hsv = np.tile(draws, 4)
-    np.testing.assert_array_equal(hsv_to_float(images, hsv), batch["image"])
-    for layer, y_true in enumerate(build_targets(boxes, (64, 96), TINY_ANCHORS, 2)):
-        np.testing.assert_array_equal(y_true, batch[f"y_true_{layer}"])
+    np.testing.assert_array_equal(images, batch["image"])
+    np.testing.assert_array_equal(boxes, batch["boxes"])
+    np.testing.assert_array_equal(np.tile(draws, 4).astype(np.float32), batch["hsv"])
     # Decoding alone: a PNG decoded at full size is the reader's image.
     pixels, size, extent = host.source.decode(0, (96, 64))
     np.testing.assert_array_equal(pixels, read_image(small_dataset[0].image_path))
@@ -364,11 +300,11 @@ def test_validation_letterboxes_in_order_pads_and_weights(small_dataset):
     images = np.concatenate([b[0]["image"] for b in batches])
     weights = np.concatenate([b[2] for b in batches])
     np.testing.assert_allclose(weights, [1.2] * 10 + [0, 0])  # 3 * 4 / 10
-    np.testing.assert_allclose(images[10:], 128 / 255)
+    assert (images[10:] == 128).all()
     for index, annotation in enumerate(small_dataset):
         # Exactly the detector's letterbox, never augmented.
-        expected = letterbox_array(read_image(annotation.image_path), (64, 96)) / 255.0
-        np.testing.assert_allclose(images[index], expected, atol=1e-6)
+        np.testing.assert_array_equal(images[index], letterbox_array(read_image(annotation.image_path), (64, 96)))
+    assert all((b[0]["hsv"] == np.tile(NEUTRAL_HSV, 4)).all() for b in batches)  # the device changes nothing
     # Targets equal preprocess_true_boxes on the letterboxed boxes (keras-yolo3's box formula).
     boxes = np.zeros((12, 20, 5), np.float32)
     for index, annotation in enumerate(small_dataset):
@@ -381,8 +317,9 @@ def test_validation_letterboxes_in_order_pads_and_weights(small_dataset):
         b[:, [1, 3]] = b[:, [1, 3]] * np.float32(scale) + dy
         boxes[index, : len(b)] = b
     expected = preprocess_true_boxes(boxes, (64, 96), TINY_ANCHORS, 2)
+    dense = [dense_inputs(b[0], TINY_ANCHORS, 2) for b in batches]
     for layer in range(2):
-        got = np.concatenate([b[0][f"y_true_{layer}"] for b in batches])
+        got = np.concatenate([d[f"y_true_{layer}"] for d in dense])
         np.testing.assert_allclose(got, expected[layer], atol=1e-6)
 
 
@@ -390,20 +327,21 @@ def test_validation_weights_give_the_mean_over_real_samples_in_keras(small_datas
     """sum_over_batch_size per batch, averaged over batches == per-sample mean."""
     dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=False)
     inputs = {
-        "image": keras.Input((64, 96, 3), name="image"),
-        "y_true_0": keras.Input((2, 3, 3, 7), name="y_true_0"),
-        "y_true_1": keras.Input((4, 6, 3, 7), name="y_true_1"),
+        "image": keras.Input((64, 96, 3), dtype="uint8", name="image"),
+        "boxes": keras.Input((20, 5), name="boxes"),
+        "hsv": keras.Input((12,), name="hsv"),
     }
     # The per-sample "loss" is |mean pixel - 0.5|, known without Keras; near 0
     # for the grey padding, so counting the padding would lower the mean.
-    per_sample = keras.layers.GlobalAveragePooling2D()(inputs["image"])
+    image, _ = DeviceInputs(TINY_ANCHORS, 2)(inputs)
+    per_sample = keras.layers.GlobalAveragePooling2D()(image)
     per_sample = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(1 / 3), use_bias=False)(
         per_sample
     )
     model = keras.Model(inputs, per_sample)
     model.compile(loss=lambda y_true, y_pred: keras.ops.abs(y_pred[:, 0] - 0.5))
     loss = model.evaluate(dataset, verbose=0)
-    real_images = np.concatenate([b[0]["image"] for b in dataset.as_numpy_iterator()])[:10]
+    real_images = np.concatenate([b[0]["image"] for b in dataset.as_numpy_iterator()])[:10] / np.float32(255)
     assert loss == pytest.approx(np.abs(real_images.mean(axis=(1, 2, 3)) - 0.5).mean(), abs=1e-5)
     # Without weights the padding would count: the claim is not vacuous.
     unweighted = model.evaluate(dataset.map(lambda x, y, w: (x, y)), verbose=0)
@@ -432,7 +370,7 @@ def test_failed_decode_mid_run_warns_and_keeps_going(tmp_path, caplog):
         assert len(warnings) == 1  # once per file, not once per use
     weights = np.concatenate([b[2] for b in val_batches])
     np.testing.assert_allclose(weights, [1.6, 1.6, 0, 1.6, 0, 0, 0, 0])  # nothing dropped, bad ones weigh 0
-    np.testing.assert_allclose(val_batches[0][0]["image"][2], 128 / 255)
+    assert (val_batches[0][0]["image"][2] == 128).all()
 
 
 @pytest.mark.parametrize("cache", ["ram", "disk"])
@@ -445,7 +383,7 @@ def test_cache_gives_the_same_validation_images(small_dataset, tmp_path, cache):
         )
         for a, b in zip(plain, cached):
             np.testing.assert_array_equal(a[0]["image"], b[0]["image"])
-            np.testing.assert_array_equal(a[0]["y_true_0"], b[0]["y_true_0"])
+            np.testing.assert_array_equal(a[0]["boxes"], b[0]["boxes"])
     if cache != "ram":
         assert len(os.listdir(cache)) == len(small_dataset)
     train = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 4, training=True, seed=0, cache=cache)
@@ -488,18 +426,18 @@ def test_ram_cache_notices_a_changed_file(tmp_path):
         dataset = make_dataset(annotations, (64, 64), TINY_ANCHORS, 2, 1, training=False, cache="ram")
         return next(iter(dataset))[0]["image"][0, 32, 32].numpy()
 
-    np.testing.assert_allclose(first_pixel(), [1, 0, 0])
+    np.testing.assert_array_equal(first_pixel(), [255, 0, 0])
     Image.new("RGB", (64, 64), (0, 0, 255)).save(path)
     os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))  # a coarse clock may not tick
-    np.testing.assert_allclose(first_pixel(), [0, 0, 1])
+    np.testing.assert_array_equal(first_pixel(), [0, 0, 255])
 
 
 def test_training_without_augmentation_is_letterboxed(small_dataset):
     dataset = make_dataset(small_dataset, (64, 96), TINY_ANCHORS, 2, 10, training=True, augment=False, seed=0)
     images = next(iter(dataset))[0]["image"].numpy()
-    expected = {a.image_path: letterbox_array(read_image(a.image_path), (64, 96)) / 255.0 for a in small_dataset}
+    expected = [letterbox_array(read_image(a.image_path), (64, 96)) for a in small_dataset]
     for image in images:  # a shuffled pass: each image is one of the letterboxed ones
-        assert min(np.abs(image - e).max() for e in expected.values()) < 1e-6
+        assert any(np.array_equal(image, e) for e in expected)
 
 
 def test_bad_arguments_are_refused(small_dataset):

@@ -26,13 +26,13 @@ def reference(tmp_path_factory):
 
 
 def _targets(records):
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo3_targets import dense_inputs
+
+    from keras_yolo_mgpu.data.tf_dataset import make_dataset
 
     anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
     dataset = make_dataset(records, (64, 64), anchors, len(CLASSES), 3, training=False)
-    import tensorflow as tf
-
-    batches = [tf.nest.flatten(batch) for batch in dataset.as_numpy_iterator()]
+    batches = [[*dense_inputs(x, anchors, len(CLASSES)).values(), w] for x, _, w in dataset.as_numpy_iterator()]
     return [np.concatenate(parts) for parts in zip(*batches)]  # images, targets per scale, weights
 
 

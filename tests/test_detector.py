@@ -211,8 +211,8 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
     and the file written from the template is the same kind either way.
     """
     from keras_yolo_mgpu.backend.tensorflow.replica_model import multi_gpu_model
+    from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
     from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
     from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
 

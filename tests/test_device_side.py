@@ -1,5 +1,6 @@
 """The device's part of the input pipeline on TensorFlow: targets bitwise, HSV as OpenCV, the layer.
 
+The targets are compared with keras-yolo3's numpy (keras_yolo3_targets.py).
 The same functions on JAX (under `jax.jit`, 1 and 4 devices) are checked by
 tests/jax_input_checks.py, run from tests/test_host_pipeline.py.
 """
@@ -9,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from jax_input_checks import random_boxes
+from keras_yolo3_targets import preprocess_true_boxes
 
 from keras_yolo_mgpu.data.augment import distort_hsv as opencv_hsv
 from keras_yolo_mgpu.data.device_side import DeviceInputs, build_targets, distort_hsv, to_float
-from keras_yolo_mgpu.model.targets import preprocess_true_boxes
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
 FULL_ANCHORS = get_anchors(model_data_path("yolo_anchors.txt"))
@@ -25,7 +26,7 @@ def test_targets_equal_preprocess_true_boxes_bitwise(anchors, shape):
     rng = np.random.default_rng(sum(shape) + len(anchors))
     boxes = random_boxes(rng, 8, 40, shape, 5)
     masks = [[6, 7, 8], [0, 1, 2], [3, 4, 5]] if len(anchors) == 9 else [[3, 4, 5], [0, 1, 2]]
-    for options in ({}, {"iou_thresh": 0.213}, {"masks": masks}):
+    for options in ({}, {"iou_thresh": 0.213}, {"iou_thresh": 0.5}, {"masks": masks}):
         expected = preprocess_true_boxes(boxes, shape, anchors, 5, **options)
 
         def targets(boxes, options=options):
@@ -153,3 +154,17 @@ def test_device_inputs_under_mixed_precision_keeps_targets_float32_and_exact():
     assert image.dtype == tf.float16 and all(t.dtype == tf.float32 for t in y_true)
     for e, g in zip(preprocess_true_boxes(batch["boxes"], (64, 64), TINY_ANCHORS, 3), y_true, strict=True):
         np.testing.assert_array_equal(g, e)
+
+
+def test_keras_yolo3s_public_name_is_the_same_targets_in_numpy():
+    import keras_yolo_mgpu
+
+    rng = np.random.default_rng(4)
+    boxes = random_boxes(rng, 4, 20, (64, 96), 3)
+    got = keras_yolo_mgpu.preprocess_true_boxes(boxes, (64, 96), TINY_ANCHORS, 3, iou_thresh=0.213)
+    expected = preprocess_true_boxes(boxes, (64, 96), TINY_ANCHORS, 3, iou_thresh=0.213)
+    for e, g in zip(expected, got, strict=True):
+        assert isinstance(g, np.ndarray) and g.dtype == np.float32
+        np.testing.assert_array_equal(g, e)
+    with pytest.raises(ValueError, match=r"\(N, T, 5\)"):
+        keras_yolo_mgpu.preprocess_true_boxes(boxes[0], (64, 96), TINY_ANCHORS, 3)

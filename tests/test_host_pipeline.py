@@ -5,10 +5,12 @@
   the host) from the images `_write_golden_images` writes, on fixed seeds:
   augmented, mosaic and multi-scale batches (images rounded to uint8, boxes,
   targets), letterboxed training and validation boxes and weights. The new
-  host draws the same numbers, so boxes, targets and weights must be
-  bitwise equal and the pixels equal within resampling tolerance.
-- `make_dataset(device_targets=True)` + `DeviceInputs` gives the dense
-  stream's targets bitwise and its images within float32 HSV rounding.
+  host draws the same numbers, and `DeviceInputs` finishes its batches, so
+  boxes, targets and weights must be bitwise equal and the pixels equal
+  within resampling tolerance.
+- `make_dataset`'s stream finished by `DeviceInputs` (eagerly and under XLA,
+  at one size and multi-scale) gives keras-yolo3's numpy targets bitwise
+  (tests/keras_yolo3_targets.py).
 - The TensorFlow-free pipeline (tests/jax_input_checks.py, in a JAX process
   where `import tensorflow` fails) yields tf.data's batches bitwise, and its
   `DeviceInputs` the same outputs as TensorFlow's.
@@ -24,14 +26,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from isolation import jax_environment
+from keras_yolo3_targets import dense_inputs, preprocess_true_boxes
 from PIL import Image
 
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.augment import augment_boxes
 from keras_yolo_mgpu.data.device_side import DeviceInputs
 from keras_yolo_mgpu.data.host import HostBatches
-from keras_yolo_mgpu.data.pipeline import DatasetBuilder, make_dataset
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.data.tf_dataset import DatasetBuilder, make_dataset
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
 TESTS = Path(__file__).resolve().parent
@@ -88,10 +91,10 @@ def golden_annotations(tmp_path_factory):
 
 
 def _run(annotations, name, **extra):
-    """The golden run `name` through today's pipeline: (dense batches, host batches) of the kept batches."""
+    """The golden run `name` through today's pipeline: (batches finished by `DeviceInputs`, host batches)."""
     batch_size, count, options = GOLDEN_RUNS[name]
     builder = DatasetBuilder(annotations, (64, 64), ANCHORS, 2, batch_size, **options, **extra)
-    batches = [tf.nest.map_structure(lambda t: t.numpy(), b) for b in builder.build().take(count)]
+    batches = [(dense_inputs(x, ANCHORS, 2), *rest) for x, *rest in builder.build().take(count)]
     hosts = [builder.host.batch(k) for k in range(count)]
     if name == "multiscale":
         return [batches[k] for k in (0, 10, 20)], [hosts[k] for k in (0, 10, 20)]
@@ -138,38 +141,39 @@ def test_boxes_of_one_pixel_or_less_are_dropped_as_before():
 
 
 @pytest.mark.parametrize("options", [{"seed": 3}, {"seed": 4, "mosaic": 0.5}, {"seed": 0, "augment": False}])
-def test_device_targets_stream_finished_by_device_inputs_equals_the_dense_stream(golden_annotations, options):
-    dense = make_dataset(golden_annotations, (64, 64), ANCHORS, 2, 4, training=True, **options)
-    split = make_dataset(golden_annotations, (64, 64), ANCHORS, 2, 4, training=True, device_targets=True, **options)
+def test_stream_finished_by_device_inputs_gives_keras_yolo3s_targets(golden_annotations, options):
+    split = make_dataset(golden_annotations, (64, 64), ANCHORS, 2, 4, training=True, **options)
     layer = DeviceInputs(ANCHORS, 2)
     finish = tf.function(layer, jit_compile=True)  # XLA: the same numbers as without it
-    for (x_dense, _), (x_split, y) in zip(dense.take(2), split.take(2)):
-        assert x_split["image"].dtype == tf.uint8 and x_split["boxes"].shape == (4, 20, 5)
-        assert x_split["hsv"].shape == (4, 12) and y.shape == (4, 1)
-        for run in (layer, finish):
-            image, y_true = run(x_split)
-            for key, target in zip(("y_true_0", "y_true_1"), y_true, strict=True):
-                np.testing.assert_array_equal(target, x_dense[key])
-            # OpenCV's HSV on the host, keras.ops' on the device: float32 rounding apart.
-            np.testing.assert_allclose(image, x_dense["image"], atol=3e-6, rtol=0)
-            if options.get("augment") is False:  # neutral draws: exactly image / 255, as validation
-                np.testing.assert_array_equal(image, x_dense["image"])
+    for x, y in split.take(2):
+        assert x["image"].dtype == tf.uint8 and x["boxes"].shape == (4, 20, 5)
+        assert x["hsv"].shape == (4, 12) and y.shape == (4, 1)
+        expected = preprocess_true_boxes(x["boxes"], (64, 64), ANCHORS, 2)
+        eager = layer(x)
+        for image, y_true in (eager, finish(x)):
+            for e, target in zip(expected, y_true, strict=True):
+                np.testing.assert_array_equal(target, e)
+            # XLA's float32 HSV arithmetic rounds differently (OpenCV's within 2e-6: tests/test_device_side.py).
+            np.testing.assert_allclose(image, eager[0], atol=3e-6, rtol=0)
+        if options.get("augment") is False:  # neutral draws: exactly image / 255, as validation
+            np.testing.assert_array_equal(eager[0], x["image"].numpy() / np.float32(255))
 
 
 def test_multi_scale_device_inputs_take_the_batch_size_on_tensorflow(golden_annotations):
     """Images of (None, None) size: the targets are built at each batch's own size (dynamic shapes)."""
     options = {"training": True, "seed": 2, "multi_scale": (32, 96)}
-    dense = make_dataset(golden_annotations, (64, 64), ANCHORS, 2, 2, **options)
-    split = make_dataset(golden_annotations, (64, 64), ANCHORS, 2, 2, device_targets=True, **options)
+    split = make_dataset(golden_annotations, (64, 64), ANCHORS, 2, 2, **options)
     assert split.element_spec[0]["image"].shape.as_list() == [2, None, None, 3]
     layer = DeviceInputs(ANCHORS, 2)
     finish = tf.function(layer, input_signature=[split.element_spec[0]])  # one trace for every size
     sizes = set()
-    for (x_dense, _), (x_split, _) in zip(dense.take(21), split.take(21)):
-        image, y_true = finish(x_split)
-        sizes.add(int(image.shape[1]))
-        for key, target in zip(("y_true_0", "y_true_1"), y_true, strict=True):
-            np.testing.assert_array_equal(target, x_dense[key])
+    for x, _ in split.take(21):
+        image, y_true = finish(x)
+        size = int(image.shape[1])
+        sizes.add(size)
+        expected = preprocess_true_boxes(x["boxes"], (size, size), ANCHORS, 2)
+        for e, target in zip(expected, y_true, strict=True):
+            np.testing.assert_array_equal(target, e)
     assert sizes == {32, 64, 96} and finish.experimental_get_tracing_count() == 1
 
 
@@ -199,12 +203,12 @@ def test_tensorflow_free_pipeline_and_device_side_on_jax(jax_checks):
     found, annotations = jax_checks
     assert found["tensorflow_modules"] == []  # imported nothing from TensorFlow
     # The PyDataset's batches are tf.data's, bitwise (mosaic and multi-scale, from a resumed position).
-    dataset = make_dataset(annotations, (64, 64), ANCHORS, 4, 4, device_targets=True, training=True, **TRAINING)
+    dataset = make_dataset(annotations, (64, 64), ANCHORS, 4, 4, training=True, **TRAINING)
     for (x, y), (theirs, their_y) in zip(dataset.take(3), found["training_batches"], strict=True):
         for key in ("image", "boxes", "hsv"):
             np.testing.assert_array_equal(x[key], theirs[key], key)
         np.testing.assert_array_equal(y, their_y)
-    validation = make_dataset(annotations, (64, 64), ANCHORS, 4, 4, device_targets=True, training=False)
+    validation = make_dataset(annotations, (64, 64), ANCHORS, 4, 4, training=False)
     batches = list(validation.as_numpy_iterator())
     assert len(batches) == len(found["validation_batches"]) == 2
     for ours, theirs in zip(batches, found["validation_batches"], strict=True):

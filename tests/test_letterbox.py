@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, make_body
+from keras_yolo3_targets import dense_inputs
 from PIL import Image
 
 import keras_yolo_mgpu
@@ -12,7 +13,7 @@ from keras_yolo_mgpu.bench.reference_generator import get_random_data
 from keras_yolo_mgpu.data.annotations import parse_annotation_line
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array, letterbox_boxes, letterbox_geometry, letterbox_image
-from keras_yolo_mgpu.data.pipeline import make_dataset
+from keras_yolo_mgpu.data.tf_dataset import make_dataset
 from keras_yolo_mgpu.evaluation.mean_ap import detect_annotations
 from keras_yolo_mgpu.inference.detector import YOLO
 
@@ -75,17 +76,19 @@ def test_same_image_gives_the_same_pixels_on_every_path(files):
     expected = {a.image_path: letterbox_array(read_image(a.image_path), INPUT_SHAPE) for a in files}
     num = len(files)
 
-    def as_uint8(images):
-        pixels = np.rint(np.asarray(images) * 255.0)
-        assert np.abs(pixels - np.asarray(images) * 255.0).max() < 1e-3  # the pipeline only divides by 255
+    def as_uint8(x):
+        """The batch as the training model's input layer finishes it, back in uint8."""
+        images = dense_inputs(x, TINY_ANCHORS, 2)["image"]
+        pixels = np.rint(images * 255.0)
+        assert np.abs(pixels - images * 255.0).max() < 1e-3  # letterboxed: the device only divides by 255
         return pixels.astype(np.uint8)
 
     paths = {}
     for cache in (None, "ram"):
         dataset = make_dataset(files, INPUT_SHAPE, TINY_ANCHORS, 2, num, training=False, cache=cache)
-        paths[f"validation cache={cache}"] = as_uint8(next(iter(dataset))[0]["image"])
+        paths[f"validation cache={cache}"] = as_uint8(next(iter(dataset))[0])
     dataset = make_dataset(files, INPUT_SHAPE, TINY_ANCHORS, 2, num, training=True, augment=False, seed=0)
-    shuffled = as_uint8(next(iter(dataset))[0]["image"])
+    shuffled = as_uint8(next(iter(dataset))[0])
     order = [
         next(i for i, a in enumerate(files) if np.array_equal(image, expected[a.image_path])) for image in shuffled
     ]

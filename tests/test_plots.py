@@ -40,14 +40,17 @@ def test_a_drawn_box_lands_where_its_label_says():
 
 def test_a_batch_picture_shows_the_boxes_its_targets_hold(tmp_path):
     """A record through the real validation pipeline (letterbox 64x48 -> 64x64: 8 px bars), then drawn."""
-    from keras_yolo_mgpu.data.pipeline import make_dataset
+    from keras_yolo3_targets import dense_inputs
+
+    from keras_yolo_mgpu.data.tf_dataset import make_dataset
     from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
     path = str(tmp_path / "grey.png")
     cv2.imwrite(path, np.full((48, 64, 3), 90, np.uint8))
     record = Annotation(path, np.array([[10, 10, 30, 30, 1], [40, 4, 60, 44, 0]], np.float32))
     anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
-    inputs = next(make_dataset([record], (64, 64), anchors, 2, 1, training=False).as_numpy_iterator())[0]
+    batch = next(make_dataset([record], (64, 64), anchors, 2, 1, training=False).as_numpy_iterator())[0]
+    inputs = dense_inputs(batch, anchors, 2)  # finished as the training model's first layer finishes it
     targets = [inputs["y_true_0"], inputs["y_true_1"]]
     # keras-yolo3's targets hold centre (x1 + x2) // 2 and size: these boxes come back exactly.
     np.testing.assert_array_equal(boxes_from_targets(targets, (64, 64))[0], [[10, 18, 30, 38, 1], [40, 12, 60, 52, 0]])

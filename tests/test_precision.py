@@ -13,11 +13,12 @@ import logging
 import keras
 import pytest
 import tensorflow as tf
+from keras_yolo3_targets import dense_inputs
 
 from keras_yolo_mgpu.cli.train import build_parser, config_from_args
 from keras_yolo_mgpu.data.annotations import read_annotations
-from keras_yolo_mgpu.data.pipeline import make_dataset
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.data.tf_dataset import make_dataset
 from keras_yolo_mgpu.model.yolo3 import create_model
 from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 from keras_yolo_mgpu.training import precision
@@ -30,7 +31,7 @@ def first_batch(tmp_path_factory):
     data = make_synthetic_dataset(tmp_path_factory.mktemp("data"), num_train=4, num_val=0, image_size=64, seed=0)
     anchors = get_anchors(default_anchors_path(True))
     dataset = make_dataset(read_annotations(data.train), (64, 64), anchors, NUM_CLASSES, 2, training=True, seed=0)
-    return anchors, next(iter(dataset))[0]
+    return anchors, dense_inputs(next(iter(dataset))[0], anchors, NUM_CLASSES)  # the dense model's inputs
 
 
 class _HostRoundTrip(keras.layers.Layer):

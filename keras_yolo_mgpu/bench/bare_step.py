@@ -65,8 +65,8 @@ def run_bare_step(
     import numpy as np
 
     from keras_yolo_mgpu.bench.train import synthetic_batch
+    from keras_yolo_mgpu.model.boxes import MAX_BOXES
     from keras_yolo_mgpu.model.loss import yolo_loss
-    from keras_yolo_mgpu.model.targets import MAX_BOXES
     from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body, yolo_body
     from keras_yolo_mgpu.resources import get_anchors, resolve_resource
 

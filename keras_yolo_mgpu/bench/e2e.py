@@ -132,10 +132,9 @@ def run_e2e(
     from keras_yolo_mgpu.bench.train import repeated_batch
     from keras_yolo_mgpu.data.streams import first_batch, training_stream
     from keras_yolo_mgpu.model.architectures import get_architecture, resolve_iou_thresh
-    from keras_yolo_mgpu.model.boxes import resolve_masks
+    from keras_yolo_mgpu.model.boxes import MAX_BOXES, resolve_masks
     from keras_yolo_mgpu.parallel.engine import build_engine
     from keras_yolo_mgpu.training import precision
-    from keras_yolo_mgpu.training.trainer import MAX_BOXES
 
     if warmup < 1 or steps < 2:
         raise ValueError(f"need warmup >= 1 and steps >= 2. Received: warmup={warmup}, steps={steps}")

@@ -3,7 +3,7 @@
     python scripts/make_bench_images.py --out /tmp/bench_images --num 256
     python -m keras_yolo_mgpu.bench pipeline --annotations /tmp/bench_images/train.txt \\
         --classes model_data/voc_classes.txt --input-size 416 --batch-size 32 --batches 20 \\
-        --generator decode-only,tfdata,tfdata-device,pydataset,pydataset@ram --rounds 3
+        --generator decode-only,tfdata-device,pydataset,pydataset@ram --rounds 3
 
 Each row is a generator, optionally with its own image cache (`NAME@ram`,
 `NAME@/some/folder`; `--cache` is the default for rows without one). Rows
@@ -15,12 +15,9 @@ warm: every image is decoded into the cache first (one full pass,
 `cache_seconds`). `cpu_ms_per_image` is the process's CPU time, all threads,
 per image: on a shared machine the robust figure.
 
-- `tfdata`: `data.make_dataset(training=True)` as training consumed it
-  until the device split: the host also does the HSV jitter (OpenCV) and
-  builds the dense targets;
-- `tfdata-device`: `make_dataset(..., device_targets=True)`: the host's part
-  only (uint8 images, padded boxes, HSV draws), for
-  `data.device_side.DeviceInputs`;
+- `tfdata-device`: `data.tf_dataset.make_dataset(training=True)`, what
+  TensorFlow's training reads: the host's part (uint8 images, padded boxes,
+  HSV draws), which `data.device_side.DeviceInputs` finishes in the step;
 - `pydataset`: the same batches from `data.py_dataset.make_py_dataset`
   through Keras's `PyDataset` workers (threads): the pipeline of JAX
   training, no TensorFlow needed (`--without-tensorflow` makes
@@ -52,8 +49,18 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-GENERATORS = ("tfdata", "tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only")
-NEEDS_TENSORFLOW = ("tfdata", "tfdata-device", "decode-only")
+GENERATORS = ("tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only")
+NEEDS_TENSORFLOW = ("tfdata-device", "decode-only")
+# Rows no longer made, and the row to time instead: `tfdata` timed the host
+# building the dense targets, which only the device does since 2026-11-26.
+RETIRED = {"tfdata": "tfdata-device"}
+
+
+def _check_generator(generator: str) -> None:
+    """ValueError naming the generators (and the replacement of a retired one)."""
+    if generator not in GENERATORS:
+        instead = f" ({generator!r} was retired: time {RETIRED[generator]!r})" if generator in RETIRED else ""
+        raise ValueError(f"`generator` must be one of {GENERATORS}{instead}. Received: generator={generator!r}")
 
 
 def parse_rows(specs: str, default_cache: str | None = None) -> list[tuple[str, str | None]]:
@@ -61,8 +68,7 @@ def parse_rows(specs: str, default_cache: str | None = None) -> list[tuple[str, 
     rows = []
     for spec in specs.split(","):
         generator, _, cache = spec.strip().partition("@")
-        if generator not in GENERATORS:
-            raise ValueError(f"`generator` must be one of {GENERATORS}. Received: generator={generator!r}")
+        _check_generator(generator)
         cache = cache or default_cache
         if cache and generator in ("reference", "decode-only"):
             raise ValueError(f"{generator!r} reads the files every time: it has no cache. Received: {spec!r}")
@@ -109,18 +115,10 @@ class _Row:
             self._adapter.on_epoch_begin()
             self.iterator = iter(self._adapter.get_numpy_iterator())
         else:
-            from keras_yolo_mgpu.data.pipeline import DatasetBuilder
+            from keras_yolo_mgpu.data.tf_dataset import DatasetBuilder
 
             builder = DatasetBuilder(
-                annotations,
-                input_shape,
-                anchors,
-                num_classes,
-                batch_size,
-                training=True,
-                seed=seed,
-                cache=cache,
-                device_targets=generator == "tfdata-device",
+                annotations, input_shape, anchors, num_classes, batch_size, training=True, seed=seed, cache=cache
             )
             self.host = builder.host
             self.iterator = iter(builder.build())
@@ -171,8 +169,7 @@ def run_benchmark(
     `build_seconds` is the time to make the pipeline (part of `warmup_seconds`);
     `cache_seconds` the full pass that fills the cache (not part of either).
     """
-    if generator not in GENERATORS:
-        raise ValueError(f"`generator` must be one of {GENERATORS}. Received: generator={generator!r}")
+    _check_generator(generator)
     start = time.perf_counter()
     row = _Row(generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache, workers)
     # Building the pipeline is paid at every start of training and every stage.

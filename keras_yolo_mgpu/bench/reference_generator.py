@@ -4,9 +4,10 @@ A single Python thread does everything, the way keras-yolo3's
 `data_generator` + `get_random_data` do: PIL decode, BICUBIC resize of the
 whole image, paste on a grey canvas, flip, a per-image matplotlib
 `rgb_to_hsv`/`hsv_to_rgb` round trip in float64, integer box arithmetic, and
-numpy `preprocess_true_boxes` per batch. It is also the reference that the
-tf.data pipeline's augmentation is tested against: `rand` can be replaced to
-feed both the same random numbers.
+`preprocess_true_boxes` per batch (keras-yolo3's numbers; here the package's
+one implementation, `data.device_side`, rather than keras-yolo3's numpy loop).
+It is also the reference that the pipeline's augmentation is tested against:
+`rand` can be replaced to feed both the same random numbers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from matplotlib.colors import hsv_to_rgb, rgb_to_hsv
 from PIL import Image
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.model.targets import preprocess_true_boxes
+from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
 
 
 def rand(a: float = 0.0, b: float = 1.0) -> float:

@@ -26,6 +26,7 @@ import logging
 import statistics
 import time
 
+from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.training.ema import untie_averages
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,6 @@ VARIANTS = {
     "keras-adam": "Keras 3's own Adam update instead of the fused kernel (needs optimizer='adam')",
     "xla": "jit_compile=True (XLA)",
 }
-#: The pipeline's bound on boxes per image; what `max_true_boxes` is set to.
-MAX_BOXES = 20
 OPTIMIZERS = ("sgd", "adam")
 #: What our step is fed: "device", `train.py`'s model on the host's batch (uint8 images, padded boxes, HSV
 #: draws; jitter and targets in the step), or "dense", keras-yolo3's inputs (float images, dense targets).
@@ -69,7 +68,7 @@ def synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
     """
     import numpy as np
 
-    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
+    from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
 
     rng = np.random.default_rng(seed)
     height, width = input_shape
@@ -534,9 +533,9 @@ def _set_up(
     if inputs not in INPUTS:
         raise ValueError(f"inputs must be one of {INPUTS}. Received: inputs={inputs!r}")
     if simulate and simulated_gpu_memory_mb:
-        from keras_yolo_mgpu.parallel import devices as device_selection
+        from keras_yolo_mgpu.backend.tensorflow.distribution import simulate_devices
 
-        names = device_selection.simulate_devices(gpus or 2, memory_limit_mb=simulated_gpu_memory_mb)
+        names = simulate_devices(gpus or 2, memory_limit_mb=simulated_gpu_memory_mb)
     else:
         names = None
     from keras_yolo_mgpu.parallel.engine import build_engine

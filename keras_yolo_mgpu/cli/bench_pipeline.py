@@ -44,9 +44,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
     parser.add_argument(
         "--generator",
-        default="tfdata",
+        default="tfdata-device",
         help=f"rows to time, comma-separated, each one of {', '.join(GENERATORS)}, optionally with its own "
-        "cache as NAME@ram or NAME@DIR (default: tfdata)",
+        "cache as NAME@ram or NAME@DIR (default: tfdata-device)",
     )
     parser.add_argument("--rounds", type=positive_int, default=1, help="interleaved rounds over the rows (default: 1)")
     parser.add_argument("--seed", type=int, default=0)

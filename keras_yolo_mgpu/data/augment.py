@@ -20,9 +20,9 @@ stream position; the same formulas turn them into parameters
 (`augmentation_params`, tested against the reference generator draw for
 draw). The host resizes, places and flips the image in uint8 (`place_image`)
 and moves the boxes (`augment_boxes`); the HSV jitter is only drawn here: it
-runs on the device, in the train step (`data.device_side.distort_hsv`), or,
-for the dense-target stream, in OpenCV (`distort_hsv`). Differences from
-keras-yolo3, all deliberate:
+runs on the device, in the train step (`data.device_side.distort_hsv`);
+`distort_hsv` here is the same jitter in OpenCV, the reference the device's
+is tested against. Differences from keras-yolo3, all deliberate:
 
 - resampling: area averaging for shrinking axes (antialiased, like PIL's
   filters) and bilinear interpolation for growing ones instead of PIL BICUBIC
@@ -203,7 +203,7 @@ def place_image(pixels: np.ndarray, extent, params: dict, out: np.ndarray) -> np
 
 
 def distort_hsv(image: np.ndarray, hue: float, sat: float, val: float) -> np.ndarray:
-    """keras-yolo3's HSV jitter, in OpenCV (the host's copy of `device_side.distort_hsv`).
+    """keras-yolo3's HSV jitter, in OpenCV (the reference `device_side.distort_hsv` is tested against).
 
     Args:
         image: (h, w, 3) RGB, uint8 or float in [0, 255].

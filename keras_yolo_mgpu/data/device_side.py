@@ -13,6 +13,10 @@ finishes the batch on the device, for TensorFlow and JAX alike:
   classes) are made where they are used instead of crossing the bus;
 - `DeviceInputs`: both, as a Keras layer in front of the body.
 
+`build_targets` is the package's one implementation of keras-yolo3's
+targets; `preprocess_true_boxes`, keras-yolo3's public name (numpy in,
+numpy out), is a thin wrapper over it.
+
 Everything has static shapes (jit-compilable; comparisons, gathers and
 per-image reductions instead of boolean masks and scatters, so a batch split
 over devices needs no exchange) and uses float32 only: JAX without x64 has
@@ -23,10 +27,9 @@ exact on any device by construction: the centres' quotients come from a
 table of numpy's (`_quotients`), not from the device's division, and the
 floor uses exact products only.
 
-The host's OpenCV copy of the jitter (`augment.distort_hsv`, for the
-dense-target stream) and keras-yolo3's numpy targets
-(`model.targets.preprocess_true_boxes`) are what tests/test_device_side.py
-compares these with, on both backends.
+The OpenCV jitter (`augment.distort_hsv`) and keras-yolo3's numpy targets
+(tests/keras_yolo3_targets.py) are what tests/test_device_side.py compares
+these with, on both backends.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from keras import ops
 
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
-__all__ = ["DeviceInputs", "build_targets", "distort_hsv", "to_float"]
+__all__ = ["DeviceInputs", "build_targets", "distort_hsv", "preprocess_true_boxes", "to_float"]
 
 _FLT_EPSILON = float(np.finfo(np.float32).eps)
 # uint8 -> float32 in [0, 1] as `np.float32(v) / np.float32(255)` computes it, by
@@ -305,12 +308,40 @@ def build_targets(boxes, input_shape, anchors, num_classes: int, masks=None, iou
     return y_true
 
 
+def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, masks=None, iou_thresh=None):
+    """keras-yolo3's name for the targets, numpy in and out: `build_targets` on the current backend.
+
+    Args:
+        true_boxes: (N, T, 5) x_min, y_min, x_max, y_max, class_id in input
+            pixels; rows with zero width are padding.
+        input_shape: (height, width), multiples of 32.
+        anchors, num_classes, masks, iou_thresh: `build_targets`'.
+
+    Returns:
+        A list with one float32 numpy array per output scale, coarsest
+        first, of shape (N, height/stride, width/stride, 3, 5 + num_classes).
+
+    Raises:
+        ValueError: `true_boxes` is not (N, T, 5), or a class id is outside
+            [0, num_classes) (keras-yolo3 would index out of the one-hot).
+    """
+    true_boxes = np.asarray(true_boxes, dtype=np.float32)
+    if true_boxes.ndim != 3 or true_boxes.shape[-1] != 5:
+        raise ValueError(f"true_boxes must be (N, T, 5); got shape {true_boxes.shape}")
+    class_ids = true_boxes[..., 4]
+    if (class_ids >= num_classes).any() or (class_ids < 0).any():
+        raise ValueError(f"class ids must be in [0, {num_classes}); got {np.unique(class_ids).tolist()}")
+    input_shape = (int(input_shape[0]), int(input_shape[1]))
+    y_true = build_targets(true_boxes, input_shape, anchors, num_classes, masks, iou_thresh)
+    return [ops.convert_to_numpy(t) for t in y_true]
+
+
 @keras.saving.register_keras_serializable(package="keras_yolo_mgpu")
 class DeviceInputs(keras.layers.Layer):
     """The host's batch -> the network's input image and keras-yolo3's targets, on the device.
 
     Put in front of the body of the training model: its inputs are what
-    `make_dataset(..., device_targets=True)` and `make_py_dataset` yield.
+    `make_dataset` and `make_py_dataset` yield.
 
     Call arguments:
         inputs: dict with `"image"` (B, H, W, 3) uint8, `"boxes"` (B, T, 5)

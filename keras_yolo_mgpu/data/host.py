@@ -2,7 +2,7 @@
 
 One definition of what the host does, shared by both pipelines:
 
-- `data.pipeline.make_dataset`: tf.data (TensorFlow: MirroredStrategy,
+- `data.tf_dataset.make_dataset`: tf.data (TensorFlow: MirroredStrategy,
   multi-worker), which calls `HostBatches.batch` in parallel maps;
 - `data.py_dataset.make_py_dataset`: a `keras.utils.PyDataset` with worker
   threads, for JAX, where TensorFlow need not be installed.
@@ -73,7 +73,6 @@ from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.augment import (
     augment_boxes,
     box_orders,
-    distort_hsv,
     pad_boxes,
     place_image,
     sample_augmentation,
@@ -100,7 +99,6 @@ __all__ = [
     "cache_bytes",
     "check_cache_fits",
     "element_seeds",
-    "hsv_to_float",
     "steps_per_epoch",
 ]
 
@@ -638,31 +636,3 @@ class HostBatches:
             weights[i] = real_weight if ok else 0.0
         hsv = np.tile(np.array(NEUTRAL_HSV, np.float64), (self.batch_size, 4))
         return HostBatch(images, boxes, hsv, weights)
-
-
-def hsv_to_float(images: np.ndarray, hsv: np.ndarray) -> np.ndarray:
-    """The HSV jitter and the scaling to [0, 1] on the host, in OpenCV: the dense-target stream's images.
-
-    The host's counterpart of `device_side.distort_hsv` (tested against it):
-    neutral quadrants are `images / 255` exactly, others `augment.distort_hsv`.
-
-    Args:
-        images: (B, h, w, 3) uint8.
-        hsv: (B, 12) (hue, sat, val) per quadrant.
-
-    Returns:
-        (B, h, w, 3) float32 in [0, 1].
-    """
-    out = np.empty(images.shape, np.float32)
-    height, width = images.shape[1] // 2, images.shape[2] // 2
-    for image, params, result in zip(images, np.reshape(hsv, (-1, 4, 3)), out):
-        if (params == NEUTRAL_HSV).all():
-            result[...] = image.astype(np.float32) / np.float32(255)
-        elif (params == params[0]).all():
-            result[...] = distort_hsv(image, *params[0])
-        else:
-            for position, (hue, sat, val) in enumerate(params):
-                row, column = divmod(position, 2)
-                window = np.s_[row * height : (row + 1) * height, column * width : (column + 1) * width]
-                result[window] = distort_hsv(image[window], hue, sat, val)
-    return out

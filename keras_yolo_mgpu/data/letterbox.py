@@ -7,7 +7,7 @@ at `dx = (w - nw) // 2`, `dy = (h - nh) // 2` on a grey (128) canvas, and a
 box coordinate `x` moves to `x * scale + dx`. Adapters for each library:
 
 - `letterbox_array`: numpy/OpenCV pixels, the one letterbox of validation
-  (`data.pipeline`), evaluation, the detector, video, export inputs and
+  (`data.host`), evaluation, the detector, video, export inputs and
   benchmarks, so the same image gives the same pixels on every path;
 - `letterbox_image`: the same pixels as a PIL image (keras-yolo3's public
   name and signature);

@@ -6,11 +6,11 @@
 For Keras on JAX, where TensorFlow need not be installed (TPU VMs, JAX GPU
 images): nothing here or in `data.host` imports it (tests/test_host_pipeline.py
 runs this module in a process where `import tensorflow` fails). The batches
-are `data.host.HostBatches`' (the same as `make_dataset(...,
-device_targets=True)` yields on TensorFlow): `x = {"image": (B, h, w, 3)
-uint8, "boxes": (B, max_boxes, 5) float32, "hsv": (B, 12) float32}`, `y`
-float32 zeros (B, 1), and for validation `sample_weight` (B,); the device
-finishes them (`data.device_side.DeviceInputs`).
+are `data.host.HostBatches`' (the same as `make_dataset` yields on
+TensorFlow): `x = {"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5)
+float32, "hsv": (B, 12) float32}`, `y` float32 zeros (B, 1), and for
+validation `sample_weight` (B,); the device finishes them
+(`data.device_side.DeviceInputs`).
 
 Batches are made ahead in `workers` threads of the dataset's own, in order
 (decoding, resizing and OpenCV release the GIL), or in `workers` processes
@@ -186,7 +186,7 @@ def make_py_dataset(
 
     Args:
         annotations, input_shape, num_classes, batch_size, training:
-            as `data.pipeline.make_dataset`'s.
+            as `data.tf_dataset.make_dataset`'s.
         workers, use_multiprocessing, max_queue_size, to_device: `HostDataset`'s.
         **kwargs: `data.host.HostBatches`' options (`augment`, `seed`,
             `max_boxes`, `cache`, `start_position`, `num_shards`,

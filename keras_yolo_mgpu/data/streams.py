@@ -5,9 +5,9 @@ placed on the canvas, padded boxes, HSV draws), which the training model
 finishes on the device (`data.device_side.DeviceInputs`):
 
 * **TensorFlow**: `tf.data` around the host's per-sample functions
-  (`data.pipeline.make_dataset(..., device_targets=True)`), distributed by
-  the strategy (`distribute_training_dataset`: under
-  MultiWorkerMirroredStrategy each worker builds only its slice).
+  (`data.tf_dataset.make_dataset`), distributed by the strategy
+  (`distribute_training_dataset`: under MultiWorkerMirroredStrategy each
+  worker builds only its slice).
 * **JAX**: a `keras.utils.PyDataset` of worker threads (`data.py_dataset`),
   with no TensorFlow; each process makes its slice of every global batch,
   and on one process the worker threads also copy each batch onto the
@@ -50,10 +50,10 @@ def training_stream(
             the targets are built on the device).
     """
     if distribution.INPUT_PIPELINE == "tf.data":
-        from keras_yolo_mgpu.data.pipeline import distribute_training_dataset
+        from keras_yolo_mgpu.data.tf_dataset import distribute_training_dataset
 
         return distribute_training_dataset(
-            engine.strategy, annotations, input_shape, anchors, num_classes, batch_size, device_targets=True, **options
+            engine.strategy, annotations, input_shape, anchors, num_classes, batch_size, **options
         )
     feeding = dict(workers=workers, use_multiprocessing=feed == "processes")
     return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=True, **feeding, **options)
@@ -65,10 +65,10 @@ def validation_stream(
     """One ordered pass over the validation images, the last batch padded with weight-0 images."""
     options = {key: value for key, value in options.items() if key not in ("start_position", "multi_scale", "mosaic")}
     if distribution.INPUT_PIPELINE == "tf.data":
-        from keras_yolo_mgpu.data.pipeline import make_dataset
+        from keras_yolo_mgpu.data.tf_dataset import make_dataset
 
         return make_dataset(
-            annotations, input_shape, anchors, num_classes, batch_size, training=False, device_targets=True, **options
+            annotations, input_shape, anchors, num_classes, batch_size, training=False, **options
         )
     return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=False, **options)
 

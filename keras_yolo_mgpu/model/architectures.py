@@ -46,7 +46,7 @@ class Architecture:
             have in the same loss.
         iou_thresh: the targets' default Darknet `iou_thresh`: a box also
             trains every other anchor of its masks with IoU above it
-            (`model.targets`); None: its best anchor only.
+            (`data.device_side.build_targets`); None: its best anchor only.
     """
 
     name: str

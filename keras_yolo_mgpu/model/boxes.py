@@ -1,4 +1,4 @@
-"""Box geometry shared by the loss, targets and inference.
+"""Box geometry shared by the loss, targets and inference, and the boxes kept per image.
 
 Conventions: `input_shape` is (height, width) of the network input in pixels;
 boxes are `xywh` (centre, size) relative to the input unless a docstring says
@@ -21,6 +21,9 @@ _ANCHOR_MASKS = {
 }
 # Downsampling factor of each output scale, same order as the masks.
 _STRIDES = {3: (32, 16, 8), 2: (32, 16)}
+# Boxes kept per training image (keras-yolo3's max_boxes): the pipeline pads
+# to this many, and the loss's ignore mask gathers at most this many per anchor.
+MAX_BOXES = 20
 
 
 def num_output_layers(num_anchors: int) -> int:

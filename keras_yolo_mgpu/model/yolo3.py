@@ -22,9 +22,8 @@ import keras
 from keras import layers
 
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
-from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides
+from keras_yolo_mgpu.model.boxes import MAX_BOXES, num_output_layers, output_strides
 from keras_yolo_mgpu.model.loss import YoloLoss
-from keras_yolo_mgpu.model.targets import MAX_BOXES
 
 # Darknet's weight decay, applied as an L2 penalty on every kernel.
 WEIGHT_DECAY = 5e-4

@@ -15,7 +15,7 @@ def boxes_from_targets(targets: list[np.ndarray], input_hw: tuple[int, int]) -> 
     Args:
         targets: one array per output scale, (B, grid_h, grid_w, anchors,
             5 + num_classes): x, y, w, h relative to the input, objectness,
-            one-hot classes (`model.targets.preprocess_true_boxes`).
+            one-hot classes (`data.device_side.build_targets`).
         input_hw: (height, width) of the batch's images.
 
     Returns:

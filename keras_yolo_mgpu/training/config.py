@@ -99,7 +99,7 @@ class TrainConfig:
     # Weight of the CIoU term; None: the model's (Architecture.ciou_weight).
     ciou_weight: float | None = None
     # Darknet's `iou_thresh` for the targets: a box also trains every other
-    # anchor of its masks with IoU above it (model.targets); 1.0: its best
+    # anchor of its masks with IoU above it (data.device_side); 1.0: its best
     # anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
     iou_thresh: float | None = None
     # The run's pictures (training.pictures): labels.jpg, train_batch*.jpg,

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from keras_yolo_mgpu.model.targets import MAX_BOXES  # keras-yolo3's max_boxes: boxes kept per training image
+from keras_yolo_mgpu.model.boxes import MAX_BOXES  # keras-yolo3's max_boxes: boxes kept per training image
 from keras_yolo_mgpu.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)

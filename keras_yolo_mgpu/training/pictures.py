@@ -62,11 +62,13 @@ class RunPictures(LossPlot):
 
 def write_data_pictures(run) -> None:
     """labels.jpg and train_batch0.jpg.. of a `trainer._TrainingRun` whose data and settings are read."""
-    from keras_yolo_mgpu.data.host import HostBatches, hsv_to_float
-    from keras_yolo_mgpu.model.targets import preprocess_true_boxes
+    from keras import ops
+
+    from keras_yolo_mgpu.data.device_side import DeviceInputs
+    from keras_yolo_mgpu.data.host import HostBatches
+    from keras_yolo_mgpu.model.boxes import MAX_BOXES
     from keras_yolo_mgpu.plots.batches import draw_batch
     from keras_yolo_mgpu.plots.labels import plot_labels
-    from keras_yolo_mgpu.training.trainer import MAX_BOXES
 
     config, folder = run.config, run.run_dir
     if os.path.isfile(os.path.join(folder, "train_batch0.jpg")):
@@ -79,8 +81,8 @@ def write_data_pictures(run) -> None:
     )
     # The training stream from its start, made as the trainer's pipeline makes
     # it, so these are the very batches of the first steps (single worker),
-    # finished on the host as the device finishes them: the HSV jitter, and
-    # the targets the boxes are drawn back from (keras-yolo3's numpy reference).
+    # finished by the training model's own first layer: the HSV jitter, and
+    # the targets the boxes are drawn back from.
     host = HostBatches(
         run.train_annotations,
         config.input_shape,
@@ -93,12 +95,15 @@ def write_data_pictures(run) -> None:
         multi_scale=config.multi_scale,
         mosaic=config.mosaic,
     )
+    # float32 whatever the run's dtype policy: the pictures do not depend on it.
+    finish = DeviceInputs(
+        run.anchors, len(run.class_names), masks=run.masks, iou_thresh=run.iou_thresh, dtype="float32"
+    )
     for index in range(TRAIN_BATCH_PICTURES):
         batch = host.batch(index)
-        targets = preprocess_true_boxes(
-            batch.boxes, batch.images.shape[1:3], run.anchors, len(run.class_names), run.masks, run.iou_thresh
-        )
-        inputs = {"image": hsv_to_float(batch.images, batch.hsv), **{f"y_true_{i}": t for i, t in enumerate(targets)}}
+        image, targets = finish({"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype("float32")})
+        inputs = {"image": ops.convert_to_numpy(image)}
+        inputs.update({f"y_true_{i}": ops.convert_to_numpy(t) for i, t in enumerate(targets)})
         draw_batch(inputs, run.class_names, os.path.join(folder, f"train_batch{index}.jpg"))
 
 

@@ -12,7 +12,8 @@ import logging
 import os
 from functools import partial
 
-from keras_yolo_mgpu.training.model_settings import MAX_BOXES, _initial_weights, _model_settings, _target_cells_bound
+from keras_yolo_mgpu.model.boxes import MAX_BOXES
+from keras_yolo_mgpu.training.model_settings import _initial_weights, _model_settings, _target_cells_bound
 from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _prepare_log_dir, _trim_history, _write_args_json
 
 logger = logging.getLogger(__name__)

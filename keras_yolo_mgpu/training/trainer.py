@@ -40,15 +40,15 @@ import os
 import shutil
 import tempfile
 
+from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.training.config import TrainConfig, TrainResult, draw_seed
-from keras_yolo_mgpu.training.model_settings import MAX_BOXES, _initial_weights, _model_settings, _target_cells_bound
+from keras_yolo_mgpu.training.model_settings import _initial_weights, _model_settings, _target_cells_bound
 from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _remove_unstarted_run, _trim_history
 from keras_yolo_mgpu.training.run_setup import RunSetup
 
 # Names other modules, scripts and tests import from here.
 __all__ = [
     "FINAL_WEIGHTS",
-    "MAX_BOXES",
     "STAGE1_WEIGHTS",
     "TrainConfig",
     "TrainResult",

@@ -206,7 +206,7 @@ def make_distribution(devices: list):
     """`keras.distribution.DataParallel` over `devices`: variables replicated, batches sharded.
 
     `auto_shard_dataset=False`: the training pipeline already gives each
-    process its own slice of every global batch (`data.pipeline`), so Keras
+    process its own slice of every global batch (`data.streams`), so Keras
     must not shard it again.
     """
     return keras.distribution.DataParallel(devices=list(devices), auto_shard_dataset=False)

@@ -1,8 +1,16 @@
-"""Ground-truth targets in keras-yolo3's layout (numpy reference).
+"""keras-yolo3's numpy `preprocess_true_boxes`: the oracle the one targets implementation is checked against.
 
-The tf.data pipeline builds the same targets with vectorised TF ops
-(`data.py`); this function is the faithful reference it is tested against,
-and what keras-yolo3 users call directly.
+The package builds keras-yolo3's targets once, in `keras.ops`
+(`data.device_side.build_targets`, behind `DeviceInputs` and the public
+`keras_yolo_mgpu.preprocess_true_boxes`). This is keras-yolo3's own numpy
+loop, with Darknet's `masks` and `iou_thresh` added, kept as it was so the
+tests can compare the two bit for bit.
+
+`dense_inputs` finishes a host batch (what `make_dataset` and
+`make_py_dataset` yield) into keras-yolo3's dense model inputs through that
+one implementation, for the tests that read targets from a stream.
+
+Test helper only: nothing in `keras_yolo_mgpu` imports it.
 """
 
 from __future__ import annotations
@@ -10,10 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
-
-# Boxes kept per training image (keras-yolo3's max_boxes): the pipeline pads
-# to this many, and the loss's ignore mask gathers at most this many per anchor.
-MAX_BOXES = 20
 
 
 def preprocess_true_boxes(true_boxes, input_shape, anchors, num_classes: int, masks=None, iou_thresh=None):
@@ -102,3 +106,19 @@ def _assigned_anchors(best: int, box_iou: np.ndarray, mask: list[int], iou_thres
     if iou_thresh is None or iou_thresh >= 1.0:
         return [best] if best in mask else []
     return [n for n in mask if n == best or box_iou[n] > iou_thresh]
+
+
+def dense_inputs(x, anchors, num_classes: int, masks=None, iou_thresh: float | None = None) -> dict:
+    """A host batch finished by `DeviceInputs` into keras-yolo3's dense model inputs, as numpy.
+
+    Args:
+        x: `{"image": (B, H, W, 3) uint8, "boxes": (B, T, 5), "hsv": (B, 12)}`.
+        anchors, num_classes, masks, iou_thresh: `DeviceInputs`'.
+
+    Returns:
+        `{"image": (B, H, W, 3) float32 in [0, 1], "y_true_0": (B, H/32, W/32, 3, 5 + C), ...}`.
+    """
+    from keras_yolo_mgpu.data.device_side import DeviceInputs
+
+    image, y_true = DeviceInputs(anchors, num_classes, masks=masks, iou_thresh=iou_thresh)(x)
+    return {"image": np.asarray(image), **{f"y_true_{layer}": np.asarray(t) for layer, t in enumerate(y_true)}}

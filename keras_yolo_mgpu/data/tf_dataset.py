@@ -1,0 +1,236 @@
+"""tf.data input pipeline: the host's batches (`data.host`), as TensorFlow and Keras consume them.
+
+    annotations = read_annotations("train.txt")            # or check_annotations(...).annotations
+    train = make_dataset(annotations, (416, 416), anchors, num_classes, 32, training=True, seed=0)
+    model.fit(train, steps_per_epoch=steps_per_epoch(len(annotations), 32), ...)
+
+The host's work (read, decode, resize, place, flip, move the boxes, draw the
+HSV jitter) is `data.host.HostBatches`, one definition shared with the
+TensorFlow-free pipeline (`data.py_dataset`); here it runs in a parallel
+tf.data map (`tf.numpy_function`, one batch per call; decoding, resizing and
+OpenCV release the GIL), which MirroredStrategy and multi-worker training
+(`distribute_training_dataset`) take as they are.
+
+Elements are `(x, y)` for training and `(x, y, sample_weight)` for
+validation: `x = {"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5)
+float32, "hsv": (B, 12) float32}` (see `data.host`), which the train step
+finishes on the device (the HSV jitter, the scaling and keras-yolo3's
+targets: `data.device_side.DeviceInputs`); `y` is float32 zeros (B, 1) (the
+model's output is its loss), `sample_weight` float32 (B,). Batches always
+hold exactly `batch_size` (the global batch) samples, so every replica of a
+multi-device run gets the same share; the stream, the validation weights and
+the handling of unreadable images are `data.host`'s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.data.host import HSV_PARAMS, HostBatches, steps_per_epoch
+from keras_yolo_mgpu.model.boxes import resolve_masks
+
+__all__ = ["DatasetBuilder", "distribute_training_dataset", "make_dataset", "steps_per_epoch"]
+
+
+class DatasetBuilder:
+    """`make_dataset`'s pipeline: the host's batches in a parallel tf.data map, then the model's inputs.
+
+    `build()` chains:
+
+    1. batch numbers: `Dataset.counter()` (training) or one pass
+       (`host.num_batches`, validation);
+    2. `load_batch`: `host.batch(k)` in `tf.numpy_function`, in parallel,
+       in order (`data.host.HostBatches`);
+    3. `to_model_inputs`: the dict Keras feeds the model.
+
+    Takes `make_dataset`'s arguments; `host` is the `HostBatches` the
+    options other than `masks` and `iou_thresh` go to.
+    """
+
+    def __init__(
+        self,
+        annotations: list[Annotation],
+        input_shape: tuple[int, int],
+        anchors: np.ndarray,
+        num_classes: int,
+        batch_size: int,
+        *,
+        training: bool,
+        masks=None,
+        iou_thresh: float | None = None,
+        **options,
+    ):
+        # The targets are the device's; their settings are checked here so that a
+        # bad one fails when the data is set up, not at the first step.
+        if iou_thresh is not None and not 0.0 < iou_thresh <= 1.0:
+            raise ValueError(f"`iou_thresh` must be in (0, 1] (1: best anchor only). Received: {iou_thresh}")
+        resolve_masks(masks, len(np.asarray(anchors)))  # also validates the anchor count
+        self.host = HostBatches(annotations, input_shape, num_classes, batch_size, training=training, **options)
+
+    @property
+    def training(self) -> bool:
+        return self.host.training
+
+    @property
+    def seed(self) -> int:
+        return self.host.seed
+
+    def _numpy_batch(self, k):
+        """The `tf.numpy_function` body: batch `k` as arrays."""
+        batch = self.host.batch(int(k))
+        arrays = (batch.images, batch.boxes, batch.hsv.astype(np.float32))
+        return arrays if batch.weights is None else (*arrays, batch.weights)
+
+    def load_batch(self, k):
+        """Batch `k` (int64 scalar) -> (images, boxes, hsv[, weights]) tensors with their static shapes."""
+        size = self.host.shard_batch_size
+        dtypes = [tf.uint8, tf.float32, tf.float32]
+        if not self.training:
+            dtypes.append(tf.float32)
+        tensors = tf.numpy_function(self._numpy_batch, [k], dtypes, name="host_batch")
+        side = (None, None) if self.host.multi_scale else self.host.input_shape
+        shapes = [[size, *side, 3], [size, self.host.max_boxes, 5], [size, HSV_PARAMS], [size]]
+        for tensor, shape in zip(tensors, shapes):
+            tensor.set_shape(shape)
+        return tuple(tensors)
+
+    def to_model_inputs(self, images, boxes, hsv, *weights):
+        """A batch -> (x, zeros[, weights]): x as `make_dataset` describes it."""
+        x = {"image": images, "boxes": boxes, "hsv": hsv}
+        y = tf.zeros([self.host.shard_batch_size, 1], tf.float32)
+        return (x, y, *weights)
+
+    def build(self) -> tf.data.Dataset:
+        """The whole pipeline (see the class docstring)."""
+        if self.training:
+            numbers = tf.data.Dataset.counter()
+        else:
+            numbers = tf.data.Dataset.range(self.host.num_batches)
+        dataset = numbers.map(_graph_only(self.load_batch), num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.map(_graph_only(self.to_model_inputs), num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _graph_only(function):
+    """`function` for `Dataset.map` without AutoGraph's source conversion.
+
+    The pipeline's functions hold no Python control flow on tensors, so
+    converting their source buys nothing; it cost ~1.5 s of every
+    `make_dataset` call on the 2-core machine (BENCHMARKS.md), paid at every
+    `train.py` start and stage.
+    """
+    return tf.autograph.experimental.do_not_convert(function)
+
+
+def make_dataset(
+    annotations: list[Annotation],
+    input_shape: tuple[int, int],
+    anchors: np.ndarray,
+    num_classes: int,
+    batch_size: int,
+    *,
+    training: bool,
+    **options,
+) -> tf.data.Dataset:
+    """Builds the training or validation dataset (see the module docstring).
+
+    Args:
+        annotations: the images and boxes, e.g. `read_annotations(path)` or
+            the good lines of `check_dataset.check_annotations(...)`.
+        input_shape: (height, width), multiples of 32.
+        anchors: (9, 2) or (6, 2) anchors, (w, h) in input pixels.
+        num_classes: number of classes; class ids outside raise ValueError.
+        batch_size: the GLOBAL batch size; every batch has exactly this many.
+        training: endless shuffled stream (True) or one ordered, padded
+            validation pass (False).
+        **options: keyword arguments, all optional:
+            augment (bool, default True): with `training`, keras-yolo3's
+                random augmentation; otherwise letterbox only. Validation is
+                never augmented.
+            seed (int): makes shuffling and augmentation reproducible
+                (default: random).
+            max_boxes (int, default 20): boxes kept per image (a random
+                subset in training, the first ones in validation).
+            cache (str): None, "ram", or a directory for decoded images at
+                letterbox size (`data.host.ImageSource`). RAM: about h*w*3
+                bytes per image for the life of the process (shared by
+                training stages and the validation set). A directory may be
+                reused between runs; it must be writable (ValueError
+                otherwise).
+            masks: anchor indices per scale for the targets (default
+                keras-yolo3's); must be the loss's. Checked here, used by
+                `DeviceInputs`.
+            start_position (int, default 0): training only: the stream
+                element to start at, so a later stage or a resumed run
+                continues the stream where it stopped (element `p` is always
+                the same image with the same augmentation for a given seed).
+            num_shards, shard_index (int, default 1 and 0): training only:
+                build only the `shard_index`-th of `num_shards` equal,
+                contiguous slices of every global batch (one per input
+                pipeline of a multi-worker cluster, see
+                `distribute_training_dataset`); batches then hold
+                `batch_size // num_shards` elements and only those images are
+                read.
+            multi_scale ((MIN, MAX)): training only: a new square size every
+                10 steps (`data.multiscale`); images are then
+                (B, None, None, 3) and `input_shape` is not used.
+            mosaic (float, default 0): training only: probability that an
+                element is a mosaic of four images (`data.mosaic`).
+            iou_thresh (float): Darknet's `iou_thresh` for the targets, in
+                (0, 1]: a box also goes to every other anchor of the masks
+                with IoU above it; None: its best anchor only (keras-yolo3).
+                Checked here, used by `DeviceInputs`.
+            An unknown keyword raises TypeError.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y)` (training) or `(x, y, sample_weight)`.
+    """
+    return DatasetBuilder(
+        annotations, input_shape, anchors, num_classes, batch_size, training=training, **options
+    ).build()
+
+
+def distribute_training_dataset(strategy, annotations, input_shape, anchors, num_classes, batch_size, **kwargs):
+    """The training stream for `strategy`, each input pipeline reading only its own images.
+
+    Under `MultiWorkerMirroredStrategy` (several input pipelines), handing
+    Keras the global stream makes every worker read, decode and augment every
+    image and keep 1/W of them (tf.data's data sharding). Here each pipeline
+    builds only its slice of every global batch (`make_dataset`'s
+    `num_shards`): the global batch holds the same images, with the same
+    augmentation, as with one worker, so N workers still train like one
+    device. With one input pipeline this is `make_dataset` itself.
+
+    (JAX's processes get their slices from `data.streams`.)
+
+    Args:
+        strategy: the `tf.distribute.Strategy` training runs under.
+        batch_size: the GLOBAL batch size.
+        **kwargs: `make_dataset`'s keyword arguments (`training=True` is implied).
+
+    Returns:
+        A `tf.data.Dataset`, or a distributed dataset Keras's `fit` accepts.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return make_dataset(annotations, input_shape, anchors, num_classes, batch_size, training=True, **kwargs)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        dataset = make_dataset(
+            annotations,
+            input_shape,
+            anchors,
+            num_classes,
+            batch_size,
+            training=True,
+            num_shards=context.num_input_pipelines,
+            shard_index=context.input_pipeline_id,
+            **kwargs,
+        )
+        per_replica = context.get_per_replica_batch_size(batch_size)
+        if per_replica != batch_size // context.num_input_pipelines:  # several replicas per worker
+            dataset = dataset.rebatch(per_replica)
+        return dataset
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
