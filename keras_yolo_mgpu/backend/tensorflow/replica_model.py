@@ -19,7 +19,6 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from keras_yolo_mgpu.backend.tensorflow.distribution import select_devices
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE
 
 logger = logging.getLogger(__name__)
@@ -134,7 +133,10 @@ def multi_gpu_model(model: keras.Model, gpus: int | None = None, devices: Sequen
     if devices is None:
         if gpus is None or gpus < 1:
             raise ValueError(f"pass gpus >= 1 or devices. Received: gpus={gpus}, devices={devices}")
-        devices = select_devices(gpus)
+        # Keras 2's names; `distribution.select_devices` is what train.py uses (and imports this module).
+        devices = [device.name for device in tf.config.list_logical_devices("GPU")][:gpus]
+        if len(devices) < gpus:
+            raise ValueError(f"multi_gpu_model(gpus={gpus}) needs {gpus} GPUs; TensorFlow sees {len(devices)}.")
     devices = list(devices)
     # The template's input structure (one tensor, a list, or a dict of named
     # inputs), each input re-created with its name, shape and dtype.
