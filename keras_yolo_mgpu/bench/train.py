@@ -210,7 +210,7 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
     from keras_yolo_mgpu.model.architectures import get_architecture
     from keras_yolo_mgpu.model.batch_norm import BatchNormalization
     from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
-    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.training.training_model import create_model
 
     architecture = get_architecture(options["model"])
     jit = options["jit"] or name == "xla"
