@@ -106,7 +106,7 @@ def write_prediction_pictures(run, final_weights: str) -> None:
     """val_pred.jpg from best.weights.h5 (else the final weights) on the first validation images."""
     from keras_yolo_mgpu.inference.detector import YOLO
     from keras_yolo_mgpu.plots.predictions import draw_predictions
-    from keras_yolo_mgpu.training.recipe import BEST_WEIGHTS
+    from keras_yolo_mgpu.training.recipe_options import BEST_WEIGHTS
 
     if not run.val_annotations:
         return

@@ -229,7 +229,7 @@ class RunSetup:
         from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
         from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
         from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
-        from keras_yolo_mgpu.training.recipe import RecipeCallbacks
+        from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks
 
         run_dir = self.run_dir
         self.recipe = RecipeCallbacks(
