@@ -1,6 +1,6 @@
 """Every use of Keras internals, in one place, guarded by the Keras version it was written for.
 
-Public Keras cannot do three things this project needs; each is done here and
+Public Keras cannot do four things this project needs; each is done here and
 nowhere else, and `tests/test_keras_compat.py` fails loudly when a Keras
 upgrade changes the internals underneath:
 
@@ -15,6 +15,8 @@ upgrade changes the internals underneath:
    `check_model_checkpoint_hooks` raises a clear error if they are gone.
 3. Weight loading walks a layer's direct children (`child_layers`), which
    Keras only exposes as `Layer._flatten_layers`.
+4. The EMA swap (`training.ema`) reads the optimizer's moving averages
+   (`moving_averages`), which Keras keeps in private attributes.
 """
 
 from __future__ import annotations
@@ -163,3 +165,14 @@ def child_layers(layer) -> list:
     if isinstance(layer, keras.Model):
         return list(layer.layers)
     return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
+def moving_averages(optimizer) -> list[tuple]:
+    """[(trainable variable, its moving average)] of a built optimizer with `use_ema=True`.
+
+    Keras keeps the averages in `optimizer._model_variables_moving_average`,
+    index for index with `optimizer._trainable_variables` (None where a
+    variable has none), and has no public accessor. Checked against Keras 3.15.1.
+    """
+    averages = optimizer._model_variables_moving_average
+    return [(v, a) for v, a in zip(optimizer._trainable_variables, averages) if a is not None]

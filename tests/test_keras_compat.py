@@ -90,3 +90,14 @@ def test_child_layers_of_a_plain_layer():
 
 def test_the_patches_are_for_the_tensorflow_backend():
     assert keras.backend.backend() == "tensorflow"
+
+
+def test_moving_averages_pair_each_trainable_variable_with_its_average():
+    trained = keras.Variable([1.0, 2.0], name="trained")
+    optimizer = keras.optimizers.SGD(learning_rate=0.5, use_ema=True, ema_momentum=0.9)
+    optimizer.build([trained])
+    optimizer.apply_gradients([(keras.ops.ones((2,)), trained)])
+    ((variable, average),) = keras_compat.moving_averages(optimizer)
+    assert variable is trained
+    # The first step copies the updated weight into the average.
+    assert keras.ops.convert_to_numpy(average).tolist() == [0.5, 1.5]
