@@ -96,20 +96,11 @@ def create_model(
 
     num_layers = num_output_layers(len(anchors))
     anchors_per_scale = len(anchors) // num_layers
+    loss_layer = _loss_layer(
+        anchors, num_classes, masks, architecture, ignore_thresh, max_true_boxes, box_loss, ciou_weight
+    )
     if device_inputs:
-        return body, _training_model_on_device_inputs(
-            body,
-            (height, width),
-            anchors,
-            num_classes,
-            masks,
-            iou_thresh,
-            architecture,
-            ignore_thresh,
-            max_true_boxes,
-            box_loss,
-            ciou_weight,
-        )
+        return body, _on_device_inputs(body, loss_layer, (height, width), anchors, num_classes, masks, iou_thresh)
     y_true = [
         keras.Input(
             shape=(
@@ -122,10 +113,7 @@ def create_model(
         )
         for layer, stride in enumerate(output_strides(num_layers))
     ]
-    loss = _loss_layer(anchors, num_classes, masks, architecture, ignore_thresh, max_true_boxes, box_loss, ciou_weight)(
-        [*body.outputs, *y_true]
-    )
-    train_model = keras.Model([*body.inputs, *y_true], loss, name="yolo_train")
+    train_model = keras.Model([*body.inputs, *y_true], loss_layer([*body.outputs, *y_true]), name="yolo_train")
     return body, train_model
 
 
@@ -153,19 +141,7 @@ def _loss_layer(anchors, num_classes, masks, architecture, ignore_thresh, max_tr
     )
 
 
-def _training_model_on_device_inputs(
-    body,
-    input_shape,
-    anchors,
-    num_classes,
-    masks,
-    iou_thresh,
-    architecture,
-    ignore_thresh,
-    max_true_boxes,
-    box_loss,
-    ciou_weight,
-) -> keras.Model:
+def _on_device_inputs(body, loss_layer, input_shape, anchors, num_classes, masks, iou_thresh) -> keras.Model:
     """host batch {image uint8, boxes, hsv} -> DeviceInputs -> body -> loss (N, 1), one model, one compiled step."""
     from keras_yolo_mgpu.data.device_side import DeviceInputs
     from keras_yolo_mgpu.data.host import HSV_PARAMS
@@ -178,8 +154,4 @@ def _training_model_on_device_inputs(
         "hsv": keras.Input(shape=(HSV_PARAMS,), dtype="float32", name="hsv"),
     }
     image, y_true = DeviceInputs(anchors, num_classes, masks=masks, iou_thresh=iou_thresh, name="device_inputs")(inputs)
-    outputs = body(image)
-    loss = _loss_layer(anchors, num_classes, masks, architecture, ignore_thresh, max_true_boxes, box_loss, ciou_weight)(
-        [*outputs, *y_true]
-    )
-    return keras.Model(inputs, loss, name="yolo_train")
+    return keras.Model(inputs, loss_layer([*body(image), *y_true]), name="yolo_train")
