@@ -12,10 +12,10 @@ waiting for the device, and the figure holds for any `steps_per_execution`. It r
 times both backends against each other.
 
 With `reference="keras-yolo3"`, keras-yolo3's model and scalar loss under
-Keras 2 (`tf_keras`, `tests/keras_yolo3_model.py`: from a checkout only, see
-`bench.baseline`) is built next to ours in the same process and the two are
-timed in interleaved rounds (the order alternates), so the ratio ours /
-keras-yolo3 comes from one run on one machine state. `variants` adds variants of our step to the same rounds (see
+Keras 2 (`tf_keras`; from a checkout: `tests/keras_yolo3_model.py`) is built next to ours in the
+same process and the two are timed in interleaved rounds (the order
+alternates), so the ratio ours / keras-yolo3 comes from one run on one
+machine state. `variants` adds variants of our step to the same rounds (see
 `VARIANTS`); `breakdown` also times the parts of a step (`step_parts.py`).
 """
 
