@@ -35,7 +35,7 @@ LAYERS = (
     ("evaluation", ("evaluation",)),  # mAP of weights or of an export
     ("training", ("training",)),  # the recipe, callbacks, checkpoints, the run folder
     ("bench, cli", ("bench", "cli")),  # benchmarks; the commands
-    ("entry points", ("align", "check_dataset", "demo", "export", "bench.__main__")),  # python -m keras_yolo_mgpu.X
+    ("entry points", ("align", "check_dataset", "demo", "export", "bench.__main__")),  # python -m keras_yolo_mgpu.NAME
 )
 
 
