@@ -1,6 +1,6 @@
 """Every use of Keras internals, in one place, guarded by the Keras version it was written for.
 
-Public Keras cannot do five things this project needs; each is done here and
+Public Keras cannot do six things this project needs; each is done here and
 nowhere else, and `tests/test_keras_compat.py` fails loudly when a Keras
 upgrade changes the internals underneath. All were checked against Keras 3.15.1:
 
@@ -20,6 +20,8 @@ upgrade changes the internals underneath. All were checked against Keras 3.15.1:
    the public `keras.config.dtype_policy()` pins an unset policy to floatx.
 5. The fused Adam kernel updates Keras's Adam moments in place
    (`adam_moments`), which Keras keeps in `_momentums` / `_velocities`.
+6. The EMA swap (`training.ema`) reads the optimizer's moving averages
+   (`moving_averages`), which Keras keeps in private attributes.
 """
 
 from __future__ import annotations
@@ -198,3 +200,14 @@ def adam_moments(optimizer: keras.optimizers.Adam, variable) -> tuple:
     """
     index = optimizer._get_variable_index(variable)
     return optimizer._momentums[index], optimizer._velocities[index]
+
+
+def moving_averages(optimizer) -> list[tuple]:
+    """[(trainable variable, its moving average)] of a built optimizer with `use_ema=True`.
+
+    Keras keeps the averages in `optimizer._model_variables_moving_average`,
+    index for index with `optimizer._trainable_variables` (None where a
+    variable has none), and has no public accessor. Checked against Keras 3.15.1.
+    """
+    averages = optimizer._model_variables_moving_average
+    return [(v, a) for v, a in zip(optimizer._trainable_variables, averages) if a is not None]

@@ -31,12 +31,20 @@ def model_data_path(name: str) -> str:
     raise FileNotFoundError(f"{name} is not in model_data/ (looked in {', '.join(map(str, _MODEL_DATA_DIRS))})")
 
 
+# The default anchors of each network `--model` names (`model.architectures.MODEL_NAMES`).
+MODEL_ANCHORS_FILES = {
+    "yolov3": "yolo_anchors.txt",
+    "yolov3-tiny": "tiny_yolo_anchors.txt",
+    "yolov4": "yolo4_anchors.txt",
+    "yolov4-tiny": "yolo4_tiny_anchors.txt",
+}
+
 # The shipped file each kind of resource falls back to.
 DEFAULT_FILES = {
     "classes": "coco_classes.txt",
     "voc_classes": "voc_classes.txt",
-    "anchors": "yolo_anchors.txt",
-    "tiny_anchors": "tiny_yolo_anchors.txt",
+    "anchors": MODEL_ANCHORS_FILES["yolov3"],
+    "tiny_anchors": MODEL_ANCHORS_FILES["yolov3-tiny"],
 }
 
 
@@ -54,14 +62,14 @@ def resolve_resource(path: str | os.PathLike | None, kind: str, *, tiny: bool = 
             (`model.architectures.MODEL_NAMES`), e.g. yolo4_anchors.txt.
 
     Raises:
-        ValueError: unknown `kind`.
+        ValueError: unknown `kind` or `model`.
     """
     if path:
         return os.fspath(path)
     if kind == "anchors" and model is not None:
-        from keras_yolo_mgpu.model.architectures import get_architecture
-
-        return model_data_path(get_architecture(model).anchors_file)
+        if model not in MODEL_ANCHORS_FILES:
+            raise ValueError(f"model must be one of {tuple(MODEL_ANCHORS_FILES)}. Received: model={model!r}")
+        return model_data_path(MODEL_ANCHORS_FILES[model])
     if kind == "anchors" and tiny:
         kind = "tiny_anchors"
     if kind not in DEFAULT_FILES:

@@ -6,8 +6,8 @@ with the `yolo_loss` Lambda), `model.save(...)` as convert.py writes it, and
 files saved from a Keras 2 `multi_gpu_model` (the template nested as one
 layer). The networks (keras-yolo3's `yolo_body` / `tiny_yolo_body` in its own
 construction order, with Keras 2's auto-generated layer names `conv2d_1`,
-`batch_normalization_1`, ...) come from `keras_yolo_mgpu.bench.reference_model`;
-this module adds the wrappers around them.
+`batch_normalization_1`, ...) come from `keras_yolo3_model`; this module adds
+the wrappers around them.
 
 Test helper only: nothing in `keras_yolo_mgpu` imports it.
 """
@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras
-from tf_keras import layers
 
-# The networks live in the package (the training benchmark compares against
-# them); re-exported here under the names the tests use.
-from keras_yolo_mgpu.bench.reference_model import (  # noqa: F401
+# The networks, re-exported here under the names the tests use.
+from keras_yolo3_model import (  # noqa: F401
     DarknetConv2D,
     DarknetConv2D_BN_Leaky,
     build_body,
@@ -32,6 +30,7 @@ from keras_yolo_mgpu.bench.reference_model import (  # noqa: F401
     tiny_yolo_body,
     yolo_body,
 )
+from tf_keras import layers
 
 
 def build_training_model(body, input_shape, num_classes: int, freeze_body: int = 2):

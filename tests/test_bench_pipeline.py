@@ -7,10 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+from keras_yolo3_generator import data_generator
 from PIL import Image
 
 from keras_yolo_mgpu.bench.pipeline import GENERATORS, parse_rows, run_benchmark, run_rounds
-from keras_yolo_mgpu.bench.reference_generator import data_generator
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.check import check_annotations
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
@@ -94,6 +94,14 @@ def test_reference_generator_batches(bench_images):
     assert images.shape == (4, 64, 96, 3) and 0 <= images.min() and images.max() <= 1
     assert [t.shape for t in y_true] == [(4, 2, 3, 3, 25), (4, 4, 6, 3, 25), (4, 8, 12, 3, 25)]
     assert zeros.shape == (4,)
+
+
+def test_the_baseline_rows_name_the_test_reference_an_installed_package_lacks(monkeypatch, tmp_path):
+    from keras_yolo_mgpu.bench import baseline
+
+    monkeypatch.setattr(baseline, "TESTS_DIR", tmp_path / "tests")
+    with pytest.raises(FileNotFoundError, match=r"tests/keras_yolo3_missing\.py.*from a checkout"):
+        baseline.load_reference("keras_yolo3_missing")
 
 
 def test_cli_prints_json_last_line(bench_images):

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from keras_yolo_mgpu.cli.check_dataset import main
-from keras_yolo_mgpu.data.check import KINDS, Problem, check_annotations
+from keras_yolo_mgpu.data.check import KINDS, check_annotations
+from keras_yolo_mgpu.data.formats.records import Problem
 
 
 def _jpeg(path, size=(64, 48), seed=0):

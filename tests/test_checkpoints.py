@@ -20,9 +20,10 @@ import tensorflow as tf
 
 from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
 from keras_yolo_mgpu.model.loss import totalloss
-from keras_yolo_mgpu.model.yolo3 import build_body, create_model
+from keras_yolo_mgpu.model.yolo3 import build_body
 from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint, checkpoint_write_path, save_weights_atomic
+from keras_yolo_mgpu.training.training_model import create_model
 from keras_yolo_mgpu.weights.loading import LoadReport, load_weights, weight_layers
 
 TINY_ANCHORS = get_anchors(default_anchors_path(tiny=True))

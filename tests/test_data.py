@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras_yolo3_targets import dense_inputs, preprocess_true_boxes
+from keras_yolo3_generator import get_random_data
 from PIL import Image
 
-from keras_yolo_mgpu.bench.reference_generator import get_random_data
 from keras_yolo_mgpu.data.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations
 from keras_yolo_mgpu.data.augment import (
     augment_boxes,
@@ -123,7 +123,7 @@ def test_boxes_follow_keras_yolo3_draw_for_draw():
 
 def _reference_boxes(annotation, image_size, input_shape, rand):
     """keras-yolo3's box arithmetic for the given draws (no image needed)."""
-    import keras_yolo_mgpu.bench.reference_generator as reference
+    import keras_yolo3_generator as reference
 
     class FakeImage:
         size = image_size

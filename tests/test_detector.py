@@ -213,8 +213,8 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
     from keras_yolo_mgpu.backend.tensorflow.replica_model import multi_gpu_model
     from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
     from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+    from keras_yolo_mgpu.training.training_model import create_model
 
     keras.utils.set_random_seed(7)
     body, train_model = create_model((64, 64), TINY_ANCHORS, 2, freeze_body=0)

@@ -8,7 +8,6 @@ import pytest
 from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
 
 from keras_yolo_mgpu.inference import export
-from keras_yolo_mgpu.inference.backends import open_runner
 from keras_yolo_mgpu.inference.export_check import (
     FLOAT_TOLERANCES,
     INT8_TOLERANCES,
@@ -19,6 +18,7 @@ from keras_yolo_mgpu.inference.export_check import (
     run_keras,
     synthetic_check_images,
 )
+from keras_yolo_mgpu.inference.export_formats import open_runner
 from keras_yolo_mgpu.inference.layers import build_inference_model
 
 INPUT = (64, 64)
@@ -112,7 +112,7 @@ def _decoded_scene(rng, images=4, boxes=3000, classes=2):
 
 def _with_own_nms(decoded):
     """The outputs of an export with decoding and NMS inside at the export's score 0.3."""
-    from keras_yolo_mgpu.inference.backends import host_nms
+    from keras_yolo_mgpu.inference.export_formats import host_nms
 
     return {**decoded, **host_nms(decoded, score=0.3, iou=0.45, max_boxes=20, max_detections=100)}
 

@@ -118,3 +118,14 @@ def test_adam_moments_are_the_variables_adam_updates():
     np.testing.assert_allclose(momentum.numpy(), 0.1 * 2.0, rtol=1e-6)
     np.testing.assert_allclose(velocity.numpy(), 0.001 * 4.0, rtol=1e-6)
     np.testing.assert_allclose(keras_compat.adam_moments(optimizer, other)[0].numpy(), 0.1 * 5.0, rtol=1e-6)
+
+
+def test_moving_averages_pair_each_trainable_variable_with_its_average():
+    trained = keras.Variable([1.0, 2.0], name="trained")
+    optimizer = keras.optimizers.SGD(learning_rate=0.5, use_ema=True, ema_momentum=0.9)
+    optimizer.build([trained])
+    optimizer.apply_gradients([(keras.ops.ones((2,)), trained)])
+    ((variable, average),) = keras_compat.moving_averages(optimizer)
+    assert variable is trained
+    # The first step copies the updated weight into the average.
+    assert keras.ops.convert_to_numpy(average).tolist() == [0.5, 1.5]

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, make_body
 from keras_yolo3_targets import dense_inputs
+from keras_yolo3_generator import get_random_data
 from PIL import Image
 
 import keras_yolo_mgpu
-from keras_yolo_mgpu.bench.reference_generator import get_random_data
 from keras_yolo_mgpu.data.annotations import parse_annotation_line
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array, letterbox_boxes, letterbox_geometry, letterbox_image

@@ -208,7 +208,7 @@ def test_xla_bound_on_true_boxes_holds_with_darknet_multi_anchor_targets():
 def test_keras_yolo3_reference_loss_is_the_original_scalar():
     """The benchmark's keras-yolo3 baseline computes keras-yolo3's loss: the batch mean of the formula."""
     pytest.importorskip("tf_keras")
-    from keras_yolo_mgpu.bench.reference_model import scalar_yolo_loss
+    from keras_yolo3_model import scalar_yolo_loss
 
     for anchors, input_hw, seed in [(TINY_ANCHORS, (64, 96), 8), (FULL_ANCHORS, (64, 64), 9)]:
         outputs, y_true = _random_case(anchors, input_hw, 3, batch=3, seed=seed)

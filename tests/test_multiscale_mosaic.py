@@ -105,7 +105,7 @@ def test_keras_traces_the_train_step_at_most_once_per_size_on_two_replicas(annot
     """The train function is traced for the dataset's (None, None) spec, not once per size."""
     from keras_yolo_mgpu.backend.tensorflow.distribution import make_strategy
     from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.training.training_model import create_model
 
     traces = []
 

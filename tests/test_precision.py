@@ -19,9 +19,9 @@ from keras_yolo_mgpu.cli.train import build_parser, config_from_args
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 from keras_yolo_mgpu.data.tf_dataset import make_dataset
-from keras_yolo_mgpu.model.yolo3 import create_model
 from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
 from keras_yolo_mgpu.training import precision
+from keras_yolo_mgpu.training.training_model import create_model
 
 NUM_CLASSES = 4  # the synthetic dataset's
 

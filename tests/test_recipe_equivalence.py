@@ -47,7 +47,7 @@ OPTIONS = {
     "multi_scale": ["--multi-scale", "32,96", "--steps-per-epoch", "12"],
     "mosaic": ["--mosaic", "0.5"],
     "iou_thresh": ["--iou-thresh", "0.213"],
-    # The named recipes (training/recipes.py) under _train's explicit schedule
+    # The named recipes (training/named_recipes.py) under _train's explicit schedule
     # flags: the default's mAP, best by val_mAP, EMA, prior, iou_thresh and
     # best/last-only checkpoints. (keras-yolo3's recipe is every run's base,
     # `_train`'s `--recipe keras-yolo3`: each option above runs on it.)

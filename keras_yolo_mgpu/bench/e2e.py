@@ -75,7 +75,7 @@ def _build_training_model(engine, settings: dict, plan, num_classes: int, anchor
     import keras
 
     from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.training.training_model import create_model
 
     with engine.strategy.scope():
         _, train_model = create_model(

@@ -70,7 +70,7 @@ def _export_rows(weights, settings, images, out_dir, calibration_images):
 def _speed(rows, settings, annotations, rounds: int, count: int):
     from keras_yolo_mgpu.data.images import read_image
     from keras_yolo_mgpu.data.letterbox import letterbox_array
-    from keras_yolo_mgpu.inference.backends import open_detector
+    from keras_yolo_mgpu.inference.export_formats import open_detector
 
     arrays = [read_image(a.image_path) for a in annotations[:count]]
     prepared = [(letterbox_array(a, settings.input_shape)[None], [a.shape[:2]]) for a in arrays]

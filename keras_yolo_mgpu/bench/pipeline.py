@@ -26,7 +26,7 @@ per image: on a shared machine the robust figure.
   `train.py`, `data.host_processes`): the same batches, made past the
   training process's interpreter lock; its CPU time adds the workers';
 - `reference`: keras-yolo3's single-threaded generator (see
-  `reference_generator`), the baseline;
+  `tests/keras_yolo3_generator.py`; from a checkout only, `bench.baseline`), the baseline;
 - `decode-only`: the same files read, decoded and resized (bilinear) to the
   input size with TF's native ops in a parallel tf.data map; no
   augmentation, no targets: the reference the ratios are taken against.
@@ -95,10 +95,12 @@ class _Row:
     def __init__(self, generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache, workers):
         self.host, self._adapter, self._dataset = None, None, None
         if generator == "reference":
-            from keras_yolo_mgpu.bench.reference_generator import data_generator
+            from keras_yolo_mgpu.bench.baseline import load_reference
 
             np.random.seed(seed)
-            self.iterator = data_generator(annotations, batch_size, input_shape, anchors, num_classes)
+            self.iterator = load_reference("keras_yolo3_generator").data_generator(
+                annotations, batch_size, input_shape, anchors, num_classes
+            )
         elif generator == "decode-only":
             self.iterator = iter(_decode_only_dataset(annotations, input_shape, batch_size))
         elif generator in ("pydataset", "pyprocesses"):

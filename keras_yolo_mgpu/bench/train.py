@@ -12,7 +12,7 @@ waiting for the device, and the figure holds for any `steps_per_execution`. It r
 times both backends against each other.
 
 With `reference="keras-yolo3"`, keras-yolo3's model and scalar loss under
-Keras 2 (`tf_keras`, see `reference_model.py`) is built next to ours in the
+Keras 2 (`tf_keras`; from a checkout: `tests/keras_yolo3_model.py`) is built next to ours in the
 same process and the two are timed in interleaved rounds (the order
 alternates), so the ratio ours / keras-yolo3 comes from one run on one
 machine state. `variants` adds variants of our step to the same rounds (see
@@ -209,7 +209,7 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
     from keras_yolo_mgpu.model.architectures import get_architecture
     from keras_yolo_mgpu.model.batch_norm import BatchNormalization
     from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
-    from keras_yolo_mgpu.model.yolo3 import create_model
+    from keras_yolo_mgpu.training.training_model import create_model
 
     architecture = get_architecture(options["model"])
     jit = options["jit"] or name == "xla"
@@ -277,9 +277,10 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
 def _build_reference(options, anchors, x, y, global_batch):
     import tensorflow as tf
 
-    from keras_yolo_mgpu.bench import reference_model  # needs tf_keras: ImportError says how to get it
+    from keras_yolo_mgpu.bench.baseline import load_reference
     from keras_yolo_mgpu.bench.step_parts import StepParts
 
+    reference_model = load_reference("keras_yolo3_model")  # needs tf_keras: ImportError says how to get it
     tf_keras = reference_model.tf_keras
     body = reference_model.build_body(options["tiny"], options["num_classes"], seed=None)
     model = reference_model.create_training_model(body, options["input_size"], anchors, options["num_classes"])

@@ -187,8 +187,8 @@ def _classes_anchors_and_kind(args):
 def run_alignment(args, devices):
     """Runs `parallel.align.align` as the parsed flags say, on `devices`; returns its report."""
     from keras_yolo_mgpu.model.architectures import get_architecture
-    from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.parallel import align
+    from keras_yolo_mgpu.training.training_model import create_model
 
     class_names, anchors, kind = _classes_anchors_and_kind(args)
     kind = get_architecture(kind, len(anchors)).name

@@ -35,7 +35,7 @@ import numpy as np
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
-from keras_yolo_mgpu.training.recipes import DEFAULT_RECIPE, RECIPES
+from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPES
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ DEFAULTS = dict(
 # learns a box, not only the best; `iou_thresh` row). Cosine with warm-up,
 # multi-scale, mosaic and the CIoU box loss cost mAP at the demo's length.
 # With `lr_schedule="cosine"` the rate decays over one stage.
-# It is train.py's default recipe (training/recipes.py), less the schedule
+# It is train.py's default recipe (training/named_recipes.py), less the schedule
 # fields that `demo_train_config` sets from DEFAULTS (one stage at `lr`,
 # nothing frozen: the default recipe's too).
 RECIPE: dict = {
@@ -388,7 +388,7 @@ def demo_train_config(
 
 def weights_to_evaluate(result, config) -> str:
     """The run's best-by-mAP weights when it monitored val_mAP, else its final weights."""
-    from keras_yolo_mgpu.training.recipe import BEST_WEIGHTS
+    from keras_yolo_mgpu.training.recipe_options import BEST_WEIGHTS
 
     best = Path(result.log_dir) / BEST_WEIGHTS
     if config.monitor in ("val_mAP", "val_mAP50") and best.is_file():

@@ -68,7 +68,7 @@ def run(args) -> int:
     else:
         parse_source(args.input)
     quiet.import_tensorflow(args.verbose)
-    from keras_yolo_mgpu.inference.backends import open_detector
+    from keras_yolo_mgpu.inference.export_formats import open_detector
 
     yolo = open_detector(
         weights,

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.evaluation.mean_ap import DEFAULT_MAX_MAP_DROP
 from keras_yolo_mgpu.inference.export import FORMATS, ExportError  # light: TensorFlow loads later
-from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES, DEFAULT_MAX_MAP_DROP
+from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
 
 logger = logging.getLogger("export")
 
@@ -110,7 +111,7 @@ def run(args) -> int:
 
 
 def _compare_map(args, exported: str, settings) -> None:
-    from keras_yolo_mgpu.inference.quantize import compare_map
+    from keras_yolo_mgpu.evaluation.mean_ap import compare_map
 
     comparison = compare_map(args.weights, exported, args.validation, settings, iou=args.iou)
     for name in ("keras", "export"):

@@ -219,8 +219,8 @@ def add_precision_args(group) -> None:
 
 
 def add_recipe_name_arg(group) -> None:
-    """--recipe and --save-period: the named set of defaults (training/recipes.py) and periodic checkpoints."""
-    from keras_yolo_mgpu.training.recipes import DEFAULT_RECIPE, RECIPES
+    """--recipe and --save-period: the named set of defaults (training/named_recipes.py) and periodic checkpoints."""
+    from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPES
 
     group.add_argument(
         "--recipe",
@@ -249,7 +249,7 @@ def add_recipe_name_arg(group) -> None:
 
 # Over 60 lines by design: one flag after another, as --help lists the recipe group.
 def add_recipe_args(group) -> None:
-    """The modern recipe's options (keras_yolo_mgpu/training/recipe.py); defaults are keras-yolo3's."""
+    """The modern recipe's options (keras_yolo_mgpu/training/recipe_options.py); defaults are keras-yolo3's."""
     group.add_argument(
         "--eval-every",
         type=int,
@@ -339,7 +339,7 @@ def _flag_field(dest: str):
 
 def config_from_args(args):
     """The TrainConfig of a new run from its parsed flags."""
-    from keras_yolo_mgpu.training.recipes import DEFAULT_RECIPE, RECIPE_FIELDS, resolve_recipe
+    from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPE_FIELDS, resolve_recipe
     from keras_yolo_mgpu.training.trainer import TrainConfig
 
     converted = {field: convert(getattr(args, dest)) for dest, (field, convert) in _FLAG_FIELDS.items()}

@@ -45,8 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
+from keras_yolo_mgpu.data.formats.records import Problem
 
-__all__ = ["KINDS", "CheckReport", "Problem", "check_annotations", "check_records", "degenerate_box_reason"]
+__all__ = ["KINDS", "CheckReport", "check_annotations", "check_records", "degenerate_box_reason"]
 
 KINDS = (
     "malformed",
@@ -58,21 +60,6 @@ KINDS = (
     "duplicate-box",
     "label-without-image",
 )
-
-
-@dataclass
-class Problem:
-    """One problem on one annotation line; `str()` gives `FILE:LINE: message`."""
-
-    source: str
-    line_number: int
-    kind: str
-    message: str
-
-    def __str__(self) -> str:
-        # Line 0: a record without lines (a COCO image, a VOC XML file).
-        where = f"{self.source}:{self.line_number}" if self.line_number else self.source
-        return f"{where}: {self.message}"
 
 
 @dataclass
@@ -286,8 +273,6 @@ def check_annotations(
     Raises:
         OSError: the annotation file cannot be read.
     """
-    from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file  # the formats import Problem
-
     split = read_annotation_file(path, root)
     return check_records(
         split.records,

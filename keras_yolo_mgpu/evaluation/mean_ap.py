@@ -10,7 +10,9 @@ annotation file and the detections to COCO's format and reports:
   least `score` matched greedily, best first, to unmatched ground truth of
   the same class with IoU >= 0.5 (what a user of `yolo_video.py --score`
   gets);
-* a PNG of the precision-recall curve at IoU 0.5, per class and averaged.
+* a PNG of the precision-recall curve at IoU 0.5, per class and averaged;
+* for an export, its mAP against that of the Keras weights it came from
+  (`compare_map`, `export.py --validation`).
 
 Detections in COCO results format: `image_id` is the 0-based index of the
 image's line among the annotation file's non-blank lines, `category_id` the
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 EVAL_MIN_SCORE = 0.001
 EVAL_MAX_DETECTIONS = 100  # COCO's maxDets
 MATCH_IOU = 0.5
+DEFAULT_MAX_MAP_DROP = 0.02  # mAP@0.5 an export may lose against the Keras weights without a warning
 
 
 # ----------------------------------------------------------------------
@@ -464,7 +467,7 @@ def evaluate_weights(
     masks=None,
     settings=None,
 ) -> dict:
-    """mAP of a weights file, or of an exported model (`inference.backends`), on an annotation file.
+    """mAP of a weights file, or of an exported model (`inference.export_formats`), on an annotation file.
 
     The model keeps every box scoring at least `EVAL_MIN_SCORE` (up to 100
     per image, 100 per class) for the COCO metrics; `score` sets only the
@@ -478,7 +481,7 @@ def evaluate_weights(
     Returns:
         `evaluate_detections`'s dict.
     """
-    from keras_yolo_mgpu.inference.backends import open_detector
+    from keras_yolo_mgpu.inference.export_formats import open_detector
     from keras_yolo_mgpu.weights.metadata import settings_for
 
     annotations = _load_annotations(annotations, root)
@@ -557,3 +560,17 @@ def format_report(result: dict) -> str:
             if result.get(key):
                 lines.append(f"{key.replace('_', ' ')}: {result[key]}")
     return "\n".join(lines)
+
+
+def compare_map(weights: str, exported: str, annotations: str, settings, *, iou: float = 0.45) -> dict:
+    """mAP of the Keras weights and of their export (`inference.export`) on one annotation file.
+
+    Returns:
+        `{"keras": {"mAP", "mAP50"}, "export": {"mAP", "mAP50"}, "drop50"}`
+        (drop50: the Keras mAP@0.5 minus the export's).
+    """
+    rows = {}
+    for name, path in (("keras", weights), ("export", exported)):
+        result = evaluate_weights(path, annotations, settings=settings, iou=iou, progress=False)
+        rows[name] = {"mAP": result["mAP"] or 0.0, "mAP50": result["mAP50"] or 0.0}
+    return {**rows, "drop50": rows["keras"]["mAP50"] - rows["export"]["mAP50"]}

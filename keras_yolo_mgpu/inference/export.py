@@ -19,7 +19,7 @@ original pixels (not clipped), `scores` (N, M), `classes` (N, M) int32 and
   onnxruntime; both are optional (`pip install tf2onnx onnxruntime`).
 
 Every export also returns `decoded_boxes` (N, K, 4) and `decoded_scores`
-(N, K, C): all boxes before NMS, for a host's own NMS (`backends`).
+(N, K, C): all boxes before NMS, for a host's own NMS (`export_formats`).
 
 `--int8` / `--half` quantise a TFLite export (`quantize`).
 
@@ -225,7 +225,7 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
 
 def _runner(fmt: str):
     def run(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
-        from keras_yolo_mgpu.inference.backends import open_runner
+        from keras_yolo_mgpu.inference.export_formats import open_runner
 
         return open_runner(path, fmt)(image, image_shape)
 
@@ -392,7 +392,7 @@ def export_size(path: str) -> int:
 def run_check(model, fmt: str, path: str, images: str | None, precision: str, max_boxes: int, max_detections: int):
     """`export_check.check_export` on images of `images`, else on generated scenes; raises ExportError."""
     from keras_yolo_mgpu.inference import export_check
-    from keras_yolo_mgpu.inference.backends import open_runner
+    from keras_yolo_mgpu.inference.export_formats import open_runner
 
     input_shape = tuple(model.inputs[0].shape[1:3])
     if images:

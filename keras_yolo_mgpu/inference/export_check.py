@@ -264,7 +264,7 @@ def check_export(
     Args:
         model: the Keras export model (`export.build_export_model`, with
             decoded outputs), the reference.
-        run_export: the export's runner (`backends.open_runner`).
+        run_export: the export's runner (`export_formats.open_runner`).
         images: (N, H, W, 3) uint8 letterboxed RGB; image_shapes: (N, 2).
         source: what the images are, for the report.
 
@@ -313,7 +313,7 @@ def judge_outputs(
 
     Returns and raises as `check_export`.
     """
-    from keras_yolo_mgpu.inference.backends import host_nms
+    from keras_yolo_mgpu.inference.export_formats import host_nms
 
     floor = score_floor(reference["decoded_scores"], score)
     options = dict(score=floor, iou=iou, max_boxes=max_boxes, max_detections=max_detections)

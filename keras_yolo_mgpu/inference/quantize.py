@@ -31,7 +31,6 @@ DEFAULT_CALIBRATION_IMAGES = 200
 # so the float list of tensor names missed it, and 8-bit scores tied and
 # mis-ranked the detections.
 NMS_OPS = ["NON_MAX_SUPPRESSION_V5", "TOPK_V2", "GATHER", "SELECT_V2"]
-DEFAULT_MAX_MAP_DROP = 0.02  # mAP@0.5 an export may lose against the Keras weights without a warning
 
 
 def calibration_batches(paths: list[str], input_shape, mirrored: bool = True) -> Callable[[], Iterator]:
@@ -131,19 +130,3 @@ def convert_quantized(
         converter=converter, debug_dataset=calibration, debug_options=options
     )
     return debugger.get_nondebug_quantized_model()
-
-
-def compare_map(weights: str, exported: str, annotations: str, settings, *, iou: float = 0.45) -> dict:
-    """mAP of the Keras weights and of their export on one annotation file, by `evaluation.mean_ap`.
-
-    Returns:
-        `{"keras": {"mAP", "mAP50"}, "export": {"mAP", "mAP50"}, "drop50"}`
-        (drop50: the Keras mAP@0.5 minus the export's).
-    """
-    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights
-
-    rows = {}
-    for name, path in (("keras", weights), ("export", exported)):
-        result = evaluate_weights(path, annotations, settings=settings, iou=iou, progress=False)
-        rows[name] = {"mAP": result["mAP"] or 0.0, "mAP50": result["mAP50"] or 0.0}
-    return {**rows, "drop50": rows["keras"]["mAP50"] - rows["export"]["mAP50"]}

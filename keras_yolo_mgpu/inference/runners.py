@@ -1,7 +1,7 @@
 """How an inference model runs on one or several devices: TensorFlow's way and JAX's, side by side.
 
 The detector (`detector.YOLO`) and the host NMS of exported models
-(`backends.host_nms`) call these; nothing else in `inference/` knows which
+(`export_formats.host_nms`) call these; nothing else in `inference/` knows which
 backend runs. Both ways take numpy in and give numpy out:
 
 * **TensorFlow**: one `tf.function` over slices of the batch, one model

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+from keras_yolo_mgpu.resources import MODEL_ANCHORS_FILES
+
 MODEL_NAMES = ("yolov3", "yolov3-tiny", "yolov4", "yolov4-tiny")
 #: Box regression terms of the loss (`model/loss.py`); each model has its default below.
 BOX_LOSSES = ("yolov3", "ciou")
@@ -34,7 +36,6 @@ class Architecture:
     Attributes:
         name: the `--model` name.
         builder: `module:function` of the body builder, e.g. `model.yolo3:yolo_body`.
-        anchors_file: default anchors in `model_data/`.
         num_anchors: anchors the body expects (9 or 6).
         scale_x_y: per output scale, coarse first; 1.0 is YOLOv3's decoding.
         box_loss: `"yolov3"` (keras-yolo3's xy BCE + wh squared error) or `"ciou"`.
@@ -51,13 +52,17 @@ class Architecture:
 
     name: str
     builder: str
-    anchors_file: str
     num_anchors: int
     scale_x_y: tuple[float, ...]
     box_loss: str
     ignore_thresh: float
     ciou_weight: float = 1.0
     iou_thresh: float | None = None
+
+    @property
+    def anchors_file(self) -> str:
+        """The default anchors in `model_data/` (`resources.MODEL_ANCHORS_FILES`)."""
+        return MODEL_ANCHORS_FILES[self.name]
 
     @property
     def tiny(self) -> bool:
@@ -75,14 +80,11 @@ class Architecture:
 
 
 _ARCHITECTURES = {
-    "yolov3": Architecture("yolov3", "model.yolo3:yolo_body", "yolo_anchors.txt", 9, (1.0, 1.0, 1.0), "yolov3", 0.5),
-    "yolov3-tiny": Architecture(
-        "yolov3-tiny", "model.yolo3:tiny_yolo_body", "tiny_yolo_anchors.txt", 6, (1.0, 1.0), "yolov3", 0.5
-    ),
+    "yolov3": Architecture("yolov3", "model.yolo3:yolo_body", 9, (1.0, 1.0, 1.0), "yolov3", 0.5),
+    "yolov3-tiny": Architecture("yolov3-tiny", "model.yolo3:tiny_yolo_body", 6, (1.0, 1.0), "yolov3", 0.5),
     "yolov4": Architecture(
         "yolov4",
         "model.yolo4:yolo4_body",
-        "yolo4_anchors.txt",
         9,
         (1.05, 1.1, 1.2),
         "ciou",
@@ -93,7 +95,6 @@ _ARCHITECTURES = {
     "yolov4-tiny": Architecture(
         "yolov4-tiny",
         "model.yolo4:yolo4_tiny_body",
-        "yolo4_tiny_anchors.txt",
         6,
         (1.05, 1.05),
         "ciou",

@@ -43,15 +43,15 @@ def _panel(axis, epochs, history, keys, title, log=False):
             axis.set_yscale("log")
 
 
-def plot_results(history_csv: str, output_png: str) -> str | None:
+def plot_results(history: dict[str, list[float]], output_png: str) -> str | None:
     """Draws loss, val_mAP / val_mAP50 and learning rate against the epoch (as history.csv numbers it).
+
+    Args:
+        history: a run's history.csv as columns (`training.callbacks.read_history`).
 
     Returns:
         `output_png`, or None when the history has no epoch yet.
     """
-    from keras_yolo_mgpu.training.callbacks import read_history
-
-    history = read_history(history_csv)
     epochs = history.get("epoch")
     if not epochs:
         return None

@@ -52,7 +52,7 @@ def epoch_checkpoints(config, recipe, run_dir: str, improvement_pattern: str, te
 
     Args:
         config: the run's `TrainConfig` (reads `save_period`).
-        recipe: its `training.recipe.RecipeCallbacks` (for the per-improvement checkpoint).
+        recipe: its `training.recipe_options.RecipeCallbacks` (for the per-improvement checkpoint).
         run_dir: the folder the files go to.
         improvement_pattern: file name pattern of keras-yolo3's per-improvement files.
         template_model, metadata: what `TemplateModelCheckpoint` saves.

@@ -82,7 +82,7 @@ class TrainConfig:
     reduce_lr_patience: int = 3
     early_stopping_patience: int = 10
     verbose: int = 1
-    # The modern recipe's options (training/recipe.py); defaults: keras-yolo3's.
+    # The modern recipe's options (training/recipe_options.py); defaults: keras-yolo3's.
     eval_every: int = 0
     monitor: str = "val_loss"
     lr_schedule: str = "plateau"
@@ -105,7 +105,7 @@ class TrainConfig:
     # The run's pictures (training.pictures): labels.jpg, train_batch*.jpg,
     # results.png, val_pred.jpg.
     pictures: bool = True
-    # The named recipe the values came from (training/recipes.py); a run
+    # The named recipe the values came from (training/named_recipes.py); a run
     # folder from before recipes existed resumes as keras-yolo3's.
     recipe: str = "keras-yolo3"
     # Periodic checkpoints (training/checkpoint_policy.py): None writes
@@ -154,7 +154,7 @@ class TrainConfig:
         model_name(self.model, self.tiny)  # raises on an unknown or contradicting choice
         if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
             raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
-        from keras_yolo_mgpu.training.recipe import validate_recipe
+        from keras_yolo_mgpu.training.recipe_options import validate_recipe
 
         validate_recipe(self)
         from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_yolo_mgpu.keras_compat import moving_averages
+
 
 def make_ema_kwargs(decay: float | None) -> dict:
     """Optimizer keyword arguments for an EMA of `decay` (None or 0: none)."""
@@ -36,8 +38,7 @@ def _averaged_pairs(optimizer):
     """[(trainable variable, its average)] of an optimizer that keeps an EMA."""
     if optimizer is None or not getattr(optimizer, "use_ema", False) or not optimizer.built:
         return []
-    averages = optimizer._model_variables_moving_average  # Keras keeps no public accessor
-    return [(v, a) for v, a in zip(optimizer._trainable_variables, averages) if a is not None]
+    return moving_averages(optimizer)
 
 
 class _AverageSwap:

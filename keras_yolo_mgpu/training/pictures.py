@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 
-from keras_yolo_mgpu.training.callbacks import LossPlot
+from keras_yolo_mgpu.training.callbacks import LossPlot, read_history
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class RunPictures(LossPlot):
             return
         from keras_yolo_mgpu.plots.results import plot_results
 
-        _guarded(self.results_png, lambda: plot_results(self.history_csv, self.results_png))
+        _guarded(self.results_png, lambda: plot_results(read_history(self.history_csv), self.results_png))
 
 
 def write_data_pictures(run) -> None:
@@ -111,7 +111,7 @@ def write_prediction_pictures(run, final_weights: str) -> None:
     """val_pred.jpg from best.weights.h5 (else the final weights) on the first validation images."""
     from keras_yolo_mgpu.inference.detector import YOLO
     from keras_yolo_mgpu.plots.predictions import draw_predictions
-    from keras_yolo_mgpu.training.recipe import BEST_WEIGHTS
+    from keras_yolo_mgpu.training.recipe_options import BEST_WEIGHTS
 
     if not run.val_annotations:
         return

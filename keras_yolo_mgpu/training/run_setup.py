@@ -177,7 +177,7 @@ class RunSetup:
 
     def check_model(self):
         """A training model on the default device from the start weights, for the start-up checks."""
-        from keras_yolo_mgpu.model.yolo3 import create_model
+        from keras_yolo_mgpu.training.training_model import create_model
 
         body, train_model = create_model(freeze_body=0, **self.model_settings(jit=True))
         body.set_weights(self.start_weights())
@@ -208,7 +208,7 @@ class RunSetup:
         outside the strategy.
         """
         from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
-        from keras_yolo_mgpu.model.yolo3 import create_model
+        from keras_yolo_mgpu.training.training_model import create_model
 
         config = self.config
         initial_weights = self.start_weights() if self.state is None else None
@@ -230,7 +230,7 @@ class RunSetup:
         from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
         from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
         from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
-        from keras_yolo_mgpu.training.recipe import RecipeCallbacks
+        from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks
 
         run_dir = self.run_dir
         self.recipe = RecipeCallbacks(

@@ -7,7 +7,7 @@ template (single-device) weights, `best.weights.h5`, `last.weights.h5`,
 `history.csv`, `loss.png`, TensorBoard logs,
 `trained_weights_final.weights.h5` and the pictures of `training.pictures`. The modern recipe's options (validation
 mAP, monitor, schedules, EMA, multi-scale, mosaic) are assembled by
-`training.recipe`; their defaults are keras-yolo3's recipe.
+`training.recipe_options`; their defaults are keras-yolo3's recipe.
 
 Reproducibility: `seed` seeds every random draw of the run (the initial
 weights, the validation split, the data order and augmentation). The
@@ -240,7 +240,7 @@ class _TrainingRun(RunSetup):
         its callbacks' counters), or None. Returns (history, last RunState).
         """
         from keras_yolo_mgpu.training import run_state
-        from keras_yolo_mgpu.training.recipe import make_optimizer
+        from keras_yolo_mgpu.training.recipe_options import make_optimizer
 
         config, fit_model, recipe = self.config, self.fit_model, self.recipe
         train_ds, val_ds, steps = self.datasets(batch, position)

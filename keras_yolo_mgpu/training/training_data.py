@@ -120,7 +120,7 @@ class TrainingData:
 
     def splits(self, run_dir: str) -> tuple[list, list]:
         """(training records, validation records), checked."""
-        from keras_yolo_mgpu.training.recipe import MAP_MONITORS
+        from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
 
         config = self.config
         # mAP over a validation split without a box is 0 at every epoch: nothing to select weights by.

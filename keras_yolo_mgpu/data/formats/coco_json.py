@@ -19,9 +19,9 @@ import os
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.data.check import DROPPED, Problem, degenerate_box_reason
+from keras_yolo_mgpu.data.check import DROPPED, degenerate_box_reason
 from keras_yolo_mgpu.data.coco import category_mapping
-from keras_yolo_mgpu.data.formats.records import SplitRecords, pixel_box_rounding
+from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords, pixel_box_rounding
 
 __all__ = ["find_image_dir", "read_coco_json"]
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from keras_yolo_mgpu.data.annotations import AnnotationError, iter_annotation_lines, parse_annotation_line
-from keras_yolo_mgpu.data.check import Problem
-from keras_yolo_mgpu.data.formats.records import SplitRecords
+from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords
 
 __all__ = ["read_annotation_file"]
 

@@ -1,4 +1,4 @@
-"""What every format reader returns: one split's records and what was wrong with its entries.
+"""What every format reader returns: one split's records and the problems with its entries (`Problem`).
 
 A split read from one annotation file (a COCO JSON, a keras-yolo3 file) is
 also saved as a record in the user's cache folder (`save_split_record`),
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.data.check import Problem
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "Problem",
     "SplitRecords",
     "file_stat",
     "is_image_file",
@@ -46,6 +46,24 @@ def pixel_box_rounding(value: float) -> float:
     format, hence the same targets.
     """
     return round(value, 3)
+
+
+@dataclass
+class Problem:
+    """One problem on one annotation line; `str()` gives `FILE:LINE: message`.
+
+    `kind` is one of `data.check.KINDS`.
+    """
+
+    source: str
+    line_number: int
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        # Line 0: a record without lines (a COCO image, a VOC XML file).
+        where = f"{self.source}:{self.line_number}" if self.line_number else self.source
+        return f"{where}: {self.message}"
 
 
 @dataclass

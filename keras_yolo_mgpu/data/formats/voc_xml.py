@@ -22,8 +22,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.data.check import Problem
-from keras_yolo_mgpu.data.formats.records import SplitRecords, is_image_file
+from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords, is_image_file
 from keras_yolo_mgpu.data.voc import parse_voc_xml
 
 __all__ = ["find_xml_dir", "read_voc_dataset", "voc_class_names"]

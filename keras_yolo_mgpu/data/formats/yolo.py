@@ -30,8 +30,8 @@ import os
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.data.check import DROPPED, Problem, degenerate_box_reason
-from keras_yolo_mgpu.data.formats.records import SplitRecords, is_image_file, pixel_box_rounding
+from keras_yolo_mgpu.data.check import DROPPED, degenerate_box_reason
+from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords, is_image_file, pixel_box_rounding
 from keras_yolo_mgpu.data.images import image_size
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The training recipe's options, assembled for `trainer.train`.
+"""The training recipe's options (--ema, --eval-every, ...): checked, and assembled per stage for `trainer.train`.
 
 Each option lives in its own module; this one checks the settings and
 builds, per stage, the optimizer and the callbacks in the order they must

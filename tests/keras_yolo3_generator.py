@@ -1,4 +1,4 @@
-"""keras-yolo3's original input pipeline, rewritten as the benchmark baseline.
+"""keras-yolo3's original input pipeline, rewritten as the test reference and the benchmark baseline.
 
 A single Python thread does everything, the way keras-yolo3's
 `data_generator` + `get_random_data` do: PIL decode, BICUBIC resize of the
@@ -8,6 +8,8 @@ whole image, paste on a grey canvas, flip, a per-image matplotlib
 one implementation, `data.device_side`, rather than keras-yolo3's numpy loop).
 It is also the reference that the pipeline's augmentation is tested against:
 `rand` can be replaced to feed both the same random numbers.
+`bench pipeline --generator reference` loads it from a checkout
+(`keras_yolo_mgpu.bench.baseline`).
 """
 
 from __future__ import annotations

@@ -296,8 +296,8 @@ def test_objectness_prior_leaves_loaded_output_convs_alone(tmp_path):
 
 
 def test_box_loss_option_reaches_the_loss_layer():
-    from keras_yolo_mgpu.model.yolo3 import create_model
     from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.training.training_model import create_model
 
     anchors = get_anchors(default_anchors_path(True))
     cases = [

@@ -1,4 +1,4 @@
-"""Running exported detectors (SavedModel, TFLite, ONNX) with the project's tools.
+"""Running exported detectors, one runner per export format (SavedModel, TFLite, ONNX).
 
 An export (`inference.export`) holds the network, decoding and NMS; its
 `<path>.metadata.json` sidecar holds the class names, anchors and input

@@ -1,0 +1,75 @@
+"""The package's imports point down its layers: no circle between modules, no import from a lower layer up.
+
+Static: every module of keras_yolo_mgpu/ is parsed (`ast`), none imported.
+The layers and the graph are `scripts/import_graph.py`'s (`LAYERS`, one
+entry per package folder); `python scripts/import_graph.py` prints the same
+findings with the edge counts between layers.
+"""
+
+import importlib.util
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", os.path.join(REPO, "scripts", "import_graph.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def graph(import_graph):
+    return import_graph.read_imports(REPO)
+
+
+def test_every_module_is_in_a_layer(import_graph, graph):
+    modules, _ = graph
+    assert len(modules) > 100
+    outside = import_graph.modules_without_layer(modules)
+    assert not outside, f"add these to scripts/import_graph.py's LAYERS: {outside}"
+
+
+def test_no_circle_between_modules(import_graph, graph):
+    circles = import_graph.circles(graph[1])
+    assert not circles, "modules that import each other in a circle:\n" + "\n\n".join(
+        "\n".join(map(str, circle)) for circle in circles
+    )
+
+
+def test_no_import_from_a_lower_layer_up(import_graph, graph):
+    upward = import_graph.upward_imports(graph[1])
+    assert not upward, "imports from a lower layer to a higher one (scripts/import_graph.py, LAYERS):\n" + "\n".join(
+        f"{item} ({import_graph.layer_name(import_graph.layer_of(item.source))} -> "
+        f"{import_graph.layer_name(import_graph.layer_of(item.target))})"
+        for item in upward
+    )
+
+
+def test_the_graph_sees_function_level_and_relative_imports(import_graph, tmp_path):
+    package = tmp_path / import_graph.PACKAGE
+    (package / "model").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model" / "__init__.py").write_text("from . import boxes\n")
+    (package / "model" / "boxes.py").write_text("import numpy\n")
+    (package / "model" / "loss.py").write_text(
+        "from .boxes import iou\n\ndef f():\n    from keras_yolo_mgpu.training.trainer import train\n"
+    )
+    (package / "training").mkdir()
+    (package / "training" / "trainer.py").write_text("from ..model import loss\nimport keras_yolo_mgpu.model.boxes\n")
+    _, imports = import_graph.read_imports(tmp_path)
+    assert {(i.source, i.target, i.line) for i in imports} == {
+        ("model", "model.boxes", 1),
+        ("model.loss", "model.boxes", 1),
+        ("model.loss", "training.trainer", 4),
+        ("training.trainer", "model.loss", 1),
+        ("training.trainer", "model.boxes", 2),
+    }
+    assert [(i.source, i.target) for i in import_graph.upward_imports(imports)] == [("model.loss", "training.trainer")]
+    assert [[(i.source, i.target) for i in circle] for circle in import_graph.circles(imports)] == [
+        [("model.loss", "training.trainer"), ("training.trainer", "model.loss")]
+    ]
