@@ -160,7 +160,11 @@ class _Runs:
     def _jax_default(self, log_dir):
         # Through STEP_LOOP_GUARD, with 4 steps an epoch so that steps 2 and 3 run under its guard.
         flags = ("--gpus", "2", "--simulate-devices", "--quiet", "--no-pictures", "--steps-per-epoch", "4")
-        env = _env("jax", STEP_LOOP_RECORD=str(log_dir / "step_loop.json"))
+        env = _env(
+            "jax", STEP_LOOP_RECORD=str(log_dir / "step_loop.json"), KERAS_YOLO_MGPU_CACHE=str(log_dir / "cache")
+        )
+        # As a user's run: no compilation cache chosen, so train.py keeps its programs in the cache folder.
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
         command = [sys.executable, "-c", STEP_LOOP_GUARD, *_train_command(self.dataset, log_dir, *DEFAULT, *flags)[1:]]
         result = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=REPO)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -277,6 +281,8 @@ def test_default_recipe_trains_and_scores_on_every_engine(runs, name, backend):
         # the steps ahead of the device; on a GPU the guard would also have stopped any read in the loop.
         loop = json.loads((log_dir / "step_loop.json").read_text())
         assert loop["async_fits"] == [True] and loop["guarded_steps"] == 4, loop
+        # The compiled step is kept in the user's cache folder, so the next start skips its compile.
+        assert any(name.startswith("jit_") for name in os.listdir(log_dir / "cache" / "xla"))
 
 
 # Lines that are not the project's own: absl/TensorFlow C++ lines (`I0000 00:00:1795418012.604492   10224

@@ -84,6 +84,10 @@ def train(config: TrainConfig) -> TrainResult:
         parallel=config.parallel,
         sync_bn=config.sync_bn,
     )  # before any TF op
+    from keras_yolo_mgpu.backend import distribution
+    from keras_yolo_mgpu.data.scan import cache_dir
+
+    distribution.use_compilation_cache(cache_dir(config.scan_cache))
     from keras_yolo_mgpu.keras_compat import global_dtype_policy_setting, restore_global_dtype_policy
 
     # The dtype policy is process-global: a mixed-precision run must not

@@ -135,6 +135,10 @@ def fit_callbacks(strategy) -> list:
     return []
 
 
+def use_compilation_cache(folder: str | None) -> None:
+    """Nothing: TensorFlow traces and compiles its graphs again in every process (JAX keeps them on disk)."""
+
+
 def check_feed(feed: str) -> None:
     """Raises ValueError for the JAX feed of processes: tf.data makes the batches in its own threads."""
     if feed == "processes":
