@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras_yolo3_targets import dense_inputs, preprocess_true_boxes
 from keras_yolo3_generator import get_random_data
+from keras_yolo3_targets import dense_inputs, preprocess_true_boxes
 from PIL import Image
 
 from keras_yolo_mgpu.data.annotations import Annotation, format_annotation_line, parse_annotation_line, read_annotations

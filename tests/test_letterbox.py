@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from inference_helpers import CLASS_NAMES, INPUT_SHAPE, TINY_ANCHORS, make_body
-from keras_yolo3_targets import dense_inputs
 from keras_yolo3_generator import get_random_data
+from keras_yolo3_targets import dense_inputs
 from PIL import Image
 
 import keras_yolo_mgpu

@@ -12,9 +12,8 @@ from __future__ import annotations
 import keras
 
 from keras_yolo_mgpu.model.architectures import get_architecture
-from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides
+from keras_yolo_mgpu.model.boxes import MAX_BOXES, num_output_layers, output_strides
 from keras_yolo_mgpu.model.loss import YoloLoss
-from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape, freeze_layers
 
 
