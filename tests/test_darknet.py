@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 import pytest
+from darknet_files import file_arrays, load_darknet, random_weights, write_weights
 
 from keras_yolo_mgpu.cli.convert import main
 from keras_yolo_mgpu.weights import darknet
@@ -188,7 +189,7 @@ def relative_errors(model, reference):
 
 def random_weights_file(cfg_path, weights_path, seed=0, header=None):
     convs, _ = darknet.infer_layers(darknet.parse_cfg(cfg_path))
-    return darknet.write_weights(weights_path, darknet.random_weights(convs, seed), header)
+    return write_weights(weights_path, random_weights(convs, seed), header)
 
 
 def random_image(size, seed=1, channels=3):
@@ -322,18 +323,18 @@ def test_parse_cfg_follows_darknet_conventions(tmp_path):
 
 def test_header_layout_and_seen_width(tmp_path):
     convs, _ = darknet.infer_layers(darknet.parse_cfg(write_cfg(tmp_path, "m", MINI_TINY)))
-    weights = darknet.random_weights(convs)
+    weights = random_weights(convs)
     n = sum(c.num_floats for c in convs)
     for header, header_bytes in ((DarknetHeader(0, 2, 0, 2**40), 20), (DarknetHeader(0, 1, 0, 7), 16)):
         path = tmp_path / "w.weights"
-        assert darknet.write_weights(path, weights, header) == n
+        assert write_weights(path, weights, header) == n
         raw = path.read_bytes()
         assert len(raw) == header_bytes + 4 * n
         assert struct.unpack("<iii", raw[:12]) == (header.major, header.minor, header.revision)
-        assert darknet.read_header(path) == header
-        _, back = darknet.read_weights(path, convs)
+        read_header, back = darknet.read_weights(path, convs)
+        assert read_header == header
         for a, b in zip(weights, back):
-            for x, y in zip(a.arrays(), b.arrays()):
+            for x, y in zip(file_arrays(a), file_arrays(b)):
                 np.testing.assert_array_equal(x, y)
 
 
@@ -342,7 +343,7 @@ def test_generated_cfg_matches_numpy_darknet(tmp_path, name):
     cfg = write_cfg(tmp_path, name, GENERATED[name])
     weights = str(tmp_path / f"{name}.weights")
     n = random_weights_file(cfg, weights, seed=3)
-    model, _, _ = darknet.load_darknet(cfg, weights)
+    model = load_darknet(cfg, weights)
     image = random_image(64)
     reference, header_bytes, floats_read = darknet_forward(cfg, weights, image)
     assert floats_read == n and header_bytes + 4 * n == os.path.getsize(weights)
@@ -362,7 +363,7 @@ def test_real_cfg_matches_numpy_darknet(tmp_path, name):
     cfg = shared_cfg(name)
     weights = str(tmp_path / "random.weights")
     n = random_weights_file(cfg, weights, seed=5)
-    model, _, _ = darknet.load_darknet(cfg, weights)
+    model = load_darknet(cfg, weights)
     assert model.count_params() == n  # both count BN's 4 vectors per channel
     image = random_image(64)
     reference, header_bytes, floats_read = darknet_forward(cfg, weights, image)
@@ -377,7 +378,7 @@ def test_other_bn_conventions_match_their_formula(tmp_path, convention):
     cfg = shared_cfg("yolov3-tiny.cfg")
     weights = str(tmp_path / "random.weights")
     random_weights_file(cfg, weights, seed=5)
-    model, _, _ = darknet.load_darknet(cfg, weights, darknet_bn=convention)
+    model = load_darknet(cfg, weights, darknet_bn=convention)
     image = random_image(64)
     outputs = keras_outputs(model, image)
     own = relative_errors(outputs, darknet_forward(cfg, weights, image, bn=convention)[0])
@@ -405,22 +406,22 @@ def test_matches_opencv_darknet_importer(tmp_path):
     sections = darknet.parse_cfg(cfg)
     convs, _ = darknet.infer_layers(sections)
     rng = np.random.default_rng(21)
-    weights = darknet.random_weights(convs, seed=21)
+    weights = random_weights(convs, seed=21)
     for w in weights:
         if w.gamma is not None:
             w.variance = (10.0 ** rng.uniform(-1, 1, w.variance.size)).astype(np.float32)
             w.gamma = (rng.uniform(0.5, 1.0, w.gamma.size) * np.sqrt(w.variance)).astype(np.float32)
     weights_path = str(tmp_path / "tiny.weights")
-    darknet.write_weights(weights_path, weights)
+    write_weights(weights_path, weights)
     image = random_image(64, seed=3)
     net = cv2.dnn.readNetFromDarknet(cfg, weights_path)
     net.setInput(np.ascontiguousarray(image.transpose(2, 0, 1)[None]))
     # OpenCV names each conv after its Darknet index; a [yolo] layer's input is the conv before it.
     heads = [f"conv_{s.index - 1}" for s in sections if s.kind == "yolo"]
     opencv = [o[0].transpose(1, 2, 0) for o in net.forward(heads)]
-    model, _, _ = darknet.load_darknet(cfg, weights_path)
+    model = load_darknet(cfg, weights_path)
     errors = relative_errors(keras_outputs(model, image), opencv)
-    raw, _, _ = darknet.load_darknet(cfg, weights_path, darknet_bn="keras-yolo3")
+    raw = load_darknet(cfg, weights_path, darknet_bn="keras-yolo3")
     raw_errors = relative_errors(keras_outputs(raw, image), opencv)
     print(f"OpenCV {cv2.__version__} readNetFromDarknet vs converted yolov3-tiny: relative error per scale {errors}")
     print(f"  and vs keras-yolo3's conversion: {raw_errors}")
@@ -522,7 +523,7 @@ def test_tiny_converts_into_tiny_yolo_body(tmp_path):
 
     body = tiny_yolo_body(keras.Input((None, None, 3)), 3, 80)
     body.load_weights(str(tmp_path / "out" / "tiny.weights.h5"))
-    generic, _, _ = darknet.load_darknet(cfg, weights)
+    generic = load_darknet(cfg, weights)
     image = random_image(64, seed=2)
     reference, _, _ = darknet_forward(cfg, weights, image)
     from_body = keras_outputs(body, image)

@@ -10,6 +10,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from darknet_files import random_weights, write_weights
 
 from keras_yolo_mgpu.weights import darknet
 from keras_yolo_mgpu.weights.metadata import (
@@ -130,11 +131,11 @@ def converted(tmp_path_factory):
     cfg = folder / "tiny2.cfg"
     cfg.write_text(text)
     convs, _ = darknet.infer_layers(darknet.parse_cfg(cfg))
-    weights = darknet.random_weights(convs, seed=1)
+    weights = random_weights(convs, seed=1)
     for w in weights:  # larger head outputs, so random images give detections
         if w.bias is not None:
             w.kernel *= 20
-    darknet.write_weights(folder / "tiny2.weights", weights)
+    write_weights(folder / "tiny2.weights", weights)
     classes = folder / "classes.txt"
     classes.write_text("circle\nsquare\n")
     proc = subprocess.run(

@@ -260,6 +260,8 @@ def test_report_counts_used_anchors_only_and_warns(caplog):
 
 
 def _tiny_darknet(tmp_path, name="net.weights"):
+    from darknet_files import random_weights, write_weights
+
     from keras_yolo_mgpu.weights import darknet
 
     cfg = os.path.join(SHARED_DARKNET, "yolov3-tiny.cfg")
@@ -267,7 +269,7 @@ def _tiny_darknet(tmp_path, name="net.weights"):
         pytest.skip(f"{cfg} not available")
     convs, _ = darknet.infer_layers(darknet.parse_cfg(cfg))
     weights = tmp_path / name
-    darknet.write_weights(weights, darknet.random_weights(convs, seed=3))
+    write_weights(weights, random_weights(convs, seed=3))
     return cfg, str(weights)
 
 

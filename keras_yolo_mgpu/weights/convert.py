@@ -29,11 +29,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 
 import numpy as np
 
-from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
+from keras_yolo_mgpu.fileio import atomic_write
 from keras_yolo_mgpu.weights import darknet
 from keras_yolo_mgpu.weights.metadata import ModelMetadata, write_metadata
 
@@ -105,39 +106,28 @@ def _yolo_heads(yolos: Sequence[darknet.YoloSpec]):
 
 def _compare_outputs(a, b, size: int = 64, seed: int = 0) -> float:
     """Max abs difference of two models' outputs on one random image, relative to the output scale."""
+    import keras
+
     rng = np.random.default_rng(seed)
     image = rng.uniform(0.0, 1.0, (1, size, size, a.inputs[0].shape[-1])).astype(np.float32)
-    out_a = a(image, training=False)
-    out_b = b(image, training=False)
-    # Coarsest grid first: yolov4.cfg lists its fine scale first, the bodies do not.
-    out_a = _coarse_first(out_a if isinstance(out_a, (list, tuple)) else [out_a])
-    out_b = _coarse_first(out_b if isinstance(out_b, (list, tuple)) else [out_b])
-    if len(out_a) != len(out_b):
+
+    def coarse_first(model) -> list[np.ndarray]:
+        # Sorted by grid size, smallest first (stable): yolov4.cfg lists its fine scale first, the bodies do not.
+        outputs = [np.asarray(o) for o in keras.tree.flatten(model(image, training=False))]
+        return sorted(outputs, key=lambda o: int(np.prod(o.shape[1:3])))
+
+    out_a, out_b = coarse_first(a), coarse_first(b)
+    if [x.shape for x in out_a] != [y.shape for y in out_b]:
         return float("inf")
-    worst = 0.0
-    for x, y in zip(out_a, out_b):
-        x, y = np.asarray(x), np.asarray(y)
-        if x.shape != y.shape:
-            return float("inf")
-        worst = max(worst, float(np.max(np.abs(x - y))) / max(1.0, float(np.max(np.abs(x)))))
-    return worst
-
-
-def _coarse_first(outputs) -> list:
-    """Outputs sorted by grid size, smallest first (stable)."""
-    return sorted(outputs, key=lambda o: int(np.prod(np.shape(o)[1:3])))
-
-
-def _darknet_ordered_convs(generic) -> list[tuple[str, str | None]]:
-    """``(conv, batch norm or None)`` layer names of a generic cfg-built model, in cfg order."""
-    names = {layer.name for layer in generic.layers}
-    indices = sorted(int(n[len("conv_") :]) for n in names if n.startswith("conv_") and n[len("conv_") :].isdigit())
-    return [(f"conv_{i}", f"bn_{i}" if f"bn_{i}" in names else None) for i in indices]
+    return max(float(np.max(np.abs(x - y))) / max(1.0, float(np.max(np.abs(x)))) for x, y in zip(out_a, out_b))
 
 
 def _copy_in_darknet_order(generic, body, order) -> str | None:
     """Copies conv/BN weights by cfg position; returns why not when the layers do not correspond."""
-    source = _darknet_ordered_convs(generic)
+    # (conv, batch norm or None) layer names of the generic cfg-built model, in cfg order.
+    names = {layer.name for layer in generic.layers}
+    indices = sorted(int(n[len("conv_") :]) for n in names if n.startswith("conv_") and n[len("conv_") :].isdigit())
+    source = [(f"conv_{i}", f"bn_{i}" if f"bn_{i}" in names else None) for i in indices]
     if len(source) != len(order):
         return f"{len(source)} convolutions in the cfg, {len(order)} in the body"
     pairs = []
@@ -322,9 +312,7 @@ def convert(
             output_path,
             cfg_copy_path,
         )
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg_text = f.read()
-        write_text_atomic(cfg_copy_path, cfg_text)
+        atomic_write(cfg_copy_path, lambda temp_path: shutil.copyfile(cfg_path, temp_path))
     save = model.save if output_path.endswith(".keras") else model.save_weights
 
     def write(temp_path):
@@ -347,9 +335,9 @@ def _check_scale_x_y(architecture: str, yolos: Sequence[darknet.YoloSpec]) -> No
     """Warns when the cfg's ``scale_x_y`` (output order) differs from what decoding the body uses."""
     from keras_yolo_mgpu.model.yolo4 import YOLO4_SCALE_X_Y, YOLO4_TINY_SCALE_X_Y
 
-    expected = {"yolo4_body": YOLO4_SCALE_X_Y, "yolo4_tiny_body": YOLO4_TINY_SCALE_X_Y}.get(architecture)
     if architecture == "generic":
         return
+    expected = {"yolo4_body": YOLO4_SCALE_X_Y, "yolo4_tiny_body": YOLO4_TINY_SCALE_X_Y}.get(architecture)
     found = tuple(y.scale_x_y for y in yolos)
     if found != (expected or (1.0,) * len(yolos)):
         logger.warning(
@@ -387,7 +375,7 @@ def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg
     if len(class_names) != num_classes:
         raise ValueError(f"--classes has {len(class_names)} names but {cfg_path} has {num_classes} classes")
     net = darknet.net_section(sections)
-    input_shape = (net.get_int("height", 416), net.get_int("width", 416)) if net is not None else (416, 416)
+    input_shape = (net.get_int("height", 416), net.get_int("width", 416))
     if any(v <= 0 or v % 32 for v in input_shape):
         logger.warning("[net] size %s is not a multiple of 32; storing 416x416 as the input size", input_shape)
         input_shape = (416, 416)
@@ -443,8 +431,7 @@ def load_converted(path: str | os.PathLike):
     path = str(path)
     if path.endswith(".keras"):
         return keras.saving.load_model(path)
-    if not path.endswith(".weights.h5"):
-        check_output_path(path)
+    check_output_path(path)
     cfg_copy = path + ".cfg"
     if not os.path.isfile(cfg_copy):
         raise ValueError(

@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -120,13 +120,9 @@ def parse_cfg(path: str | os.PathLike) -> list[CfgSection]:
     a line is dropped (``anchors = 10,13,  16,30`` reads as
     ``10,13,16,30``), and the first occurrence of a repeated key wins.
     """
+    source = str(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    return parse_cfg_text(text, source=str(path))
-
-
-def parse_cfg_text(text: str, source: str = "<cfg>") -> list[CfgSection]:
-    """Same as :func:`parse_cfg` for cfg text already in memory."""
     sections: list[CfgSection] = []
     index = 0
     for line_number, raw in enumerate(text.splitlines(), start=1):
@@ -155,9 +151,9 @@ def parse_cfg_text(text: str, source: str = "<cfg>") -> list[CfgSection]:
     return sections
 
 
-def net_section(sections: Sequence[CfgSection]) -> CfgSection | None:
-    """The ``[net]`` section, or ``None`` when the cfg has none."""
-    return sections[0] if sections and sections[0].index < 0 else None
+def net_section(sections: Sequence[CfgSection]) -> CfgSection:
+    """The ``[net]`` section; an empty one (every option at its default) when the cfg has none."""
+    return sections[0] if sections and sections[0].index < 0 else CfgSection("net", {}, 0, -1)
 
 
 def layer_sections(sections: Sequence[CfgSection]) -> list[CfgSection]:
@@ -294,12 +290,10 @@ def infer_layers(sections: Sequence[CfgSection]) -> tuple[list[ConvSpec], list[Y
         DarknetError: unsupported section, bad reference or bad option,
             naming the offending layer.
     """
-    net = net_section(sections)
-    channels = net.get_int("channels", 3) if net is not None else 3
     out_channels: list[int | None] = []  # per Darknet layer; None after [yolo]
     convs: list[ConvSpec] = []
     yolos: list[YoloSpec] = []
-    prev = channels
+    prev = net_section(sections).get_int("channels", 3)
     for section in layer_sections(sections):
         kind = section.kind
         if kind != "route" and prev is None:
@@ -370,27 +364,11 @@ def alexeyab_only_features(sections: Sequence[CfgSection]) -> list[str]:
 # --------------------------------------------------------------------------
 
 
-def darknet_bn_denominator(variance: np.ndarray, convention: str = DEFAULT_DARKNET_BN) -> np.ndarray:
-    """What Darknet divides ``x - mean`` by at inference, in float64.
-
-    Args:
-        variance: ``(channels,)`` rolling variance from the ``.weights`` file.
-        convention: ``"pjreddie"``: ``sqrt(var) + 1e-6`` (pjreddie/darknet
-            ``normalize_cpu``); ``"alexeyab"``: ``sqrt(var + 1e-5)``
-            (AlexeyAB/darknet, and pjreddie's CUDA kernel); ``"keras-yolo3"``:
-            Keras's ``sqrt(var + 1e-3)``.
-
-    Returns:
-        ``(channels,)`` float64 denominators.
-    """
-    variance = np.asarray(variance, np.float64)
-    if convention == "pjreddie":
-        return np.sqrt(variance) + 1e-6
-    if convention == "alexeyab":
-        return np.sqrt(variance + 1e-5)
-    if convention == "keras-yolo3":
-        return np.sqrt(variance + BN_EPSILON)
-    raise ValueError(f"`convention` must be one of {DARKNET_BN_CONVENTIONS}. Received: convention={convention!r}")
+#: What Darknet divides ``x - mean`` by at inference, from the float64 rolling variance.
+_DARKNET_BN_DENOMINATORS = {
+    "pjreddie": lambda variance: np.sqrt(variance) + 1e-6,  # pjreddie/darknet's normalize_cpu
+    "alexeyab": lambda variance: np.sqrt(variance + 1e-5),  # AlexeyAB/darknet, and pjreddie's CUDA kernel
+}
 
 
 def fold_batch_norm(
@@ -404,8 +382,8 @@ def fold_batch_norm(
     """Keras ``BatchNormalization`` weights that compute Darknet's batch norm.
 
     Keras computes ``(x - mean') / sqrt(var' + epsilon) * gamma' + beta'``;
-    Darknet ``(x - mean) / d * gamma + beta`` with ``d`` from
-    :func:`darknet_bn_denominator`. Per channel:
+    Darknet ``(x - mean) / d * gamma + beta`` with ``d`` its convention's
+    (:data:`_DARKNET_BN_DENOMINATORS`). Per channel:
 
     - ``d**2 >= epsilon`` (every channel of a trained network but dead or
       near-constant ones): ``var' = d**2 - epsilon``, the other three arrays
@@ -423,7 +401,7 @@ def fold_batch_norm(
     Args:
         gamma, beta, mean, variance: ``(channels,)`` arrays in Darknet's
             meaning (``gamma`` = Darknet's ``scales``, ``beta`` = ``biases``).
-        convention: see :func:`darknet_bn_denominator`; ``"keras-yolo3"``
+        convention: one of :data:`DARKNET_BN_CONVENTIONS`; ``"keras-yolo3"``
             returns the arrays unchanged.
         epsilon: the Keras layer's epsilon.
 
@@ -435,7 +413,9 @@ def fold_batch_norm(
         if epsilon != BN_EPSILON:
             raise ValueError(f"keras-yolo3's conversion uses epsilon {BN_EPSILON}. Received: epsilon={epsilon}")
         return [np.asarray(a, np.float32) for a in (gamma, beta, mean, variance)]
-    d = darknet_bn_denominator(variance, convention)
+    if convention not in _DARKNET_BN_DENOMINATORS:
+        raise ValueError(f"`convention` must be one of {DARKNET_BN_CONVENTIONS}. Received: convention={convention!r}")
+    d = _DARKNET_BN_DENOMINATORS[convention](np.asarray(variance, np.float64))
     d2 = d * d
     wide = d2 >= epsilon
     folded_variance = np.where(wide, d2 - epsilon, 0.0)
@@ -464,10 +444,6 @@ class DarknetHeader:
     def seen_is_int64(self) -> bool:
         return self.major * 10 + self.minor >= 2
 
-    @property
-    def num_bytes(self) -> int:
-        return 12 + (8 if self.seen_is_int64 else 4)
-
 
 @dataclasses.dataclass
 class ConvWeights:
@@ -479,42 +455,6 @@ class ConvWeights:
     gamma: np.ndarray | None = None
     mean: np.ndarray | None = None
     variance: np.ndarray | None = None
-
-    def arrays(self) -> list[np.ndarray]:
-        """Arrays in file order."""
-        if self.bias is not None:
-            return [self.bias, self.kernel]
-        return [self.beta, self.gamma, self.mean, self.variance, self.kernel]
-
-    def keras_conv_weights(self) -> list[np.ndarray]:
-        """``Conv2D`` weights: kernel ``(h, w, in, out)`` (+ bias without BN)."""
-        kernel = np.transpose(self.kernel, (2, 3, 1, 0))
-        return [kernel] if self.bias is None else [kernel, self.bias]
-
-    def keras_bn_weights(self, convention: str = DEFAULT_DARKNET_BN) -> list[np.ndarray]:
-        """``BatchNormalization`` weights (gamma, beta, moving mean, moving variance)
-        that reproduce ``convention``'s batch norm (see :func:`fold_batch_norm`)."""
-        return fold_batch_norm(self.gamma, self.beta, self.mean, self.variance, convention)
-
-
-def read_header(path: str | os.PathLike) -> DarknetHeader:
-    """Reads the header of a ``.weights`` file."""
-    with open(path, "rb") as f:
-        return _read_header(f, str(path))
-
-
-def _read_header(f, source: str) -> DarknetHeader:
-    head = f.read(12)
-    if len(head) < 12:
-        raise DarknetError(f"{source}: too short for a Darknet weights header ({len(head)} bytes)")
-    major, minor, revision = (int(v) for v in np.frombuffer(head, "<i4"))
-    header = DarknetHeader(major, minor, revision)
-    dtype = "<i8" if header.seen_is_int64 else "<i4"
-    seen = f.read(np.dtype(dtype).itemsize)
-    if len(seen) < np.dtype(dtype).itemsize:
-        raise DarknetError(f"{source}: file ends inside the header")
-    header.seen = int(np.frombuffer(seen, dtype)[0])
-    return header
 
 
 def read_weights(path: str | os.PathLike, convs: Sequence[ConvSpec]) -> tuple[DarknetHeader, list[ConvWeights]]:
@@ -534,11 +474,18 @@ def read_weights(path: str | os.PathLike, convs: Sequence[ConvSpec]) -> tuple[Da
     """
     source = str(path)
     with open(path, "rb") as f:
-        header = _read_header(f, source)
-        body = f.read()
-    if len(body) % 4:
-        raise DarknetError(f"{source}: {len(body)} bytes after the header is not a whole number of float32")
-    values = np.frombuffer(body, "<f4")
+        raw = f.read()
+    if len(raw) < 12:
+        raise DarknetError(f"{source}: too short for a Darknet weights header ({len(raw)} bytes)")
+    header = DarknetHeader(*(int(v) for v in np.frombuffer(raw, "<i4", 3)))
+    seen = np.dtype("<i8" if header.seen_is_int64 else "<i4")
+    start = 12 + seen.itemsize
+    if len(raw) < start:
+        raise DarknetError(f"{source}: file ends inside the header")
+    header.seen = int(np.frombuffer(raw, seen, 1, 12)[0])
+    if (len(raw) - start) % 4:
+        raise DarknetError(f"{source}: {len(raw) - start} bytes after the header is not a whole number of float32")
+    values = np.frombuffer(raw, "<f4", offset=start)
     total = sum(c.num_floats for c in convs)
     offset = 0
 
@@ -556,14 +503,9 @@ def read_weights(path: str | os.PathLike, convs: Sequence[ConvSpec]) -> tuple[Da
                 f"but only {values.size - offset} are left ({values.size} in the file, "
                 f"{total} needed by the cfg); the weights do not match this cfg"
             )
-        n, kernel_size = spec.filters, int(np.prod(spec.kernel_shape))
-        if spec.batch_normalize:
-            beta, gamma, mean, variance = take(n), take(n), take(n), take(n)
-            kernel = take(kernel_size, spec.kernel_shape)
-            weights.append(ConvWeights(kernel, beta=beta, gamma=gamma, mean=mean, variance=variance))
-        else:
-            bias = take(n)
-            weights.append(ConvWeights(take(kernel_size, spec.kernel_shape), bias=bias))
+        names = ("beta", "gamma", "mean", "variance") if spec.batch_normalize else ("bias",)
+        arrays = {name: take(spec.filters) for name in names}  # in file order, before the kernel
+        weights.append(ConvWeights(take(int(np.prod(spec.kernel_shape)), spec.kernel_shape), **arrays))
     if offset != values.size:
         raise DarknetError(
             f"{source}: {values.size - offset} floats left over after the last conv "
@@ -571,56 +513,6 @@ def read_weights(path: str | os.PathLike, convs: Sequence[ConvSpec]) -> tuple[Da
         )
     logger.info("Read %d of %d floats from %s (header %s)", offset, values.size, source, header)
     return header, weights
-
-
-def write_weights(path: str | os.PathLike, weights: Iterable[ConvWeights], header: DarknetHeader | None = None) -> int:
-    """Writes conv weights in Darknet's ``.weights`` layout; returns the float count."""
-    header = header or DarknetHeader()
-    count = 0
-    with open(path, "wb") as f:
-        f.write(np.array([header.major, header.minor, header.revision], "<i4").tobytes())
-        f.write(np.array([header.seen], "<i8" if header.seen_is_int64 else "<i4").tobytes())
-        for w in weights:
-            for a in w.arrays():
-                a = np.ascontiguousarray(a, "<f4")
-                f.write(a.tobytes())
-                count += a.size
-    return count
-
-
-def random_weights(convs: Sequence[ConvSpec], seed: int = 0) -> list[ConvWeights]:
-    """Random weights that keep activations of order 1 through a deep network.
-
-    Meant for tests and for trying the converter without a real weights
-    file. Kernels are scaled by ``1 / sqrt(fan_in)``. BN variances span
-    1e-8 to 1e2 (log-uniform) with about one channel in 16 exactly zero, as
-    dead channels of trained networks are, which is where Darknet's and
-    Keras's batch-norm formulas differ most; ``gamma`` is
-    ``U(0.5, 1) * sqrt(variance)`` (plus 1e-6) so that every channel's
-    overall gain stays below 1 under either Darknet formula.
-    """
-    rng = np.random.default_rng(seed)
-    out = []
-    for spec in convs:
-        fan_in = spec.in_channels * spec.size * spec.size
-        kernel = rng.normal(0.0, 1.0 / np.sqrt(fan_in), spec.kernel_shape).astype(np.float32)
-        n = spec.filters
-        if spec.batch_normalize:
-            variance = 10.0 ** rng.uniform(-8.0, 2.0, n)
-            variance[rng.uniform(size=n) < 1 / 16] = 0.0
-            gain = rng.uniform(0.5, 1.0, n)
-            out.append(
-                ConvWeights(
-                    kernel,
-                    beta=rng.uniform(-0.2, 0.2, n).astype(np.float32),
-                    gamma=(gain * (np.sqrt(variance) + 1e-6)).astype(np.float32),
-                    mean=rng.uniform(-0.2, 0.2, n).astype(np.float32),
-                    variance=variance.astype(np.float32),
-                )
-            )
-        else:
-            out.append(ConvWeights(kernel, bias=rng.uniform(-0.2, 0.2, n).astype(np.float32)))
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -675,12 +567,11 @@ def build_model(
     if weights is not None and len(weights) != len(convs):
         raise DarknetError(f"{len(weights)} conv weights given for {len(convs)} conv layers")
     net = net_section(sections)
-    channels = net.get_int("channels", 3) if net is not None else 3
     if weight_decay is None:
-        weight_decay = net.get_float("decay", 5e-4) if net is not None else 5e-4
+        weight_decay = net.get_float("decay", 5e-4)
     L = keras.layers
 
-    inputs = keras.Input(shape=(None, None, channels), name="image")
+    inputs = keras.Input(shape=(None, None, net.get_int("channels", 3)), name="image")
     x = inputs
     outputs_by_layer: list = []
     yolo_outputs = []
@@ -712,7 +603,8 @@ def build_model(
             )
             x = conv(x)
             if weights is not None:
-                conv.set_weights(weights[k].keras_conv_weights())
+                kernel = np.transpose(weights[k].kernel, (2, 3, 1, 0))  # Keras's (h, w, in, out)
+                conv.set_weights([kernel] if weights[k].bias is None else [kernel, weights[k].bias])
             if spec.batch_normalize:
                 bn = L.BatchNormalization(epsilon=BN_EPSILON, name=f"bn_{i}")
                 x = bn(x)
@@ -722,7 +614,8 @@ def build_model(
                             f"{section.describe()}: batch-norm variance has negative or non-finite values; "
                             "the weights file is damaged or does not match this cfg"
                         )
-                    bn.set_weights(weights[k].keras_bn_weights(darknet_bn))
+                    w = weights[k]
+                    bn.set_weights(fold_batch_norm(w.gamma, w.beta, w.mean, w.variance, darknet_bn))
             if spec.activation == "leaky":
                 x = L.LeakyReLU(negative_slope=LEAKY_SLOPE, name=f"leaky_{i}")(x)
             elif spec.activation == "mish":
@@ -762,18 +655,3 @@ def build_model(
         outputs_by_layer.append(x)
     outputs = yolo_outputs or [x]
     return keras.Model(inputs, outputs if len(outputs) > 1 else outputs[0], name=name)
-
-
-def load_darknet(cfg_path: str | os.PathLike, weights_path: str | os.PathLike | None = None, **kwargs):
-    """Parses ``cfg_path``, reads ``weights_path`` and builds the Keras model.
-
-    Returns:
-        ``(model, sections, header)``; ``header`` is ``None`` without weights.
-    """
-    sections = parse_cfg(cfg_path)
-    convs, _ = infer_layers(sections)
-    header, weights = (None, None)
-    if weights_path is not None:
-        header, weights = read_weights(weights_path, convs)
-    model = build_model(sections, weights, **kwargs)
-    return model, sections, header

@@ -227,7 +227,7 @@ def _owner(weight_name: str) -> str:
     return parts[-2] if len(parts) >= 2 else ""
 
 
-def _keras2_entries(group) -> tuple[list[_SourceLayer], bool, list[list[_SourceLayer]]]:
+def _keras2_entries(group) -> tuple[list[_SourceLayer], list[list[_SourceLayer]]]:
     """The weight-bearing layers of a Keras 2 weights group, in file order.
 
     A `layer_names` entry whose weights belong to other layers
@@ -235,8 +235,8 @@ def _keras2_entries(group) -> tuple[list[_SourceLayer], bool, list[list[_SourceL
     a `multi_gpu_model`: it is expanded into its own layers.
 
     Returns:
-        `(layers, nested, nested_groups)`: the flattened layers, whether any
-        entry was nested, and each nested entry's layers.
+        `(layers, nested_groups)`: the flattened layers, and each nested
+        entry's layers.
     """
     layers, nested_groups = [], []
     for name in _attr_list(group, "layer_names"):
@@ -256,16 +256,16 @@ def _keras2_entries(group) -> tuple[list[_SourceLayer], bool, list[list[_SourceL
         inner = [_SourceLayer(owner, arrays) for owner, arrays in by_owner.items()]
         nested_groups.append(inner)
         layers.extend(inner)
-    return layers, bool(nested_groups), nested_groups
+    return layers, nested_groups
 
 
 def _load_keras2(targets, group, path, format_name, policy) -> LoadReport:
-    sources, nested, nested_groups = _keras2_entries(group)
-    if nested:
+    sources, nested_groups = _keras2_entries(group)
+    if nested_groups:
         format_name += "+nested"
     if len(sources) != len(targets):
-        raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, nested))
-    if nested and len(nested_groups) == 1 and len(nested_groups[0]) == len(sources):
+        raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, bool(nested_groups)))
+    if len(nested_groups) == 1 and len(nested_groups[0]) == len(sources):
         sources = _order_nested(targets, sources)
     return _assign_in_order(targets, sources, path, format_name, policy)
 

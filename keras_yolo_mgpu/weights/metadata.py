@@ -31,6 +31,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from keras_yolo_mgpu.fileio import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 #: HDF5 root attribute (and JSON entry name stem) holding the metadata.
@@ -73,23 +75,6 @@ class ModelMetadata:
         object.__setattr__(self, "anchors", tuple((float(w), float(h)) for w, h in anchors))
         object.__setattr__(self, "masks", tuple(tuple(int(i) for i in m) for m in self.masks))
         object.__setattr__(self, "class_names", tuple(str(c) for c in self.class_names))
-        self.validate()
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def anchors_array(self) -> np.ndarray:
-        """``(num_anchors, 2)`` float32 anchors."""
-        return np.asarray(self.anchors, np.float32).reshape(-1, 2)
-
-    @property
-    def masks_list(self) -> list[list[int]]:
-        return [list(m) for m in self.masks]
-
-    def validate(self) -> None:
-        """Raises :class:`MetadataError` naming the inconsistent field."""
         if self.kind not in MODEL_KINDS:
             raise MetadataError(f"model kind must be one of {sorted(MODEL_KINDS)}. Received: kind={self.kind!r}")
         if len(self.input_shape) != 2 or any(v <= 0 or v % 32 for v in self.input_shape):
@@ -103,6 +88,19 @@ class ModelMetadata:
             raise MetadataError(f"masks {self.masks_list} refer to anchors outside the {len(self.anchors)} given")
         if not self.class_names:
             raise MetadataError("class_names is empty")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def anchors_array(self) -> np.ndarray:
+        """``(num_anchors, 2)`` float32 anchors."""
+        return np.asarray(self.anchors, np.float32).reshape(-1, 2)
+
+    @property
+    def masks_list(self) -> list[list[int]]:
+        return [list(m) for m in self.masks]
 
     def to_json(self) -> str:
         return json.dumps(
@@ -134,23 +132,16 @@ class ModelMetadata:
             ) from None
 
 
-def kind_for(num_anchors: int) -> str:
-    """``"yolov3"`` for 9 anchors, ``"yolov3-tiny"`` for 6 (the v3 builders' rule)."""
-    return {9: "yolov3", 6: "yolov3-tiny"}.get(num_anchors) or _bad_anchor_count(num_anchors)
-
-
-def _bad_anchor_count(num_anchors):
-    raise MetadataError(f"expected 9 anchors (YOLOv3) or 6 (tiny YOLOv3); got {num_anchors}")
-
-
 def make_metadata(anchors, class_names: Sequence[str], input_shape, masks=None, kind: str | None = None):
-    """A :class:`ModelMetadata` with the defaults filled in (kind from the anchor count, keras-yolo3's masks)."""
+    """A :class:`ModelMetadata` with the defaults filled in: keras-yolo3's masks, and the kind of the
+    v3 builders' rule (``"yolov3"`` for 9 anchors, ``"yolov3-tiny"`` for 6)."""
     from keras_yolo_mgpu.model.boxes import resolve_masks
 
     anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
-    return ModelMetadata(
-        kind or kind_for(len(anchors)), input_shape, anchors, resolve_masks(masks, len(anchors)), class_names
-    )
+    kind = kind or {9: "yolov3", 6: "yolov3-tiny"}.get(len(anchors))
+    if kind is None:
+        raise MetadataError(f"expected 9 anchors (YOLOv3) or 6 (tiny YOLOv3); got {len(anchors)}")
+    return ModelMetadata(kind, input_shape, anchors, resolve_masks(masks, len(anchors)), class_names)
 
 
 # --------------------------------------------------------------------------
@@ -185,12 +176,7 @@ def write_metadata(path: str | os.PathLike, metadata: ModelMetadata) -> None:
 
 def write_sidecar(path: str | os.PathLike, metadata: ModelMetadata) -> str:
     """Writes :func:`sidecar_path` of ``path`` atomically; returns its path."""
-    target = sidecar_path(path)
-    temp = target + ".tmp"
-    with open(temp, "w", encoding="utf-8") as f:
-        f.write(metadata.to_json() + "\n")
-    os.replace(temp, target)
-    return target
+    return write_text_atomic(sidecar_path(path), metadata.to_json() + "\n")
 
 
 def read_metadata(path: str | os.PathLike) -> ModelMetadata | None:

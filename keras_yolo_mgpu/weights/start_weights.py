@@ -29,11 +29,6 @@ OFFICIAL_SIZES = {
 }
 
 
-def is_darknet_weights(path: str | None) -> bool:
-    """True for a Darknet `.weights` file (not a Keras `.weights.h5`)."""
-    return bool(path) and path.endswith(DARKNET_SUFFIX)
-
-
 def find_cfg(weights_path: str, cfg_path: str | None = None) -> str:
     """The Darknet cfg of `weights_path`: `cfg_path`, a same-named `.cfg`, or the official net's by file size.
 
@@ -76,7 +71,7 @@ def resolve_start_weights(config, run_dir: str) -> None:
     (written before this runs); `run_dir/start_weights.json` records the
     source file, its cfg, size and md5.
     """
-    if not is_darknet_weights(config.weights):
+    if not (config.weights or "").endswith(DARKNET_SUFFIX):  # a Keras `.weights.h5` does not
         return
     converted = os.path.join(run_dir, CONVERTED)
     if not (config.resume and os.path.isfile(converted)):
