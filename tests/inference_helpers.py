@@ -37,3 +37,17 @@ def write_classes(path, names=CLASS_NAMES) -> str:
 def random_images(count: int, seed: int = 0, sizes=((96, 128), (200, 300), (480, 100), (64, 64))) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, (*sizes[i % len(sizes)], 3), dtype=np.uint8) for i in range(count)]
+
+
+def compare_detections(reference: dict, other: dict) -> dict:
+    """Largest differences between two sets of padded detections (`export_check.compare_detection_lists`).
+
+    Returns:
+        `{"valid_equal", "classes_equal", "max_box_diff", "max_score_diff"}`
+        over the valid rows (the padding is not compared).
+    """
+    from keras_yolo_mgpu.inference.export_check import compare_detection_lists
+
+    result = compare_detection_lists(reference, other)
+    valid_equal = bool(np.array_equal(reference["valid_detections"], other["valid_detections"]))
+    return {"valid_equal": valid_equal, **{k: result[k] for k in ("classes_equal", "max_box_diff", "max_score_diff")}}

@@ -7,12 +7,13 @@ import os
 
 import numpy as np
 import pytest
-from inference_helpers import INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, make_body, write_classes
+from inference_helpers import INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, compare_detections, make_body, write_classes
 
 from keras_yolo_mgpu.cli.export import main
 from keras_yolo_mgpu.inference import export
 from keras_yolo_mgpu.inference.export import ExportError, export_model
 from keras_yolo_mgpu.inference.export_check import FLOAT_TOLERANCES
+from keras_yolo_mgpu.inference.export_formats import open_runner
 
 SCORE = 0.5
 HAVE_ONNX = all(importlib.util.find_spec(name) for name in ("tf2onnx", "onnxruntime"))
@@ -75,10 +76,10 @@ def test_savedmodel_cli_matches_keras(files, capsys):
     model = export.build_export_model(files["weights"], TINY_ANCHORS, ["a", "b"], input_size=INPUT_SHAPE, score=SCORE)
     images = np.random.default_rng(0).random((3, *INPUT_SHAPE, 3), dtype=np.float32)
     shapes = np.array([[96, 128], [300, 200], [50, 400]], np.float32)
-    served = export.run_savedmodel(str(output), images, shapes)
+    served = open_runner(str(output))(images, shapes)
     assert served["boxes"].shape == (3, 100, 4) and served["valid_detections"].shape == (3,)
     assert served["decoded_boxes"].shape == (3, (3 * 4 + 6 * 8) * 3, 4)  # every box before NMS
-    matched = export.compare_detections({k: np.asarray(v) for k, v in model([images, shapes]).items()}, served)
+    matched = compare_detections({k: np.asarray(v) for k, v in model([images, shapes]).items()}, served)
     assert int(served["valid_detections"].sum()) > 5
     assert matched["valid_equal"] and matched["classes_equal"]
     assert matched["max_box_diff"] <= FLOAT_TOLERANCES.box_px and matched["max_score_diff"] <= FLOAT_TOLERANCES.score
@@ -136,7 +137,7 @@ class _FakeExportable:
     def __init__(self, content, fail=False):
         self.content, self.fail = content, fail
 
-    def export(self, path, format, verbose):
+    def export(self, path, format, verbose, input_signature=None):
         os.makedirs(path)
         with open(os.path.join(path, "saved_model.pb"), "w") as f:
             f.write(self.content)
@@ -146,13 +147,13 @@ class _FakeExportable:
 
 def test_a_previous_export_is_replaced_and_a_failed_one_leaves_it(tmp_path):
     output = str(tmp_path / "exported")
-    export._export_marked_savedmodel(_FakeExportable("first"), output)
+    export.export_savedmodel(_FakeExportable("first"), output, mark=True)
     assert sorted(os.listdir(output)) == [export.EXPORT_MARKER, "saved_model.pb"]
     export._check_output(output, "savedmodel", overwrite=False)  # ours: may be replaced
     with pytest.raises(RuntimeError):
-        export._export_marked_savedmodel(_FakeExportable("second", fail=True), output)
+        export.export_savedmodel(_FakeExportable("second", fail=True), output, mark=True)
     assert open(os.path.join(output, "saved_model.pb")).read() == "first"
-    export._export_marked_savedmodel(_FakeExportable("third"), output)
+    export.export_savedmodel(_FakeExportable("third"), output, mark=True)
     assert open(os.path.join(output, "saved_model.pb")).read() == "third"
     assert os.listdir(tmp_path) == ["exported"]  # no temporary or old copy left behind
     empty = tmp_path / "empty"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
+from inference_helpers import CLASS_NAMES, TINY_ANCHORS, compare_detections, make_body
 
 from keras_yolo_mgpu.inference import export
 from keras_yolo_mgpu.inference.export_check import (
@@ -76,7 +76,7 @@ def test_a_broken_export_fails_the_check_that_noise_passed(setup, make_broken):
     # The former check: detections on uniform noise. Both lists are empty, so it passed.
     noise, shapes = setup["noise"]
     reference = run_keras(setup["good"], noise, shapes)
-    former = export.compare_detections(reference, run(noise, shapes))
+    former = compare_detections(reference, run(noise, shapes))
     assert int(reference["valid_detections"].sum()) == 0
     assert former["valid_equal"] and former["max_box_diff"] == 0 and former["max_score_diff"] == 0
     with pytest.raises(ExportCheckError, match="does not match the Keras model"):

@@ -151,8 +151,8 @@ def _on_jax(folder: str) -> dict:
     from keras_yolo_mgpu.data.annotations import read_annotations
     from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights
     from keras_yolo_mgpu.inference.detector import YOLO
+    from keras_yolo_mgpu.inference.export_formats import make_nms_runner
     from keras_yolo_mgpu.inference.media import process_video
-    from keras_yolo_mgpu.inference.runners import make_nms_runner
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
     from keras_yolo_mgpu.training.evaluation_callback import MeanAPEvaluation

@@ -14,6 +14,9 @@ To list the differences, open the two folders side by side.
   transformed pure function).
 * `batch_norm`: how `model.batch_norm.BatchNormalization` trains (TensorFlow's
   fused kernels; `keras.ops` kept in float64).
+* `inference`: a detector's model over its devices (one `tf.function` with a
+  replica per device; one jitted program over a mesh), its devices, and
+  training's distribution set aside while it runs.
 * `nms`: per-class non-max suppression (TensorFlow's kernels; the same
   selection in `keras.ops`).
 * `optimizer`: the Adam update (TensorFlow's fused kernel; Keras's, which XLA
@@ -38,13 +41,13 @@ import keras
 NAME = keras.backend.backend()
 
 if NAME == "jax":
-    from keras_yolo_mgpu.backend.jax import batch_norm, distribution, gradients, nms, optimizer
+    from keras_yolo_mgpu.backend.jax import batch_norm, distribution, gradients, inference, nms, optimizer
 elif NAME == "tensorflow":
-    from keras_yolo_mgpu.backend.tensorflow import batch_norm, distribution, gradients, nms, optimizer
+    from keras_yolo_mgpu.backend.tensorflow import batch_norm, distribution, gradients, inference, nms, optimizer
 else:
     raise ValueError(
         f"keras-yolo-mgpu runs on the tensorflow and jax backends; Keras runs on {NAME}. "
         "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax"
     )
 
-__all__ = ["NAME", "batch_norm", "distribution", "gradients", "nms", "optimizer"]
+__all__ = ["NAME", "batch_norm", "distribution", "gradients", "inference", "nms", "optimizer"]

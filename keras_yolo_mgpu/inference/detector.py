@@ -9,7 +9,8 @@ project's checkpoints from a 4-GPU run, Keras 2 `.h5` files from keras-yolo3
 
 `gpu_num > 1` spreads a batch of frames over that many GPUs, each image
 whole on one GPU. How the model runs on the devices is the backend's
-(`runners.py`); TensorFlow is needed only on the TensorFlow backend.
+(`backend/{jax,tensorflow}/inference.py`); TensorFlow is needed only on the
+TensorFlow backend.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import keras
 import numpy as np
 from PIL import Image
 
+from keras_yolo_mgpu.backend import inference as backend_inference
 from keras_yolo_mgpu.data.images import to_rgb_array
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_detection_model
-from keras_yolo_mgpu.inference.runners import inference_devices, make_detection_runner, outside_distribution
 from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 
@@ -97,6 +98,31 @@ def load_body(model_path: str, anchors, num_classes: int, kind: str | None = Non
     return body
 
 
+def inference_devices(gpu_num: int) -> list:
+    """The devices a detector spreads its batches over: `gpu_num` GPUs, else as many CPU devices.
+
+    TensorFlow: device names, `[None]` (default placement) for one. JAX:
+    `jax.Device`s, the default device for one.
+
+    Raises:
+        ValueError: fewer devices than `gpu_num`.
+    """
+    if gpu_num < 1:
+        raise ValueError(f"gpu_num must be >= 1. Received: gpu_num={gpu_num}")
+    if gpu_num == 1:
+        return [backend_inference.default_device()]
+    gpus, cpus = backend_inference.local_devices()
+    if len(gpus) >= gpu_num:
+        return gpus[:gpu_num]
+    if not gpus and len(cpus) >= gpu_num:
+        # Logical (TF) or simulated (JAX) CPU devices: a rehearsal.
+        logger.info("no GPU: spreading frames over %d CPU devices", gpu_num)
+        return cpus[:gpu_num]
+    names = ", ".join(str(d) for d in gpus) or "none"
+    missing = backend_inference.MISSING_GPUS.format(count=len(gpus), names=names)
+    raise ValueError(f"gpu_num={gpu_num} but {missing}, or use gpu_num=1.")
+
+
 class YOLO:
     """keras-yolo3's detector: weights in, boxes out.
 
@@ -153,7 +179,7 @@ class YOLO:
                 masks=masks,
                 input_shape=model_image_size,
             )
-        with outside_distribution():  # the detector's own weights, wherever it is built
+        with backend_inference.outside_distribution():  # the detector's own weights, wherever it is built
             body = load_body(model_path, settings.anchors_array, settings.num_classes, settings.kind)
         self.model_path = model_path
         self._setup(body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size)
@@ -187,28 +213,28 @@ class YOLO:
         return self
 
     def _setup(self, body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size):
-        """Shared by both constructors: `settings` is the body's `ModelMetadata`, the rest as for `YOLO`."""
+        """Shared by the constructors: `settings` is the body's `ModelMetadata`, the rest as for `YOLO`.
+
+        `body` None (an exported model, `export_formats.ExportedDetector`) builds no model.
+        """
         if not 0.0 <= float(score) <= 1.0 or not 0.0 <= float(iou) <= 1.0:
             raise ValueError(f"score and iou must be in [0, 1]. Received: score={score}, iou={iou}")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1. Received: batch_size={batch_size}")
         self.metadata = settings
-        self.kind = settings.kind
-        self.anchors = settings.anchors_array
-        self.masks = settings.masks_list
+        self.kind, self.anchors, self.masks = settings.kind, settings.anchors_array, settings.masks_list
         self.class_names = list(settings.class_names)
-        self.score = float(score)
-        self.iou = float(iou)
+        self.score, self.iou = float(score), float(iou)
         self.model_image_size = settings.input_shape
-        self.gpu_num = int(gpu_num)
-        self.max_boxes = int(max_boxes)
-        self.max_detections = int(max_detections)
-        self.batch_size = int(batch_size)
+        self.gpu_num, self.batch_size = int(gpu_num), int(batch_size)
+        self.max_boxes, self.max_detections = int(max_boxes), int(max_detections)
         self.colors = class_colors(len(self.class_names))
+        if body is None:
+            return
         self.body = body
         self.devices = inference_devices(self.gpu_num)
         self.inference_model = self._wrap(body)
-        self._run = make_detection_runner(self.inference_model, self.devices, make_replica=self._replica)
+        self._run = backend_inference.DetectionRunner(self.inference_model, self.devices, self._replica)
 
     def _replica(self) -> keras.Model:
         """Another inference model with a copy of the body's weights (TensorFlow's extra devices)."""
@@ -250,7 +276,7 @@ class YOLO:
         results = []
         for i, (height, width) in enumerate(shapes):
             n = int(valid[i])
-            b = boxes[i, :n].copy()
+            b = np.asarray(boxes[i, :n], np.float32).copy()
             np.clip(b[:, 0::2], 0.0, width, out=b[:, 0::2])
             np.clip(b[:, 1::2], 0.0, height, out=b[:, 1::2])
             results.append(Detections(b, scores[i, :n].copy(), classes[i, :n].astype(np.int32)))

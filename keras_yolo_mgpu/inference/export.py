@@ -36,8 +36,6 @@ import os
 import tempfile
 from collections.abc import Sequence
 
-import numpy as np
-
 from keras_yolo_mgpu.fileio import atomic_write, replace_directory
 from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
 from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
@@ -62,19 +60,16 @@ def build_export_model(
     class_names: Sequence[str],
     *,
     input_size: tuple[int, int] = (416, 416),
-    score: float = 0.3,
-    iou: float = 0.45,
-    max_boxes: int = 20,
-    max_detections: int = 100,
-    nms_method: str = "combined",
-    batch_size: int | None = None,
     masks=None,
     kind: str | None = None,
+    **options,
 ):
-    """The inference model (`inference.layers.build_detection_model`) with `weights` loaded.
+    """The inference model (`inference.layers.build_detection_model`) with `weights` loaded, decoded outputs too.
 
     `kind` is the network (`model.architectures.MODEL_NAMES`; None: YOLOv3 or
     tiny YOLOv3 by anchor count), which also sets YOLOv4's `scale_x_y`.
+    `options`: `build_detection_model`'s `score`, `iou`, `max_boxes`,
+    `max_detections`, `nms_method` and `batch_size`.
     """
     from keras_yolo_mgpu.inference.detector import load_body
     from keras_yolo_mgpu.inference.layers import build_detection_model
@@ -82,17 +77,7 @@ def build_export_model(
 
     settings = make_metadata(anchors, list(class_names), input_size, masks, kind=kind)
     body = load_body(weights, settings.anchors_array, len(settings.class_names), settings.kind)
-    return build_detection_model(
-        body,
-        settings,
-        score=score,
-        iou=iou,
-        max_boxes=max_boxes,
-        max_detections=max_detections,
-        nms_method=nms_method,
-        batch_size=batch_size,
-        decoded_outputs=True,
-    )
+    return build_detection_model(body, settings, decoded_outputs=True, **options)
 
 
 def _input_signature(model):
@@ -105,7 +90,7 @@ def _input_signature(model):
     ]
 
 
-def export_savedmodel(model, path: str, fixed_batch: bool = False) -> str:
+def export_savedmodel(model, path: str, fixed_batch: bool = False, mark: bool = False) -> str:
     """Writes a SavedModel directory with a `serving_default` signature.
 
     `fixed_batch`: the signature keeps the model's own batch size instead of
@@ -114,22 +99,18 @@ def export_savedmodel(model, path: str, fixed_batch: bool = False) -> str:
     subgraph, and INT8 quantisation then quantises that body's box gathers
     (the denylist of float tensors covers the main graph only), which
     returned all-zero boxes for a trained network.
+
+    `mark`: writes `EXPORT_MARKER` inside, before the folder moves into place.
     """
     signature = [_input_signature(model)] if fixed_batch else None
-    # A failed export leaves an existing folder at `path` as it was.
-    return replace_directory(
-        path, lambda folder: model.export(folder, format="tf_saved_model", verbose=False, input_signature=signature)
-    )
-
-
-def _export_marked_savedmodel(model, path: str) -> str:
-    """`export_savedmodel` plus `EXPORT_MARKER` inside, written before the folder moves into place."""
 
     def write(folder):
-        model.export(folder, format="tf_saved_model", verbose=False)
-        with open(os.path.join(folder, EXPORT_MARKER), "w", encoding="utf-8") as f:
-            f.write('{"written_by": "keras_yolo_mgpu.export", "format": "savedmodel"}\n')
+        model.export(folder, format="tf_saved_model", verbose=False, input_signature=signature)
+        if mark:
+            with open(os.path.join(folder, EXPORT_MARKER), "w", encoding="utf-8") as f:
+                f.write('{"written_by": "keras_yolo_mgpu.export", "format": "savedmodel"}\n')
 
+    # A failed export leaves an existing folder at `path` as it was.
     return replace_directory(path, write)
 
 
@@ -217,42 +198,6 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
     except Exception as error:  # tf2onnx raises many kinds
         raise ExportError(f"ONNX conversion failed: {error}") from None
     return path
-
-
-# ----------------------------------------------------------------------
-# Running an export (for the check and for users' reference)
-
-
-def _runner(fmt: str):
-    def run(path: str, image: np.ndarray, image_shape: np.ndarray) -> dict:
-        from keras_yolo_mgpu.inference.export_formats import open_runner
-
-        return open_runner(path, fmt)(image, image_shape)
-
-    run.__doc__ = f"Runs a {fmt} export on (N, H, W, 3) float32 images in [0, 1] and their (N, 2) shapes."
-    return run
-
-
-run_savedmodel, run_tflite, run_onnx = _runner("savedmodel"), _runner("tflite"), _runner("onnx")
-RUNNERS = {"savedmodel": run_savedmodel, "tflite": run_tflite, "onnx": run_onnx}
-
-
-def compare_detections(reference: dict, other: dict) -> dict:
-    """Largest differences between two sets of padded detections (`export_check.compare_detection_lists`).
-
-    Returns:
-        `{"valid_equal", "classes_equal", "max_box_diff", "max_score_diff"}`
-        over the valid rows (the padding is not compared).
-    """
-    from keras_yolo_mgpu.inference.export_check import compare_detection_lists
-
-    result = compare_detection_lists(reference, other)
-    return {
-        "valid_equal": bool(np.array_equal(reference["valid_detections"], other["valid_detections"])),
-        "classes_equal": result["classes_equal"],
-        "max_box_diff": result["max_box_diff"],
-        "max_score_diff": result["max_score_diff"],
-    }
 
 
 def default_output(weights: str, fmt: str, precision: str = "float32") -> str:
@@ -355,8 +300,10 @@ def _write(model, fmt: str, output: str, settings, precision: str, images: str |
         calibration = _calibration(images, calibration_images, settings.input_shape) if precision == "int8" else None
         export_tflite(model, output, precision, calibration)
         return
-    {"savedmodel": _export_marked_savedmodel, "onnx": export_onnx}[fmt](model, output)
-    if fmt == "onnx":
+    if fmt == "savedmodel":
+        export_savedmodel(model, output, mark=True)
+    else:
+        export_onnx(model, output)
         _add_onnx_metadata(output, settings)
 
 
@@ -401,11 +348,6 @@ def run_check(model, fmt: str, path: str, images: str | None, precision: str, ma
     else:
         pixels, shapes = export_check.synthetic_check_images(input_shape)
         source = "generated scenes"
-    tolerance = {
-        "float32": export_check.FLOAT_TOLERANCES,
-        "float16": export_check.HALF_TOLERANCES,
-        "int8": export_check.INT8_TOLERANCES,
-    }[precision]
     try:
         return export_check.check_export(
             model,
@@ -415,7 +357,7 @@ def run_check(model, fmt: str, path: str, images: str | None, precision: str, ma
             source=source,
             max_boxes=max_boxes,
             max_detections=max_detections,
-            tolerance=tolerance,
+            tolerance=export_check.TOLERANCES[precision],
         )
     except export_check.ExportCheckError as error:
         raise ExportError(f"{path}: {error}") from None

@@ -81,22 +81,19 @@ HALF_TOLERANCES = Tolerance(
 INT8_TOLERANCES = Tolerance(
     box_px=8.0, box_relative=0.15, score=0.1, score_percentile=99.0, scored_mean=0.05, recall=0.5, exact=False
 )
+TOLERANCES = {"float32": FLOAT_TOLERANCES, "float16": HALF_TOLERANCES, "int8": INT8_TOLERANCES}  # by precision
 
 
 class ExportCheckError(RuntimeError):
     """The export does not compute what the Keras model computes, or nothing was compared."""
 
 
-def _read_letterboxed(paths, input_shape):
-    from keras_yolo_mgpu.data.images import read_image
+def _letterboxed(arrays, input_shape):
+    """((N, H, W, 3) uint8 letterboxed, (N, 2) float32 original (height, width)) of RGB `arrays`."""
     from keras_yolo_mgpu.data.letterbox import letterbox_array
 
-    images, shapes = [], []
-    for path in paths:
-        array = read_image(path)
-        images.append(letterbox_array(array, input_shape))
-        shapes.append(array.shape[:2])
-    return np.stack(images), np.asarray(shapes, np.float32)
+    images = [letterbox_array(array, input_shape) for array in arrays]
+    return np.stack(images), np.asarray([array.shape[:2] for array in arrays], np.float32)
 
 
 def image_paths(source: str) -> list[str]:
@@ -124,23 +121,20 @@ def sample_paths(paths: list[str], count: int, seed: int = 0) -> list[str]:
 
 def real_check_images(source: str, input_shape, count: int = 8, seed: int = 0):
     """`count` images of `source` letterboxed: ((N, H, W, 3) uint8, (N, 2) original (height, width))."""
-    return _read_letterboxed(sample_paths(image_paths(source), count, seed), input_shape)
+    from keras_yolo_mgpu.data.images import read_image
+
+    return _letterboxed([read_image(path) for path in sample_paths(image_paths(source), count, seed)], input_shape)
 
 
 def synthetic_check_images(input_shape, count: int = 4, seed: int = 0):
     """Generated scenes with objects (`data.synthetic`), of several sizes so the letterbox pads both ways."""
-    from keras_yolo_mgpu.data.letterbox import letterbox_array
     from keras_yolo_mgpu.data.synthetic import render_sample
 
     rng = np.random.default_rng(seed)
     height, width = input_shape
     sizes = [(height, width), (height * 2, width), (height, width * 2), (max(16, height // 2), width)]
-    images, shapes = [], []
-    for i in range(count):
-        sample = render_sample(rng, sizes[i % len(sizes)], empty_fraction=0.0)
-        images.append(letterbox_array(sample.image, input_shape))
-        shapes.append(sample.image.shape[:2])
-    return np.stack(images), np.asarray(shapes, np.float32)
+    scenes = [render_sample(rng, sizes[i % len(sizes)], empty_fraction=0.0).image for i in range(count)]
+    return _letterboxed(scenes, input_shape)
 
 
 def score_floor(decoded_scores: np.ndarray, score: float) -> float:
@@ -185,13 +179,13 @@ def compare_detection_lists(reference: dict, other: dict) -> dict:
         k = min(n, m)
         result["classes_equal"] &= bool(np.array_equal(ref_classes[:k], other_classes[:k]))
         if k:
-            result["max_coord"] = max(result["max_coord"], float(np.abs(reference["boxes"][i, :k]).max()))
-            result["max_box_diff"] = max(
-                result["max_box_diff"], float(np.abs(reference["boxes"][i, :k] - other["boxes"][i, :k]).max())
-            )
-            result["max_score_diff"] = max(
-                result["max_score_diff"], float(np.abs(reference["scores"][i, :k] - other["scores"][i, :k]).max())
-            )
+            ref_boxes = reference["boxes"][i, :k]
+            for key, values in (
+                ("max_coord", ref_boxes),
+                ("max_box_diff", ref_boxes - other["boxes"][i, :k]),
+                ("max_score_diff", reference["scores"][i, :k] - other["scores"][i, :k]),
+            ):
+                result[key] = max(result[key], float(np.abs(values).max()))
         if n and m:
             ious = _iou(np.asarray(reference["boxes"][i, :n]), np.asarray(other["boxes"][i, :m]))
             ious[ref_classes[:, None] != other_classes[None, :]] = 0.0
@@ -248,17 +242,7 @@ def run_keras(model, image: np.ndarray, image_shape: np.ndarray) -> dict:
     return {k: np.asarray(v) for k, v in model([image, image_shape], training=False).items()}
 
 
-def check_export(
-    model,
-    run_export,
-    images: np.ndarray,
-    image_shapes: np.ndarray,
-    *,
-    source: str,
-    max_boxes: int = 20,
-    max_detections: int = 100,
-    tolerance: Tolerance = FLOAT_TOLERANCES,
-) -> dict:
+def check_export(model, run_export, images: np.ndarray, image_shapes: np.ndarray, **options) -> dict:
     """Compares an export with the Keras model it came from (see the module docstring).
 
     Args:
@@ -266,7 +250,8 @@ def check_export(
             decoded outputs), the reference.
         run_export: the export's runner (`export_formats.open_runner`).
         images: (N, H, W, 3) uint8 letterboxed RGB; image_shapes: (N, 2).
-        source: what the images are, for the report.
+        options: `source` (what the images are, for the report),
+            `max_boxes`, `max_detections`, `tolerance`, as `judge_outputs`.
 
     Returns:
         `{"source", "images", "floor", "decoded", "own_nms", "at_floor",
@@ -279,16 +264,7 @@ def check_export(
     shapes = np.asarray(image_shapes, np.float32)
     reference, other = run_keras(model, image, shapes), run_export(image, shapes)
     nms = model.get_layer("yolo_nms")
-    return judge_outputs(
-        reference,
-        other,
-        score=nms.score_threshold,
-        iou=nms.iou_threshold,
-        source=source,
-        max_boxes=max_boxes,
-        max_detections=max_detections,
-        tolerance=tolerance,
-    )
+    return judge_outputs(reference, other, score=nms.score_threshold, iou=nms.iou_threshold, **options)
 
 
 def judge_outputs(

@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from keras_yolo_mgpu.inference.detector import YOLO, Detections
+from keras_yolo_mgpu.inference.detector import YOLO
 
 logger = logging.getLogger(__name__)
 
@@ -41,37 +41,32 @@ def export_format(path: str) -> str | None:
     return EXPORT_SUFFIXES.get(os.path.splitext(path)[1].lower())
 
 
-class SavedModelRunner:
+def _savedmodel_runner(path: str):
     """`serving_default` of an exported SavedModel; any batch size."""
+    import tensorflow as tf
 
-    def __init__(self, path: str):
-        import tensorflow as tf
+    serve = tf.saved_model.load(path).signatures["serving_default"]
 
-        self._serve = tf.saved_model.load(path).signatures["serving_default"]
-
-    def __call__(self, image: np.ndarray, image_shape: np.ndarray) -> dict:
-        import tensorflow as tf
-
-        out = self._serve(image=tf.constant(image, tf.float32), image_shape=tf.constant(image_shape, tf.float32))
+    def run(image: np.ndarray, image_shape: np.ndarray) -> dict:
+        out = serve(image=tf.constant(image, tf.float32), image_shape=tf.constant(image_shape, tf.float32))
         return {k: v.numpy() for k, v in out.items()}
 
+    return run
 
-class TFLiteRunner:
+
+def _tflite_runner(path: str, num_threads: int | None = None):
     """A `.tflite` export in the stock interpreter (builtin ops only), one image at a time (batch 1)."""
+    import tensorflow as tf
 
-    def __init__(self, path: str, num_threads: int | None = None):
-        import tensorflow as tf
+    # Every core, as TensorFlow uses for the Keras model (the interpreter's own default may be one).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+        interpreter = tf.lite.Interpreter(model_path=path, num_threads=num_threads or os.cpu_count())
+    runner = interpreter.get_signature_runner()
 
-        # Every core, as TensorFlow uses for the Keras model (the interpreter's own default may be one).
-        num_threads = num_threads or os.cpu_count()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
-            interpreter = tf.lite.Interpreter(model_path=path, num_threads=num_threads)
-        self._runner = interpreter.get_signature_runner()
-
-    def __call__(self, image: np.ndarray, image_shape: np.ndarray) -> dict:
+    def run(image: np.ndarray, image_shape: np.ndarray) -> dict:
         parts = [
-            self._runner(
+            runner(
                 image=np.asarray(image[i : i + 1], np.float32),
                 image_shape=np.asarray(image_shape[i : i + 1], np.float32),
             )
@@ -79,24 +74,26 @@ class TFLiteRunner:
         ]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
+    return run
 
-class OnnxRunner:
+
+def _onnx_runner(path: str):
     """An `.onnx` export in onnxruntime (CPU); any batch size."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise RuntimeError(ONNX_MISSING) from None
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
 
-    def __init__(self, path: str):
-        try:
-            import onnxruntime
-        except ImportError:
-            raise RuntimeError(ONNX_MISSING) from None
-        self._session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        self._names = [o.name for o in self._session.get_outputs()]
-
-    def __call__(self, image: np.ndarray, image_shape: np.ndarray) -> dict:
+    def run(image: np.ndarray, image_shape: np.ndarray) -> dict:
         feed = {"image": np.asarray(image, np.float32), "image_shape": np.asarray(image_shape, np.float32)}
-        return dict(zip(self._names, self._session.run(None, feed)))
+        return dict(zip(names, session.run(None, feed)))
+
+    return run
 
 
-RUNNERS = {"savedmodel": SavedModelRunner, "tflite": TFLiteRunner, "onnx": OnnxRunner}
+RUNNERS = {"savedmodel": _savedmodel_runner, "tflite": _tflite_runner, "onnx": _onnx_runner}
 
 
 def open_runner(path: str, fmt: str | None = None):
@@ -121,18 +118,34 @@ def host_nms(outputs: dict, *, score: float, iou: float, max_boxes: int, max_det
     """
     from keras_yolo_mgpu.inference.layers import OUTPUT_NAMES
 
-    nms = _nms_runner(float(score), float(iou), int(max_boxes), int(max_detections))
+    nms = make_nms_runner(
+        max_boxes_per_class=int(max_boxes),
+        max_detections=int(max_detections),
+        iou_threshold=float(iou),
+        score_threshold=float(score),
+    )
     return dict(zip(OUTPUT_NAMES, nms(outputs["decoded_boxes"], outputs["decoded_scores"])))
 
 
 @functools.lru_cache(maxsize=8)
-def _nms_runner(score: float, iou: float, max_boxes: int, max_detections: int):
-    """One NMS function per setting, kept: on JAX each compiles once per batch shape."""
-    from keras_yolo_mgpu.inference.runners import make_nms_runner
+def make_nms_runner(**options):
+    """A function `(boxes (N, K, 4), scores (N, K, C)) -> (boxes, scores, classes, valid)` as numpy.
 
-    return make_nms_runner(
-        max_boxes_per_class=max_boxes, max_detections=max_detections, iou_threshold=iou, score_threshold=score
-    )
+    `options`: `layers.non_max_suppression`'s keyword arguments. TensorFlow
+    runs its NMS op eagerly; JAX compiles `greedy_nms` once per input shape
+    (`backend.inference.compile_for_host`), so one function per setting is kept.
+    """
+    from keras_yolo_mgpu.backend import inference as backend_inference
+    from keras_yolo_mgpu.inference.layers import non_max_suppression
+
+    nms = backend_inference.compile_for_host(lambda boxes, scores: non_max_suppression(boxes, scores, **options))
+
+    def run(boxes: np.ndarray, scores: np.ndarray) -> tuple:
+        with backend_inference.outside_distribution():
+            results = nms(np.asarray(boxes, np.float32), np.asarray(scores, np.float32))
+        return tuple(np.asarray(value) for value in results)
+
+    return run
 
 
 def _export_settings(path: str, settings):
@@ -178,46 +191,28 @@ class ExportedDetector(YOLO):
         batch_size: int = 8,
         fmt: str | None = None,
     ):
-        from keras_yolo_mgpu.inference.draw import class_colors
-
-        if not 0.0 <= float(score) <= 1.0 or not 0.0 <= float(iou) <= 1.0:
-            raise ValueError(f"score and iou must be in [0, 1]. Received: score={score}, iou={iou}")
         self.model_path = os.fspath(path)
         self.format = fmt or export_format(self.model_path)
-        self.metadata = _export_settings(self.model_path, settings)
-        self._run = open_runner(self.model_path, self.format)
-        self.kind, self.anchors, self.masks = self.metadata.kind, self.metadata.anchors_array, self.metadata.masks_list
-        self.class_names = list(self.metadata.class_names)
-        self.model_image_size = self.metadata.input_shape
-        self.score, self.iou = float(score), float(iou)
-        self.max_boxes, self.max_detections = int(max_boxes), int(max_detections)
-        self.batch_size, self.gpu_num = int(batch_size), 1
-        self.colors = class_colors(len(self.class_names))
+        self._setup(
+            None, _export_settings(self.model_path, settings), score, iou, 1, max_boxes, max_detections, batch_size
+        )
+        self._export = open_runner(self.model_path, self.format)
 
     def run_export(self, images: np.ndarray, image_shapes) -> dict:
         """The export's raw outputs for (N, H, W, 3) uint8 letterboxed images (keras-yolo3's / 255)."""
         image = np.asarray(images, np.float32) / 255.0
-        return self._run(image, np.asarray(image_shapes, np.float32).reshape(-1, 2))
+        return self._export(image, np.asarray(image_shapes, np.float32).reshape(-1, 2))
 
-    def detect_letterboxed(self, images: np.ndarray, image_shapes) -> list:
-        if len(images) == 0:
-            return []
-        shapes = np.asarray(image_shapes, np.float32).reshape(-1, 2)
-        out = self.run_export(images, shapes)
+    def _run(self, images: np.ndarray, image_shapes: np.ndarray) -> dict:
+        """`YOLO.detect_letterboxed`'s detections: NMS on the host on the export's decoded outputs."""
+        out = self.run_export(images, image_shapes)
         if "decoded_boxes" in out:
-            out = host_nms(
+            return host_nms(
                 out, score=self.score, iou=self.iou, max_boxes=self.max_boxes, max_detections=self.max_detections
             )
-        else:  # an export from before decoded outputs: its own NMS, at the score it was exported with
-            logger.warning("%s has no decoded outputs: using its built-in NMS and score threshold", self.model_path)
-        results = []
-        for i, (height, width) in enumerate(shapes):
-            n = int(out["valid_detections"][i])
-            boxes = np.asarray(out["boxes"][i, :n], np.float32).copy()
-            np.clip(boxes[:, 0::2], 0.0, width, out=boxes[:, 0::2])
-            np.clip(boxes[:, 1::2], 0.0, height, out=boxes[:, 1::2])
-            results.append(Detections(boxes, out["scores"][i, :n].copy(), out["classes"][i, :n].astype(np.int32)))
-        return results
+        # An export from before decoded outputs: its own NMS, at the score it was exported with.
+        logger.warning("%s has no decoded outputs: using its built-in NMS and score threshold", self.model_path)
+        return out
 
 
 def open_detector(path: str, *, settings=None, score: float = 0.3, iou: float = 0.45, gpu_num: int = 1, **options):

@@ -151,13 +151,8 @@ class YoloDecode(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         *output_shapes, _ = input_shape
-        num_anchors = len(self.anchors) // self.num_layers
-        count = 0
-        for shape in output_shapes:
-            if shape[1] is None or shape[2] is None:
-                count = None
-                break
-            count += shape[1] * shape[2] * num_anchors
+        grids = [shape[1] * shape[2] if None not in shape[1:3] else None for shape in output_shapes]
+        count = None if None in grids else sum(grids) * (len(self.anchors) // self.num_layers)
         batch = output_shapes[0][0]
         return (batch, count, 4), (batch, count, self.num_classes)
 
@@ -168,16 +163,7 @@ class YoloDecode(keras.layers.Layer):
 NMS_METHODS = ("combined", "padded")
 
 
-def non_max_suppression(
-    boxes,
-    scores,
-    *,
-    max_boxes_per_class: int,
-    max_detections: int,
-    iou_threshold: float,
-    score_threshold: float,
-    method: str = "combined",
-):
+def non_max_suppression(boxes, scores, **options):
     """Per-class NMS with a fixed number of outputs per image: the one step where the backends differ.
 
     The backend's `nms.non_max_suppression` runs it (`keras_yolo_mgpu.backend`).
@@ -196,21 +182,15 @@ def non_max_suppression(
         boxes: (N, K, 4) float32 corners, (x_min, y_min, x_max, y_max) or
             (y_min, x_min, y_max, x_max): IoU is symmetric in x and y.
         scores: (N, K, C) float32 per-class scores.
+        options: `max_boxes_per_class`, `max_detections`, `iou_threshold`,
+            `score_threshold` and `method` ("combined" by default), as `YoloNMS`.
 
     Returns:
         `boxes` (N, M, 4) float32, `scores` (N, M) float32 best first,
         `classes` (N, M) int32, `valid_detections` (N,) int32, with M =
         `max_detections` and zeros past `valid_detections`.
     """
-    return backend_nms.non_max_suppression(
-        boxes,
-        scores,
-        method=method,
-        max_boxes_per_class=max_boxes_per_class,
-        max_detections=max_detections,
-        iou_threshold=iou_threshold,
-        score_threshold=score_threshold,
-    )
+    return backend_nms.non_max_suppression(boxes, scores, **options)
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZABLE_PACKAGE)
@@ -287,14 +267,8 @@ class YoloNMS(keras.layers.Layer):
         return (batch, m, 4), (batch, m), (batch, m), (batch,)
 
     def compute_output_spec(self, inputs):
-        batch = inputs[0].shape[0]
-        m = self.max_detections
-        return (
-            keras.KerasTensor((batch, m, 4), dtype="float32"),
-            keras.KerasTensor((batch, m), dtype="float32"),
-            keras.KerasTensor((batch, m), dtype="int32"),
-            keras.KerasTensor((batch,), dtype="int32"),
-        )
+        shapes = self.compute_output_shape([inputs[0].shape])
+        return tuple(keras.KerasTensor(s, dtype=d) for s, d in zip(shapes, ("float32", "float32", "int32", "int32")))
 
     def get_config(self):
         return {**super().get_config(), **constructor_config(self)}

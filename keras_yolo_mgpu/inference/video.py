@@ -56,27 +56,18 @@ def parse_source(source: str | int) -> str | int:
     return text
 
 
-class _Worker:
+class _Worker(threading.Thread):
     """A daemon thread whose exception is re-raised in the caller's thread."""
 
     def __init__(self, target: Callable[[], None], name: str):
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(target,), name=name, daemon=True)
+        super().__init__(name=name, daemon=True)
+        self._work, self._error = target, None
 
-    def _run(self, target):
+    def run(self):
         try:
-            target()
+            self._work()
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             self._error = error
-
-    def start(self):
-        self._thread.start()
-
-    def join(self, timeout: float | None = None):
-        self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
 
     def raise_if_failed(self):
         if self._error is not None:

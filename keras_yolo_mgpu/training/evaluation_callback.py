@@ -11,7 +11,7 @@ ReduceLROnPlateau and EarlyStopping see them like `val_loss`;
 `val_mAP_seconds` and `epoch_seconds` say what the evaluation cost. On JAX
 the callback runs inside training's `keras.distribution.DataParallel`; the
 detector's body and compiled program stay outside it, on one device, so a
-validation batch of any size runs (`inference.runners`).
+validation batch of any size runs (`backend/jax/inference.py`).
 
 Epochs without an evaluation have no `val_mAP` in their logs; the callbacks
 that monitor it are wrapped in `OnEvaluatedEpochs`, so their patience counts
@@ -136,9 +136,9 @@ class MeanAPEvaluation(keras.callbacks.Callback):
         return result
 
     def _detector_with_current_weights(self):
+        from keras_yolo_mgpu.backend import inference as backend_inference
         from keras_yolo_mgpu.evaluation.mean_ap import EVAL_MAX_DETECTIONS, EVAL_MIN_SCORE
         from keras_yolo_mgpu.inference.detector import YOLO
-        from keras_yolo_mgpu.inference.runners import outside_distribution
         from keras_yolo_mgpu.model.yolo3 import build_body
 
         if self._detector is None:
@@ -146,8 +146,8 @@ class MeanAPEvaluation(keras.callbacks.Callback):
             # touches the training's variables (TensorFlow's mirrored ones);
             # on JAX built outside training's DataParallel distribution, so
             # its weights sit on one device instead of every training device
-            # (`runners.outside_distribution`).
-            with outside_distribution():
+            # (`backend.inference.outside_distribution`).
+            with backend_inference.outside_distribution():
                 body = build_body(self.anchors, len(self.class_names), model=self.kind)
             self._detector = YOLO.from_body(
                 body,
