@@ -70,30 +70,6 @@ def _images_per_sec(ends: list[float], warmup: int, batch_size: int) -> float:
     return batch_size * (len(timed) - 1) / (timed[-1] - timed[0])
 
 
-def _build_training_model(engine, settings: dict, plan, num_classes: int, anchors, masks, kind, iou_thresh):
-    """`train.py`'s training model on `engine`, compiled as `train.py` compiles it."""
-    import keras
-
-    from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.training.training_model import create_model
-
-    with engine.strategy.scope():
-        _, train_model = create_model(
-            settings["input_shape"],
-            anchors,
-            num_classes,
-            freeze_body=0,
-            sync_bn=engine.sync_bn,
-            masks=masks,
-            model=kind,
-            device_inputs=True,
-            iou_thresh=iou_thresh,
-        )
-        model = engine.wrap(train_model)
-        model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=totalloss, jit_compile=plan.jit)
-    return model
-
-
 # Over 60 lines: one benchmark read top to bottom (setup, interleaved rounds of both sides,
 # the report); its parts are used nowhere else.
 def run_e2e(
@@ -133,8 +109,10 @@ def run_e2e(
     from keras_yolo_mgpu.data.streams import first_batch, training_stream
     from keras_yolo_mgpu.model.architectures import get_architecture, resolve_iou_thresh
     from keras_yolo_mgpu.model.boxes import MAX_BOXES, resolve_masks
+    from keras_yolo_mgpu.model.loss import totalloss
     from keras_yolo_mgpu.parallel.engine import build_engine
     from keras_yolo_mgpu.training import precision
+    from keras_yolo_mgpu.training.training_model import create_model
 
     if warmup < 1 or steps < 2:
         raise ValueError(f"need warmup >= 1 and steps >= 2. Received: warmup={warmup}, steps={steps}")
@@ -157,9 +135,20 @@ def run_e2e(
     previous_policy = keras.config.dtype_policy()
     precision.apply_policy(plan.mixed_precision, plan.mixed_policy)
     try:
-        train_model = _build_training_model(
-            engine, {"input_shape": input_shape}, plan, num_classes, anchors, masks, kind, iou_thresh
-        )
+        with engine.strategy.scope():  # `train.py`'s training model, compiled as `train.py` compiles it
+            _, train_model = create_model(
+                input_shape,
+                anchors,
+                num_classes,
+                freeze_body=0,
+                sync_bn=engine.sync_bn,
+                masks=masks,
+                model=kind,
+                device_inputs=True,
+                iou_thresh=iou_thresh,
+            )
+            train_model = engine.wrap(train_model)
+            train_model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=totalloss, jit_compile=plan.jit)
         stream_options = dict(seed=seed, max_boxes=MAX_BOXES, masks=masks, iou_thresh=iou_thresh)
         pipeline = training_stream(
             engine, annotations, input_shape, anchors, num_classes, batch_size, cache=cache, **stream_options

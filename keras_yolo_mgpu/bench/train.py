@@ -22,6 +22,8 @@ machine state. `variants` adds variants of our step to the same rounds (see
 from __future__ import annotations
 
 import contextlib
+import inspect
+import itertools
 import logging
 import statistics
 import time
@@ -42,6 +44,8 @@ OPTIMIZERS = ("sgd", "adam")
 #: What our step is fed: "device", `train.py`'s model on the host's batch (uint8 images, padded boxes, HSV
 #: draws; jitter and targets in the step), or "dense", keras-yolo3's inputs (float images, dense targets).
 INPUTS = ("device", "dense")
+#: `run_train_benchmark`'s arguments that say how to time, not what: left out of the settings of a side.
+_TIMING = ("reference", "variants", "warmup_steps", "steps", "rounds", "on_round")
 #: The timed steps' learning rate: small, so that weights stay near their start.
 _RATE = 1e-4
 
@@ -59,6 +63,20 @@ def _our_optimizer(options, keras_adam=False):
     return keras.optimizers.SGD(_RATE, **kwargs)
 
 
+def _random_boxes(rng, global_batch, max_boxes, input_shape, num_classes):
+    """(N, max_boxes, 5) `x_min, y_min, x_max, y_max, class` in pixels: 1-10 random boxes per image, zero-padded."""
+    import numpy as np
+
+    height, width = input_shape
+    boxes = np.zeros((global_batch, max_boxes, 5), np.float32)
+    for b in range(global_batch):
+        for t in range(rng.integers(1, 11)):
+            w, h = rng.uniform(0.05, 0.6) * width, rng.uniform(0.05, 0.6) * height
+            x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
+            boxes[b, t] = [x, y, x + w, y + h, rng.integers(num_classes)]
+    return boxes
+
+
 def synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
     """One batch: uniform random images, 1-10 random boxes per image and their targets.
 
@@ -73,12 +91,7 @@ def synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
     rng = np.random.default_rng(seed)
     height, width = input_shape
     images = rng.random((global_batch, height, width, 3), dtype=np.float32)
-    boxes = np.zeros((global_batch, 10, 5), np.float32)
-    for b in range(global_batch):
-        for t in range(rng.integers(1, 11)):
-            w, h = rng.uniform(0.05, 0.6) * width, rng.uniform(0.05, 0.6) * height
-            x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
-            boxes[b, t] = [x, y, x + w, y + h, rng.integers(num_classes)]
+    boxes = _random_boxes(rng, global_batch, 10, input_shape, num_classes)
     y_true = preprocess_true_boxes(boxes, input_shape, anchors, num_classes)
     x = {"image": images, **{f"y_true_{i}": t for i, t in enumerate(y_true)}}
     return x, np.zeros((global_batch, 1), np.float32)
@@ -100,12 +113,7 @@ def synthetic_host_batch(global_batch, input_shape, num_classes, seed=0):
     rng = np.random.default_rng(seed)
     height, width = input_shape
     images = rng.integers(0, 256, (global_batch, height, width, 3), dtype=np.uint8)
-    boxes = np.zeros((global_batch, MAX_BOXES, 5), np.float32)
-    for b in range(global_batch):
-        for t in range(rng.integers(1, 11)):
-            w, h = rng.uniform(0.05, 0.6) * width, rng.uniform(0.05, 0.6) * height
-            x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
-            boxes[b, t] = [x, y, x + w, y + h, rng.integers(num_classes)]
+    boxes = _random_boxes(rng, global_batch, MAX_BOXES, input_shape, num_classes)
     scales = rng.uniform(1.0, 1.5, (global_batch, 2)) ** rng.choice([-1.0, 1.0], (global_batch, 2))
     draws = np.concatenate([rng.uniform(-0.1, 0.1, (global_batch, 1)), scales], axis=1)
     hsv = np.tile(draws, (1, 4)).astype(np.float32)
@@ -184,23 +192,19 @@ def repeated_batch(x, y, engine):
     Keras's `device_put` of an array that already has that sharding copies
     nothing, so the step is timed alone, as the bare jitted step was.
     """
-    if engine.backend != "jax":
+    from keras_yolo_mgpu.backend import distribution
+
+    if distribution.batch_placer(engine.strategy) is None:  # the strategy distributes a tf.data dataset itself
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
-    import jax
+    import keras
 
     def place(array):
-        layout = engine.strategy.get_data_layout(array.shape).backend_layout
-        return jax.device_put(array, layout)
+        return keras.distribution.distribute_tensor(array, engine.strategy.get_data_layout(array.shape))
 
-    placed_x, placed_y = {key: place(value) for key, value in x.items()}, place(y)
-
-    def forever():
-        while True:
-            yield placed_x, placed_y
-
-    return forever()
+    placed = {key: place(value) for key, value in x.items()}, place(y)
+    return (placed for _ in itertools.count())
 
 
 def _build_ours(name, options, engine, anchors, x, y, global_batch):
@@ -442,28 +446,11 @@ def run_train_benchmark(
     Raises:
         ValueError: a combination that cannot be timed (see the messages).
     """
+    settings = {name: value for name, value in locals().items() if name not in _TIMING}
     _check_options(variants, optimizer, reference, breakdown)
-    setup = _set_up(
-        gpus=gpus,
-        simulate=simulate,
-        simulated_gpu_memory_mb=simulated_gpu_memory_mb,
-        tiny=tiny,
-        model=model,
-        input_size=input_size,
-        num_classes=num_classes,
-        batch_size=batch_size,
-        freeze_body=freeze_body,
-        parallel=parallel,
-        sync_bn=sync_bn,
-        mixed_precision=mixed_precision,
-        jit=jit,
-        optimizer=optimizer,
-        ema=ema,
-        steps_per_execution=steps_per_execution,
-        breakdown=breakdown,
-        # keras-yolo3's step and the step parts take its inputs: ours too, for a like-for-like ratio.
-        inputs=inputs or ("dense" if reference or breakdown or variants else "device"),
-    )
+    # keras-yolo3's step and the step parts take its inputs: ours too, for a like-for-like ratio.
+    settings["inputs"] = inputs or ("dense" if reference or breakdown or variants else "device")
+    setup = _set_up(settings)
     engine, options, global_batch = setup["engine"], setup["options"], setup["record"]["global_batch"]
     if reference and (engine.replicas > 1 or mixed_precision):
         raise ValueError("reference keras-yolo3 is timed on one device in float32 (keras-yolo3 has neither)")
@@ -493,8 +480,10 @@ def prepare_side(*, warmup_steps: int = 3, **settings) -> tuple[dict, _Side]:
     precision, optimizer ...), without sides to compare. For
     `bench.backend_rounds`, which times one such side per backend.
     """
-    settings["inputs"] = settings.get("inputs") or "device"
-    setup = _set_up(**settings, breakdown=False)
+    bound = inspect.signature(run_train_benchmark).bind(**settings)  # TypeError for a misspelt setting
+    bound.apply_defaults()
+    settings = {name: value for name, value in bound.arguments.items() if name not in _TIMING}
+    setup = _set_up({**settings, "inputs": settings["inputs"] or "device", "breakdown": False})
     side = _build_ours(
         "ours",
         setup["options"],
@@ -509,69 +498,44 @@ def prepare_side(*, warmup_steps: int = 3, **settings) -> tuple[dict, _Side]:
     return setup["record"], side
 
 
-def _set_up(
-    *,
-    gpus=None,
-    simulate=False,
-    simulated_gpu_memory_mb=None,
-    tiny=False,
-    model=None,
-    input_size=(416, 416),
-    num_classes=80,
-    batch_size=None,
-    freeze_body=0,
-    parallel="strategy",
-    sync_bn=True,
-    mixed_precision=False,
-    jit=False,
-    optimizer="sgd",
-    ema=None,
-    steps_per_execution=1,
-    breakdown=False,
-    inputs="device",
-) -> dict:
-    """The engine, dtype policy, anchors and generated batch of a benchmark, and the record of its settings."""
+def _set_up(settings: dict) -> dict:
+    """The engine, dtype policy, anchors and generated batch of a benchmark, and the record of its settings.
+
+    `settings`: `run_train_benchmark`'s arguments, less the timing ones (`_TIMING`).
+    """
+    gpus, input_size, num_classes, inputs = (settings[k] for k in ("gpus", "input_size", "num_classes", "inputs"))
     if inputs not in INPUTS:
         raise ValueError(f"inputs must be one of {INPUTS}. Received: inputs={inputs!r}")
-    if simulate and simulated_gpu_memory_mb:
+    if settings["simulate"] and settings["simulated_gpu_memory_mb"]:
         from keras_yolo_mgpu.backend.tensorflow.distribution import simulate_devices
 
-        names = simulate_devices(gpus or 2, memory_limit_mb=simulated_gpu_memory_mb)
+        names = simulate_devices(gpus or 2, memory_limit_mb=settings["simulated_gpu_memory_mb"])
     else:
         names = None
     from keras_yolo_mgpu.parallel.engine import build_engine
 
-    engine = build_engine(gpus, simulate=simulate, parallel=parallel, sync_bn=sync_bn, devices=names)
+    engine = build_engine(
+        gpus, simulate=settings["simulate"], parallel=settings["parallel"], sync_bn=settings["sync_bn"], devices=names
+    )
     import keras
 
     from keras_yolo_mgpu.model.architectures import model_name
     from keras_yolo_mgpu.resources import get_anchors, resolve_resource
     from keras_yolo_mgpu.training.precision import mixed_policy_name
 
-    global_batch = batch_size or 8 * engine.replicas
+    global_batch = settings["batch_size"] or 8 * engine.replicas
     if global_batch % engine.replicas:
         raise ValueError(f"global batch {global_batch} does not divide over {engine.replicas} replicas")
-    kind = model_name(model, tiny) or "yolov3"
+    kind = model_name(settings["model"], settings["tiny"]) or "yolov3"
+    mixed_precision = settings["mixed_precision"]
     policy = mixed_policy_name(engine.backend, engine.bfloat16) if mixed_precision else keras.config.floatx()
     keras.mixed_precision.set_global_policy(policy)
     # JAX compiles every step (without jit it would time Python dispatching ops one by one).
-    jit = jit or engine.backend == "jax"
+    jit = settings["jit"] or engine.backend == "jax"
     anchors = get_anchors(resolve_resource(None, "anchors", model=kind))
     x, y = synthetic_batch(global_batch, input_size, anchors, num_classes)
-    options = dict(
-        inputs=inputs,
-        host_batch=synthetic_host_batch(global_batch, input_size, num_classes) if inputs == "device" else None,
-        model=kind,
-        tiny=kind == "yolov3-tiny",
-        input_size=input_size,
-        num_classes=num_classes,
-        freeze_body=freeze_body,
-        jit=jit,
-        breakdown=breakdown,
-        optimizer=optimizer,
-        ema=ema,
-        steps_per_execution=steps_per_execution,
-    )
+    host_batch = synthetic_host_batch(global_batch, input_size, num_classes) if inputs == "device" else None
+    options = {**settings, "model": kind, "tiny": kind == "yolov3-tiny", "jit": jit, "host_batch": host_batch}
     record = {
         "benchmark": "train",
         "model": kind,
@@ -579,15 +543,12 @@ def _set_up(
         "num_classes": num_classes,
         "replicas": engine.replicas,
         "devices": list(engine.devices),
-        "parallel": parallel,
+        "parallel": settings["parallel"],
         "global_batch": global_batch,
         "backend": engine.backend,
         "mixed_precision": mixed_precision,
         "dtype_policy": policy,
         "jit": jit,
-        "steps_per_execution": steps_per_execution,
-        "inputs": inputs,
-        "optimizer": optimizer,
-        "ema": ema,
+        **{key: settings[key] for key in ("steps_per_execution", "inputs", "optimizer", "ema")},
     }
     return dict(engine=engine, options=options, anchors=anchors, x=x, y=y, record=record)

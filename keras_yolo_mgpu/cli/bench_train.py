@@ -119,42 +119,26 @@ def _print_breakdown(breakdown):
 def run(args) -> int:
     from keras_yolo_mgpu.bench.train import run_train_benchmark
 
+    settings = cli.flag_values(
+        run_train_benchmark,
+        args,
+        simulate=args.simulate_devices,
+        simulated_gpu_memory_mb=args.simulated_gpu_memory,
+        sync_bn=not args.no_sync_bn,
+        variants=tuple(args.variants),
+        rounds=args.rounds or (3 if args.reference or args.backends else 1),
+        on_round=_print_round,
+    )
     if args.backends:
         from keras_yolo_mgpu.bench.backend_rounds import compare_backends
 
         if args.variants or args.reference or args.breakdown:
             raise ValueError("--backends times our step only: drop --variants, --reference and --breakdown")
-        settings = cli.flag_values(
-            run_train_benchmark,
-            args,
-            simulate=args.simulate_devices,
-            simulated_gpu_memory_mb=args.simulated_gpu_memory,
-            sync_bn=not args.no_sync_bn,
-        )
-        for timing_only in ("variants", "reference", "breakdown", "steps", "rounds", "warmup_steps", "on_round"):
-            settings.pop(timing_only, None)
-        result = compare_backends(
-            args.backends,
-            rounds=args.rounds or 3,
-            steps=args.steps,
-            warmup_steps=args.warmup_steps,
-            on_round=_print_round,
-            **settings,
-        )
-        return print_result(result)
+        for unused in ("variants", "reference", "breakdown"):
+            del settings[unused]
+        return print_result(compare_backends(args.backends, **settings))
 
-    result = run_train_benchmark(
-        **cli.flag_values(
-            run_train_benchmark,
-            args,
-            simulate=args.simulate_devices,
-            simulated_gpu_memory_mb=args.simulated_gpu_memory,
-            sync_bn=not args.no_sync_bn,
-            variants=tuple(args.variants),
-            rounds=args.rounds or (3 if args.reference else 1),
-            on_round=_print_round,
-        )
-    )
+    result = run_train_benchmark(**settings)
     if "breakdown" in result:
         _print_breakdown(result["breakdown"])
     return print_result(result)
