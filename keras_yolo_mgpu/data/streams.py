@@ -67,9 +67,7 @@ def validation_stream(
     if distribution.INPUT_PIPELINE == "tf.data":
         from keras_yolo_mgpu.data.tf_dataset import make_dataset
 
-        return make_dataset(
-            annotations, input_shape, anchors, num_classes, batch_size, training=False, **options
-        )
+        return make_dataset(annotations, input_shape, anchors, num_classes, batch_size, training=False, **options)
     return _py_dataset(engine, annotations, input_shape, num_classes, batch_size, training=False, **options)
 
 
