@@ -114,8 +114,8 @@ def _targets(found: dict) -> None:
 def _hsv(found: dict) -> None:
     import jax
     import numpy as np
+    from hsv_reference import opencv_hsv
 
-    from keras_yolo_mgpu.data.augment import distort_hsv as opencv_hsv
     from keras_yolo_mgpu.data.device_side import distort_hsv, to_float
 
     rng = np.random.default_rng(5)

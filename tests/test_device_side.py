@@ -9,10 +9,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from hsv_reference import opencv_hsv
 from jax_input_checks import random_boxes
 from keras_yolo3_targets import preprocess_true_boxes
 
-from keras_yolo_mgpu.data.augment import distort_hsv as opencv_hsv
 from keras_yolo_mgpu.data.device_side import DeviceInputs, build_targets, distort_hsv, to_float
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 

@@ -20,9 +20,8 @@ stream position; the same formulas turn them into parameters
 (`augmentation_params`, tested against the reference generator draw for
 draw). The host resizes, places and flips the image in uint8 (`place_image`)
 and moves the boxes (`augment_boxes`); the HSV jitter is only drawn here: it
-runs on the device, in the train step (`data.device_side.distort_hsv`);
-`distort_hsv` here is the same jitter in OpenCV, the reference the device's
-is tested against. Differences from keras-yolo3, all deliberate:
+runs on the device, in the train step (`data.device_side.distort_hsv`).
+Differences from keras-yolo3, all deliberate:
 
 - resampling: area averaging for shrinking axes (antialiased, like PIL's
   filters) and bilinear interpolation for growing ones instead of PIL BICUBIC
@@ -31,7 +30,7 @@ is tested against. Differences from keras-yolo3, all deliberate:
   downscale of PIL's `draft`);
 - box coordinates stay floats (keras-yolo3 truncated them to integers, a bias
   of up to 1 px towards the top-left);
-- HSV is computed in float32 (OpenCV here, `keras.ops` on the device)
+- HSV is computed in float32 (`keras.ops`, on the device)
   instead of float64 with matplotlib (differences ~1e-6, tested).
 
 Validation and training without augmentation use the letterbox
@@ -55,7 +54,6 @@ __all__ = [
     "augment_boxes",
     "augmentation_params",
     "box_orders",
-    "distort_hsv",
     "pad_boxes",
     "place_image",
     "resize_image",
@@ -200,28 +198,6 @@ def place_image(pixels: np.ndarray, extent, params: dict, out: np.ndarray) -> np
     else:
         out[y0:y1, x0:x1] = window
     return out
-
-
-def distort_hsv(image: np.ndarray, hue: float, sat: float, val: float) -> np.ndarray:
-    """keras-yolo3's HSV jitter, in OpenCV (the reference `device_side.distort_hsv` is tested against).
-
-    Args:
-        image: (h, w, 3) RGB, uint8 or float in [0, 255].
-        hue: added to the hue in [0, 1), wrapped.
-        sat, val: saturation and value multipliers; results clipped to 1.
-
-    Returns:
-        (h, w, 3) float32 RGB in [0, 1].
-    """
-    # OpenCV's float HSV: H in [0, 360), S in [0, 1], V = max(R, G, B), here
-    # in [0, 255]; scaling V by val/255 returns RGB in [0, 1] directly. Its
-    # HSV->RGB wraps hues >= 360 (not < 0), so the shift is made positive.
-    # One affine pass (shift H, scale S and V), then clip S and V at 1.
-    hsv = cv2.cvtColor(np.asarray(image, dtype=np.float32), cv2.COLOR_RGB2HSV)
-    affine = np.array([[1, 0, 0, hue * 360.0 % 360.0], [0, sat, 0, 0], [0, 0, val / 255.0, 0]], np.float32)
-    hsv = cv2.transform(hsv, affine)
-    cv2.min(hsv, (720.0, 1.0, 1.0, 0.0), dst=hsv)  # H < 720 untouched
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
 
 # --- boxes ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ exact on any device by construction: the centres' quotients come from a
 table of numpy's (`_quotients`), not from the device's division, and the
 floor uses exact products only.
 
-The OpenCV jitter (`augment.distort_hsv`) and keras-yolo3's numpy targets
+The OpenCV jitter (tests/hsv_reference.py) and keras-yolo3's numpy targets
 (tests/keras_yolo3_targets.py) are what tests/test_device_side.py compares
 these with, on both backends.
 """
@@ -78,10 +78,10 @@ def _quadrant_params(hsv, height, width):
 def distort_hsv(images, hsv):
     """keras-yolo3's HSV jitter and the scaling to [0, 1], per quadrant.
 
-    OpenCV's float HSV arithmetic (what the host's `augment.distort_hsv`
-    runs): H in degrees from the largest channel, S = (max - min) / max,
-    V = max; the hue is shifted by `hue` of a turn (wrapped), S and V are
-    scaled and clipped at 1, and the sextant formula goes back to RGB.
+    OpenCV's float HSV arithmetic (tests/hsv_reference.py is the reference):
+    H in degrees from the largest channel, S = (max - min) / max, V = max;
+    the hue is shifted by `hue` of a turn (wrapped), S and V are scaled and
+    clipped at 1, and the sextant formula goes back to RGB.
     Against OpenCV on all 256^3 colours with four draws (JAX, 2026-11-26):
     within 1.4e-6, mean 2.5e-8 (tests/test_device_side.py checks random
     pixels within 2e-6). A quadrant whose draw is

@@ -93,24 +93,12 @@ def record_path(folder: str, what: str, key: dict) -> str:
     return os.path.join(folder, f"{what}-{digest}.npz")
 
 
-class _NoBar:
-    def update(self, count: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def progress_bar(*, total: int, desc: str, unit: str, enabled: bool):
-    """A tqdm bar (counts and rates) on stderr when `enabled` and stderr is a terminal; else one that shows nothing.
-
-    Call `update(n)` and `close()` on it.
-    """
-    if not enabled or not sys.stderr.isatty():
-        return _NoBar()
+    """A tqdm bar (counts and rates) on stderr when `enabled` and stderr is a terminal; else a disabled one."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, smoothing=0.1)
+    shown = enabled and sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, smoothing=0.1, disable=not shown)
 
 
 # --- one image -------------------------------------------------------------------------

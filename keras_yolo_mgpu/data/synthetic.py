@@ -33,6 +33,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from keras_yolo_mgpu.data.annotations import format_annotation_line
+
 logger = logging.getLogger(__name__)
 
 #: Default classes, in class-id order. Each is a filled shape.
@@ -71,12 +73,10 @@ def _as_hw(image_size) -> tuple[int, int]:
 
 def _image_sizes(image_size) -> list[tuple[int, int]]:
     """`128`, `(96, 128)` or `[(128, 128), (96, 128)]` -> list of (height, width)."""
-    if isinstance(image_size, (int, np.integer)):
-        sizes = [(int(image_size), int(image_size))]
-    elif len(image_size) and isinstance(image_size[0], (tuple, list)):
-        sizes = [_as_hw(size) for size in image_size]
-    else:
-        sizes = [_as_hw(image_size)]
+    several = (
+        not isinstance(image_size, (int, np.integer)) and len(image_size) and isinstance(image_size[0], (tuple, list))
+    )
+    sizes = [_as_hw(size) for size in (image_size if several else [image_size])]
     if any(h < 16 or w < 16 for h, w in sizes):
         raise ValueError(f"image sizes must be at least 16x16. Received: image_size={image_size!r}")
     return sizes
@@ -286,10 +286,6 @@ def render_sample(
     return Sample(image, boxes_array, masks_array)
 
 
-def _annotation_line(path: str, boxes: np.ndarray) -> str:
-    return " ".join([path] + [",".join(str(int(v)) for v in box) for box in boxes])
-
-
 def _write_split(out_dir: Path, split: str, count: int, rng: np.random.Generator, image_size, classes, options) -> str:
     image_dir = out_dir / "images" / split
     image_dir.mkdir(parents=True, exist_ok=True)
@@ -300,7 +296,7 @@ def _write_split(out_dir: Path, split: str, count: int, rng: np.random.Generator
         sample = render_sample(rng, size, classes, **options)
         path = image_dir / f"{index:05d}.png"
         Image.fromarray(sample.image).save(path)
-        lines.append(_annotation_line(str(path.resolve()), sample.boxes))
+        lines.append(format_annotation_line(str(path.resolve()), sample.boxes))
     annotation_path = out_dir / f"{split}.txt"
     annotation_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(annotation_path)
