@@ -73,3 +73,57 @@ def test_the_graph_sees_function_level_and_relative_imports(import_graph, tmp_pa
     assert [[(i.source, i.target) for i in circle] for circle in import_graph.circles(imports)] == [
         [("model.loss", "training.trainer"), ("training.trainer", "model.loss")]
     ]
+
+
+# Outside keras_yolo_mgpu/backend/, the files that may import TensorFlow or JAX or ask Keras which backend runs,
+# each for a reason that is not an engine difference. A file whose name says its backend (`tf_dataset.py`,
+# `jax_bare_step.py`) needs no entry.
+BACKEND_SPECIFIC_FILES = {
+    "keras_compat.py": "patches Keras's TensorFlow trainer under MultiWorkerMirroredStrategy",
+    "inference/export.py": "SavedModel, TFLite and ONNX are exported through TensorFlow on either engine",
+    "inference/export_formats.py": "the TFLite interpreter and SavedModel loader run the exported files",
+    "inference/quantize.py": "TFLite's converter quantizes",
+    "cli/quiet.py": "silences TensorFlow's C++ log lines before its import",
+    "cli/demo.py": "counts the physical GPUs before the devices are split (JAX would fix its split on a query)",
+    "bench/train.py": "times TensorFlow's kernels and the keras-yolo3 reference, which it refuses on JAX",
+    "bench/infer.py": "times TensorFlow's exported formats",
+    "bench/pipeline.py": "times the tf.data pipeline beside the JAX feed",
+    "bench/step_parts.py": "times the parts of TensorFlow's step",
+}
+
+
+def _backend_sites(path):
+    """Lines of `path` that import tensorflow or jax, or call `keras.backend.backend()`."""
+    import ast
+
+    sites = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots = {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            roots = {(node.module or "").split(".")[0]}
+        elif isinstance(node, ast.Call):
+            roots = {"backend()"} if ast.unparse(node.func) == "keras.backend.backend" else set()
+        else:
+            continue
+        if roots & {"tensorflow", "jax", "backend()"}:
+            sites.append(node.lineno)
+    return sites
+
+
+def test_backend_branches_live_in_the_backend_modules(import_graph):
+    """Every other file is the same on both engines; listing keras_yolo_mgpu/backend/ shows every difference."""
+    from pathlib import Path
+
+    package = Path(REPO) / import_graph.PACKAGE
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        says_its_backend = any(word in path.stem.split("_") for word in ("tf", "tensorflow", "jax"))
+        if name.startswith("backend/") or says_its_backend or name in BACKEND_SPECIFIC_FILES:
+            continue
+        if sites := _backend_sites(path):
+            found[name] = sites
+    assert not found, f"backend branches outside keras_yolo_mgpu/backend/ (file: lines): {found}"
+    stale = [name for name in BACKEND_SPECIFIC_FILES if not _backend_sites(package / name)]
+    assert not stale, f"BACKEND_SPECIFIC_FILES names files with no backend branch left: {stale}"
