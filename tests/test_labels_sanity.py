@@ -22,7 +22,7 @@ from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.check import check_annotations, degenerate_box_reason
 from keras_yolo_mgpu.data.dataset_source import open_dataset
 from keras_yolo_mgpu.training.config import TrainConfig
-from keras_yolo_mgpu.training.training_data import open_training_data
+from keras_yolo_mgpu.training.training_data import TrainingData
 
 SIZE = (64, 48)  # width, height
 GOOD = "0 0.5 0.5 0.25 0.5"  # 16 x 24 px
@@ -70,7 +70,7 @@ def _snapshot(folder):
 
 def _training_data(tmp_path, data, **settings):
     config = TrainConfig(data=str(data), classes=None, log_dir=str(tmp_path / "run"), seed=0, **settings)
-    return open_training_data(config)
+    return TrainingData(config)
 
 
 # --- no boxes at all: refused, naming where labels were looked for -----------------------------------------

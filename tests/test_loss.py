@@ -192,7 +192,7 @@ def test_static_ignore_mask_equals_ragged_and_compiles_with_xla(anchors, input_h
 def test_xla_bound_on_true_boxes_holds_with_darknet_multi_anchor_targets():
     """train.py's max_true_boxes under --jit covers every cell --iou-thresh fills (a box fills up to 3 per scale)."""
     from keras_yolo_mgpu.model.boxes import MAX_BOXES, resolve_masks
-    from keras_yolo_mgpu.training.trainer import _target_cells_bound
+    from keras_yolo_mgpu.training.model_settings import _target_cells_bound
 
     case = dict(batch=2, seed=3, boxes_per_image=MAX_BOXES, iou_thresh=0.213)
     outputs, y_true = _random_case(TINY_ANCHORS, (256, 256), 2, **case)

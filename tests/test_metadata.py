@@ -97,7 +97,7 @@ def test_explicit_values_that_contradict_the_file_name_both():
 def test_checkpoints_and_training_settings_carry_metadata(tmp_path):
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
-    from keras_yolo_mgpu.training.trainer import TrainConfig, _model_settings
+    from keras_yolo_mgpu.training.model_settings import TrainConfig, _model_settings
 
     body = build_body(np.array(TINY_ANCHORS, np.float32), 2)
     meta = tiny_metadata(masks=[[3, 4, 5], [0, 1, 2]])

@@ -268,7 +268,8 @@ def test_objectness_prior_leaves_loaded_output_convs_alone(tmp_path):
     """The prior applies to a fresh build and to the new output convs of another class count, not to loaded ones."""
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
-    from keras_yolo_mgpu.training.trainer import TrainConfig, _initial_weights
+    from keras_yolo_mgpu.training.model_settings import _initial_weights
+    from keras_yolo_mgpu.training.trainer import TrainConfig
 
     anchors = get_anchors(default_anchors_path(True))
     keras.utils.set_random_seed(5)

@@ -6,7 +6,7 @@ import keras
 import pytest
 
 from keras_yolo_mgpu.training import run_state
-from keras_yolo_mgpu.training.trainer import _trim_history
+from keras_yolo_mgpu.training.run_folder import _trim_history
 
 
 def _stage2_callbacks():

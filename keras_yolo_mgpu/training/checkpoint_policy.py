@@ -12,8 +12,14 @@
 
 from __future__ import annotations
 
+import os
+
 from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
 
+# keras-yolo3's per-improvement files, named by the monitored value.
+IMPROVEMENT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"
+MAP_IMPROVEMENT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_mAP{val_mAP:.3f}.weights.h5"
+# Also the per-improvement name of a run without validation images.
 PERIODIC_PATTERN = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
 
 
@@ -47,21 +53,19 @@ def validate_save_period(save_period) -> None:
         )
 
 
-def epoch_checkpoints(config, recipe, run_dir: str, improvement_pattern: str, template_model, metadata) -> list:
+def epoch_checkpoints(run) -> list:
     """The epoch checkpoint callbacks of a run (a list of 0 or 1).
 
-    Args:
-        config: the run's `TrainConfig` (reads `save_period`).
-        recipe: its `training.recipe_options.RecipeCallbacks` (for the per-improvement checkpoint).
-        run_dir: the folder the files go to.
-        improvement_pattern: file name pattern of keras-yolo3's per-improvement files.
-        template_model, metadata: what `TemplateModelCheckpoint` saves.
+    `run`: the `trainer._TrainingRun`; read: `config.save_period`, `recipe`
+    (its `RecipeCallbacks`, for the per-improvement checkpoint), `run_dir`,
+    `val_annotations`, and `body` and `metadata`, what `TemplateModelCheckpoint` saves.
     """
-    import os
-
-    if config.save_period is None:
-        return [recipe.best_checkpoint(os.path.join(run_dir, improvement_pattern))]
-    if config.save_period == 0:
+    if run.config.save_period is None:
+        pattern = IMPROVEMENT_PATTERN if run.val_annotations else PERIODIC_PATTERN
+        if run.recipe.monitor in ("val_mAP", "val_mAP50"):
+            pattern = MAP_IMPROVEMENT_PATTERN
+        return [run.recipe.best_checkpoint(os.path.join(run.run_dir, pattern))]
+    if run.config.save_period == 0:
         return []
-    path = os.path.join(run_dir, PERIODIC_PATTERN)
-    return [EveryNthEpochCheckpoint(path, template_model, config.save_period, metadata)]
+    path = os.path.join(run.run_dir, PERIODIC_PATTERN)
+    return [EveryNthEpochCheckpoint(path, run.body, run.config.save_period, run.metadata)]

@@ -34,13 +34,6 @@ def make_ema_kwargs(decay: float | None) -> dict:
     return {"use_ema": True, "ema_momentum": float(decay)}
 
 
-def _averaged_pairs(optimizer):
-    """[(trainable variable, its average)] of an optimizer that keeps an EMA."""
-    if optimizer is None or not getattr(optimizer, "use_ema", False) or not optimizer.built:
-        return []
-    return moving_averages(optimizer)
-
-
 class _AverageSwap:
     """Shared state of the two swap callbacks: the trained values set aside."""
 
@@ -50,7 +43,9 @@ class _AverageSwap:
     def swap_in(self, optimizer):
         if self.saved is not None:
             return
-        pairs = _averaged_pairs(optimizer)
+        # [(trainable variable, its average)] of an optimizer that keeps an EMA.
+        keeps_averages = optimizer is not None and getattr(optimizer, "use_ema", False) and optimizer.built
+        pairs = moving_averages(optimizer) if keeps_averages else []
         self.saved = [(variable, keras.ops.convert_to_numpy(variable)) for variable, _ in pairs]
         for variable, average in pairs:
             # A copy, not the average's own buffer: on JAX the next compiled

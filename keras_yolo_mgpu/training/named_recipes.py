@@ -22,8 +22,6 @@ resumes and repeats without knowing which recipe named them.
 from __future__ import annotations
 
 DEFAULT_RECIPE = "default"
-# A run folder written before recipes existed was trained with these values.
-LEGACY_RECIPE = "keras-yolo3"
 
 # `freeze_epochs` given as a share of `epochs`, resolved once `epochs` is known.
 HALF = "half"  # keras-yolo3: stage 1 is the first half

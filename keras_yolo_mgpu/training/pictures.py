@@ -65,8 +65,6 @@ def write_data_pictures(run) -> None:
     from keras import ops
 
     from keras_yolo_mgpu.data.device_side import DeviceInputs
-    from keras_yolo_mgpu.data.host import HostBatches
-    from keras_yolo_mgpu.model.boxes import MAX_BOXES
     from keras_yolo_mgpu.plots.batches import draw_batch
     from keras_yolo_mgpu.plots.labels import plot_labels
 
@@ -83,18 +81,7 @@ def write_data_pictures(run) -> None:
     # it, so these are the very batches of the first steps (single worker),
     # finished by the training model's own first layer: the HSV jitter, and
     # the targets the boxes are drawn back from.
-    host = HostBatches(
-        run.train_annotations,
-        config.input_shape,
-        len(run.class_names),
-        run.batch_sizes[0] if config.freeze_epochs > 0 else run.batch_sizes[1],
-        training=True,
-        augment=config.augment,
-        seed=config.seed,
-        max_boxes=MAX_BOXES,
-        multi_scale=config.multi_scale,
-        mosaic=config.mosaic,
-    )
+    host = run.host_batches(run.batch_sizes[0] if config.freeze_epochs > 0 else run.batch_sizes[1])
     # float32 whatever the run's dtype policy: the pictures do not depend on it.
     finish = DeviceInputs(
         run.anchors, len(run.class_names), masks=run.masks, iou_thresh=run.iou_thresh, dtype="float32"

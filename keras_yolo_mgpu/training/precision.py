@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("float32", "mixed")
 # Largest relative difference between the float32 and the mixed-precision
 # loss the check accepts. float16 carries ~3 significant digits, so a sound
 # model differs by ~1e-3; a broken one by orders of magnitude or NaN.
@@ -88,17 +87,6 @@ class Plan:
     reasons: tuple[str, ...]
     # The dtype policy mixed precision means here ("mixed_float16" or "mixed_bfloat16").
     mixed_policy: str = "mixed_float16"
-
-    @property
-    def policy(self) -> str:
-        """The dtype policy the run trains under if the checks pass."""
-        return self.mixed_policy if self.mixed_precision else keras_floatx()
-
-
-def keras_floatx() -> str:
-    import keras
-
-    return keras.config.floatx()
 
 
 def plan_settings(

@@ -94,54 +94,39 @@ class RecipeCallbacks:
     """Builds each stage's recipe callbacks; one instance per run.
 
     Args:
-        config: the run's `TrainConfig`.
-        template_model: the single-device body.
-        run_dir: the run folder.
-        val_annotations: validation `Annotation`s (may be empty).
-        class_names, anchors: the model's classes and anchors.
-        metadata: what every saved weights file carries (`weights.metadata`).
-        masks, kind: the model's anchor masks and architecture name.
+        run: the `trainer._TrainingRun` whose data, models and metadata are
+            built; read: `config`, `body` (the single-device template),
+            `run_dir`, `val_annotations` (may be empty), `class_names`,
+            `anchors`, `metadata`, `masks`, `kind`.
     """
 
-    def __init__(
-        self,
-        config,
-        template_model,
-        run_dir,
-        val_annotations,
-        class_names,
-        anchors,
-        metadata=None,
-        *,
-        masks=None,
-        kind=None,
-    ):
+    def __init__(self, run):
         from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
 
-        self.config = config
-        self.monitor, self.mode = monitor_and_mode(config, bool(val_annotations))
+        config = self.config = run.config
+        self.monitor, self.mode = monitor_and_mode(config, bool(run.val_annotations))
         if config.multi_scale:
             logger.info("%s", first_sizes_message(config.seed, config.multi_scale))
         self.evaluation = None
         if config.eval_every:
             self.evaluation = MeanAPEvaluation(
-                template_model,
-                val_annotations,
-                class_names,
-                anchors,
+                run.body,
+                run.val_annotations,
+                run.class_names,
+                run.anchors,
                 config.input_shape,
                 every=config.eval_every,
                 last_epoch=config.epochs,
-                masks=masks,
-                kind=kind,
+                masks=run.masks,
+                kind=run.kind,
             )
-        self._template_model = template_model
-        self._metadata = metadata
+        self._template_model = run.body
+        self._metadata = run.metadata
         # Their counters (the best value so far) are part of the run state that --resume restores.
         self.checkpoints = [
-            self.best_checkpoint(os.path.join(run_dir, BEST_WEIGHTS)),
+            self.best_checkpoint(os.path.join(run.run_dir, BEST_WEIGHTS)),
             TemplateModelCheckpoint(
-                os.path.join(run_dir, LAST_WEIGHTS), template_model, save_best_only=False, metadata=metadata
+                os.path.join(run.run_dir, LAST_WEIGHTS), run.body, save_best_only=False, metadata=run.metadata
             ),
         ]
         self._swap_in, self._swap_out = ema_module.average_swap_callbacks() if config.ema else (None, None)

@@ -30,8 +30,7 @@ def _prepare_log_dir(config: TrainConfig) -> None:
             "or choose another --log-dir (nothing was changed)."
         )
     os.makedirs(config.log_dir, exist_ok=True)
-    with open(args_path, "w", encoding="utf-8") as handle:
-        handle.write(config.to_json() + "\n")
+    _write_args_json(config)
 
 
 def _write_args_json(config: TrainConfig) -> None:

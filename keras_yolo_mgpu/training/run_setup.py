@@ -1,8 +1,7 @@
 """The steps of a training run before its first `fit`: the run folder, the settings and data, the models, the callbacks.
 
-`RunSetup` holds them as methods of one run; `trainer._TrainingRun` adds the
-two stages and calls every step in order. Each step fills in attributes the
-later ones read (see `trainer._TrainingRun`).
+`trainer._TrainingRun` adds the two stages, calls every step in order and
+lists the attributes each step fills in for the later ones.
 """
 
 from __future__ import annotations
@@ -18,19 +17,12 @@ from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _prepare_log_dir,
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_PATTERN = "ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"
-CHECKPOINT_PATTERN_NO_VAL = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
 # The barrier after which the other processes read the chief's records of the dataset.
 DATA_BARRIER = "keras_yolo_mgpu_dataset_records"
-CHECKPOINT_PATTERN_MAP = "ep{epoch:03d}-loss{loss:.3f}-val_mAP{val_mAP:.3f}.weights.h5"
 
 
 class RunSetup:
-    """The set-up steps of `trainer._TrainingRun`.
-
-    They read the attributes its `__init__` sets: `config`, `engine`, `chief`,
-    `run_dir`, `history_csv` and `batch_sizes`.
-    """
+    """The set-up steps; they read what `trainer._TrainingRun.__init__` sets (`config`, `engine`, `chief`, ...)."""
 
     def open_log_dir(self):
         """Creates the run folder with args.json, or finds where a resumed run stands.
@@ -68,7 +60,7 @@ class RunSetup:
         from keras_yolo_mgpu.data.host import check_cache_fits
         from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
         from keras_yolo_mgpu.training.anchor_fit import run_anchors
-        from keras_yolo_mgpu.training.training_data import open_training_data
+        from keras_yolo_mgpu.training.training_data import TrainingData
         from keras_yolo_mgpu.weights.metadata import make_metadata
         from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
 
@@ -81,7 +73,7 @@ class RunSetup:
         # (data/scan.py); the others wait for it, then read the records instead of the files.
         if not self.chief:
             self.engine.wait_for_all_workers(DATA_BARRIER)
-        data = open_training_data(config, write_record=self.chief)
+        data = TrainingData(config, write_record=self.chief)
         self.class_names, self.anchors, self.masks, self.kind = _model_settings(config, data.class_names)
         self.iou_thresh = resolve_iou_thresh(config.iou_thresh, self.kind)
         self.train_annotations, self.val_annotations = data.splits(self.run_dir)
@@ -154,7 +146,7 @@ class RunSetup:
             self._start_weights = _initial_weights(self.config, self.anchors, len(self.class_names), self.kind)
         return self._start_weights
 
-    def model_settings(self, jit: bool) -> dict:
+    def model_settings(self) -> dict:
         """`create_model`'s arguments for this run, but `freeze_body` and `sync_bn`."""
         config = self.config
         return dict(
@@ -179,26 +171,32 @@ class RunSetup:
         """A training model on the default device from the start weights, for the start-up checks."""
         from keras_yolo_mgpu.training.training_model import create_model
 
-        body, train_model = create_model(freeze_body=0, **self.model_settings(jit=True))
+        body, train_model = create_model(freeze_body=0, **self.model_settings())
         body.set_weights(self.start_weights())
         return train_model
 
-    def first_inputs(self):
-        """The model inputs of one replica's first training batch (for the start-up checks)."""
-        from keras_yolo_mgpu.data.streams import first_batch
+    def host_batches(self, batch_size: int):
+        """The training stream's batches of `batch_size` from its start, made on the host alone (`data.host`)."""
+        from keras_yolo_mgpu.data.host import HostBatches
 
         config = self.config
-        return first_batch(
+        return HostBatches(
             self.train_annotations,
             config.input_shape,
             len(self.class_names),
-            max(1, self.batch_sizes[0] // self.engine.replicas),
+            batch_size,
+            training=True,
             augment=config.augment,
             seed=config.seed,
             max_boxes=MAX_BOXES,
             multi_scale=config.multi_scale,
             mosaic=config.mosaic,
         )
+
+    def first_inputs(self):
+        """One replica's first training batch as model inputs, for the start-up checks (`data.streams.first_batch`)."""
+        batch = self.host_batches(max(1, self.batch_sizes[0] // self.engine.replicas)).batch(0)
+        return {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype("float32")}
 
     def build_models(self, freeze_body: int) -> None:
         """The template body and its training model under the strategy, with the run's start weights.
@@ -210,16 +208,15 @@ class RunSetup:
         from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
         from keras_yolo_mgpu.training.training_model import create_model
 
-        config = self.config
         initial_weights = self.start_weights() if self.state is None else None
         with self.engine.strategy.scope():
             self.body, train_model = create_model(
-                freeze_body=freeze_body, sync_bn=self.engine.sync_bn, **self.model_settings(config.jit)
+                freeze_body=freeze_body, sync_bn=self.engine.sync_bn, **self.model_settings()
             )
             if initial_weights is not None:
                 self.body.set_weights(initial_weights)
             self.fit_model = self.engine.wrap(train_model)
-        if config.strategy == "multiworker":
+        if self.config.strategy == "multiworker":
             # Two Keras 3.15 bugs with the collective strategy, see keras_compat.py.
             patch_multiworker_first_batch_build(self.fit_model)
             patch_multiworker_log_reduction()
@@ -233,20 +230,7 @@ class RunSetup:
         from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks
 
         run_dir = self.run_dir
-        self.recipe = RecipeCallbacks(
-            self.config,
-            self.body,
-            run_dir,
-            self.val_annotations,
-            self.class_names,
-            self.anchors,
-            self.metadata,
-            masks=self.masks,
-            kind=self.kind,
-        )
-        checkpoint_pattern = CHECKPOINT_PATTERN if self.val_annotations else CHECKPOINT_PATTERN_NO_VAL
-        if self.recipe.monitor in ("val_mAP", "val_mAP50"):
-            checkpoint_pattern = CHECKPOINT_PATTERN_MAP
+        self.recipe = RecipeCallbacks(self)
         self.throughput = Throughput(self.batch_sizes[0])
         self.common_callbacks = [
             self.throughput,
@@ -260,7 +244,7 @@ class RunSetup:
                 results=self.config.pictures,
             ),
             *_tensorboard(run_dir),
-            *epoch_checkpoints(self.config, self.recipe, run_dir, checkpoint_pattern, self.body, self.metadata),
+            *epoch_checkpoints(self),
         ]
 
 

@@ -42,24 +42,8 @@ import tempfile
 
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.training.config import TrainConfig, TrainResult, draw_seed
-from keras_yolo_mgpu.training.model_settings import _initial_weights, _model_settings, _target_cells_bound
-from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _remove_unstarted_run, _trim_history
+from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _remove_unstarted_run
 from keras_yolo_mgpu.training.run_setup import RunSetup
-
-# Names other modules, scripts and tests import from here.
-__all__ = [
-    "FINAL_WEIGHTS",
-    "STAGE1_WEIGHTS",
-    "TrainConfig",
-    "TrainResult",
-    "_TrainingRun",
-    "_initial_weights",
-    "_model_settings",
-    "_target_cells_bound",
-    "_trim_history",
-    "draw_seed",
-    "train",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -122,17 +106,6 @@ def _check_backend(config: TrainConfig) -> None:
         )
 
 
-def _check_batch_sizes(batch_sizes: list[int], replicas: int) -> None:
-    """Raises ValueError, suggesting sizes that fit, unless every batch divides over the replicas."""
-    for batch in batch_sizes:
-        if batch % replicas:
-            raise ValueError(
-                f"global batch size {batch} does not divide over {replicas} replicas; every replica must get "
-                f"the same batch. Use a multiple of {replicas}, e.g. {max(replicas, batch - batch % replicas)} or "
-                f"{batch + replicas - batch % replicas}."
-            )
-
-
 def _per_replica(batch: int, replicas: int) -> str:
     """Images per replica for the log: "4", or "2-3" where the replica model slices unevenly."""
     low, high = batch // replicas, -(-batch // replicas)
@@ -164,8 +137,15 @@ class _TrainingRun(RunSetup):
         self.engine = engine
         # Global batch of stage 1 and of stage 2.
         self.batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
-        if engine.parallel == "strategy":  # the replica model slices unevenly (replica_model.split_sizes)
-            _check_batch_sizes(self.batch_sizes, engine.replicas)
+        replicas = engine.replicas
+        # Under a strategy every replica must get the same batch (the replica model slices unevenly).
+        for batch in self.batch_sizes:
+            if engine.parallel == "strategy" and batch % replicas:
+                raise ValueError(
+                    f"global batch size {batch} does not divide over {replicas} replicas; every replica must get "
+                    f"the same batch. Use a multiple of {replicas}, e.g. {max(replicas, batch - batch % replicas)} or "
+                    f"{batch + replicas - batch % replicas}."
+                )
         self.chief = is_chief(engine.strategy)
         # Non-chief multi-worker processes write their logs to a scratch folder.
         self.run_dir = config.log_dir if self.chief else tempfile.mkdtemp(prefix="yolo_worker_")
@@ -243,6 +223,7 @@ class _TrainingRun(RunSetup):
         `restore`: the RunState to continue (its backup weights and optimizer,
         its callbacks' counters), or None. Returns (history, last RunState).
         """
+        from keras_yolo_mgpu.model.loss import totalloss
         from keras_yolo_mgpu.training import run_state
         from keras_yolo_mgpu.training.recipe_options import make_optimizer
 
@@ -255,7 +236,7 @@ class _TrainingRun(RunSetup):
         with self.engine.strategy.scope():
             fit_model.compile(
                 optimizer=make_optimizer(config, learning_rate, stage_start, steps),
-                loss=_totalloss(),
+                loss=totalloss,
                 jit_compile=bool(config.jit),
             )
             if restore is not None and restore.weights_kind == "fit":
@@ -401,9 +382,3 @@ class _TrainingRun(RunSetup):
 
             return len(read_history(self.history_csv).get("epoch", []))
         return len(history.get("loss", []))
-
-
-def _totalloss():
-    from keras_yolo_mgpu.model.loss import totalloss
-
-    return totalloss

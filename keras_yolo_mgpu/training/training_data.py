@@ -26,11 +26,15 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainingData", "open_training_data"]
-
 
 class TrainingData:
-    """The run's dataset: `class_names` now, the checked records with `splits`."""
+    """The run's dataset: `class_names` now, the checked records with `splits`.
+
+    Opening `config.data` (or reading `config.classes`) raises ValueError on a
+    class-name contradiction. `write_record`: whether this process writes the
+    records of what it read and scanned (`data.scan`): the chief does, the
+    other processes read them.
+    """
 
     def __init__(self, config, write_record: bool = True):
         from keras_yolo_mgpu.data.dataset_source import open_dataset, resolve_class_names
@@ -161,12 +165,3 @@ def _split_off_validation(annotations: list, val_split: float, seed, source: str
     val = [annotations[i] for i in sorted(order[:num_val])]
     train = [annotations[i] for i in order[num_val:]]
     return train, val
-
-
-def open_training_data(config, write_record: bool = True) -> TrainingData:
-    """Opens `config.data` (or reads `config.classes`); raises ValueError on a class-name contradiction.
-
-    `write_record`: whether this process writes the records of what it read
-    and scanned (`data.scan`): the chief does, the other processes read them.
-    """
-    return TrainingData(config, write_record)
