@@ -156,10 +156,6 @@ def _load_batches(args, anchors, num_classes, kind):
     return batches
 
 
-def _format_row(name, diff, step, ratio) -> str:
-    return f"{name:40s} {diff:12.4g} {step:12.4g} {ratio:12.4g}"
-
-
 def _classes_anchors_and_kind(args):
     """Class names, anchors (N, 2) and `--model` kind (None: by anchor count) of --weights' metadata, else the flags.
 
@@ -263,14 +259,13 @@ def _diff_settings(args):
             path, classes_path=args.classes, anchors_path=args.anchors, tiny=args.tiny, model=args.model
         )
 
+    def network(s):
+        return s.kind, s.num_classes, len(s.anchors)
+
     first, second = settings(args.first), settings(args.second)
     if read_metadata(args.first) is None:
         first = second  # a legacy file takes the other's metadata (or, without any, the flags')
-    elif read_metadata(args.second) is not None and (first.kind, first.num_classes, len(first.anchors)) != (
-        second.kind,
-        second.num_classes,
-        len(second.anchors),
-    ):
+    elif read_metadata(args.second) is not None and network(first) != network(second):
         raise MetadataError(
             f"{args.first} holds {first.kind} with {first.num_classes} classes but {args.second} holds "
             f"{second.kind} with {second.num_classes} classes: not the same network"
@@ -318,7 +313,3 @@ def main(argv=None) -> int:
     if argv and argv[0] == "diff":
         return run_command(build_diff_parser, diff, argv[1:], error_status=2, tensorflow=True)
     return run_command(build_parser, run, argv, error_status=2, tensorflow=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

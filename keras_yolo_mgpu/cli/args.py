@@ -10,26 +10,8 @@ from __future__ import annotations
 import argparse
 import inspect
 
-from keras_yolo_mgpu.cli.runner import ArgumentParser, setup_logging
+from keras_yolo_mgpu.cli.runner import ArgumentParser  # noqa: F401 (the commands' parser, from here with the flags)
 from keras_yolo_mgpu.model.architectures import MODEL_NAMES
-
-__all__ = [
-    "ArgumentParser",
-    "add_detection_args",
-    "add_device_args",
-    "add_freeze_args",
-    "add_gpu_num_arg",
-    "add_inference_run_args",
-    "add_model_args",
-    "detector_params",
-    "flag_values",
-    "masks_arg",
-    "resolve_model_settings",
-    "input_size",
-    "positive_int",
-    "setup_logging",
-    "unit_float",
-]
 
 
 def flag_values(target, args: argparse.Namespace, **converted) -> dict:

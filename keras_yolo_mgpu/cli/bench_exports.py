@@ -5,7 +5,6 @@ Prints progress, a markdown table, then one JSON object as the last line (see `b
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
@@ -55,7 +54,3 @@ def run(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser, run, argv, expected_errors=(RuntimeError,), tensorflow=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,6 @@ Prints progress, then one JSON object as the last line (see `bench/infer.py`).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, flag_values, input_size, positive_int
@@ -75,7 +74,3 @@ def run(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser, run, argv, expected_errors=(RuntimeError,), tensorflow=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

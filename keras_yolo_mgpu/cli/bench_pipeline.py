@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.bench.pipeline import GENERATORS, NEEDS_TENSORFLOW, parse_rows  # light: TensorFlow loads later
 from keras_yolo_mgpu.cli import quiet
-from keras_yolo_mgpu.cli.args import ArgumentParser, input_size, positive_int
-from keras_yolo_mgpu.cli.bench import print_result
-from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
+from keras_yolo_mgpu.cli.bench import add_data_args, print_result, read_data
+from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.cli.without_tensorflow import block_tensorflow
 
 logger = logging.getLogger("bench")
@@ -30,16 +30,8 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="python -m keras_yolo_mgpu.bench pipeline", description="Input pipeline images/sec with augmentation."
     )
-    parser.add_argument("--annotations", required=True, help="keras-yolo3 annotation file")
-    parser.add_argument("--classes", required=True, help="class names file, one per line")
-    parser.add_argument(
-        "--anchors", default=None, help="anchors file (default: model_data/yolo_anchors.txt, or tiny with --tiny)"
-    )
+    add_data_args(parser)
     parser.add_argument("--tiny", action="store_true", help="tiny YOLOv3 anchors (2 output scales)")
-    parser.add_argument(
-        "--input-size", type=input_size, default=(416, 416), metavar="HxW", help="network input (default: 416)"
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="global batch size (default: 32)")
     parser.add_argument("--batches", type=positive_int, default=20, help="timed batches (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
     parser.add_argument(
@@ -75,14 +67,8 @@ def run(args) -> int:
         block_tensorflow("bench pipeline --without-tensorflow")
 
     from keras_yolo_mgpu.bench.pipeline import run_benchmark, run_rounds
-    from keras_yolo_mgpu.data.annotations import read_annotations
-    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
-    num_classes = len(get_classes(args.classes))
-    anchors = get_anchors(resolve_resource(args.anchors, "anchors", tiny=args.tiny))
-    annotations = read_annotations(args.annotations, root=args.root)
-    if not annotations:
-        raise CommandError(f"{args.annotations} holds no image")
+    annotations, anchors, num_classes = read_data(args, tiny=args.tiny, root=args.root)
     logger.info(
         "timing %s: %d images, input %dx%d, batch %d, %d+%d batches, %d round(s)",
         args.generator,
@@ -105,7 +91,3 @@ def run(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser, run, argv, tensorflow=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

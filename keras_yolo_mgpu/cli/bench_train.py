@@ -16,7 +16,7 @@ one process each, in interleaved rounds (`ratio_jax_vs_tensorflow`).
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
@@ -25,8 +25,6 @@ from keras_yolo_mgpu.cli.runner import run_command
 
 
 def _variant_list(text: str) -> list[str]:
-    import argparse
-
     from keras_yolo_mgpu.bench.train import VARIANTS
 
     names = [name for name in text.split(",") if name]
@@ -37,8 +35,6 @@ def _variant_list(text: str) -> list[str]:
 
 
 def _backend_pair(text: str) -> list[str]:
-    import argparse
-
     from keras_yolo_mgpu.bench.backend_rounds import BACKENDS
 
     names = [name for name in text.split(",") if name]
@@ -146,7 +142,3 @@ def run(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser, run, argv, tensorflow=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,11 +15,10 @@ folder (`--scan-cache`), so checking the same dataset again takes seconds.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
-from keras_yolo_mgpu.cli.dataset_args import add_data_args
+from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
 
 
@@ -61,14 +60,10 @@ def build_parser() -> ArgumentParser:
 
 def _reports(path: str, args):
     """(split name, CheckReport) for each split of the dataset at `path`."""
-    from keras_yolo_mgpu.data.dataset_source import open_dataset
-    from keras_yolo_mgpu.data.scan import cache_dir
     from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
     classes = get_classes(args.classes) if args.classes else None
-    dataset = open_dataset(
-        path, image_dir=args.image_dir, class_names=classes, root=args.root, record_dir=cache_dir(args.scan_cache)
-    )
+    dataset = open_data(args, classes, path=path)
     if dataset.class_names is not None and classes is not None and classes != dataset.class_names:
         raise CommandError(f"--classes {args.classes} lists {classes} but {path} names {dataset.class_names}")
     names = dataset.class_names or get_classes(resolve_resource(args.classes, "classes"))
@@ -116,7 +111,3 @@ def run(args) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     # Exit status 1 means "problems found", so errors of the command itself keep 2.
     return run_command(build_parser, run, argv, error_status=2)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

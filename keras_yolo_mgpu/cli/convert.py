@@ -64,7 +64,7 @@ def build_parser() -> ArgumentParser:
 def run(args) -> int:
     from keras_yolo_mgpu.cli import quiet
     from keras_yolo_mgpu.fileio import write_text_atomic
-    from keras_yolo_mgpu.resources import format_anchors
+    from keras_yolo_mgpu.resources import format_anchors, get_classes
     from keras_yolo_mgpu.weights import darknet
     from keras_yolo_mgpu.weights.convert import check_output_path, convert, parse_masks
 
@@ -78,16 +78,10 @@ def run(args) -> int:
             f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
         )
     darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else (args.darknet_bn or darknet.DEFAULT_DARKNET_BN)
-    class_names = None
-    if args.classes:
-        if not os.path.isfile(args.classes):
-            raise UsageError(f"classes file not found: {args.classes}")
-        from keras_yolo_mgpu.resources import get_classes
-
-        class_names = get_classes(args.classes)
-    for label, path in (("config", args.config_path), ("weights", args.weights_path)):
-        if not os.path.isfile(path):
+    for label, path in (("classes", args.classes), ("config", args.config_path), ("weights", args.weights_path)):
+        if path is not None and not os.path.isfile(path):
             raise UsageError(f"{label} file not found: {path}")
+    class_names = get_classes(args.classes) if args.classes else None
     quiet.import_tensorflow(args.verbose)
     result = convert(
         args.config_path,

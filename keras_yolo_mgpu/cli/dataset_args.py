@@ -44,13 +44,13 @@ def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val",
         )
 
 
-def open_data(args, class_names: list[str] | None = None):
-    """The `Dataset` of `args.data` (VOC reads `class_names` when given)."""
+def open_data(args, class_names: list[str] | None = None, *, path: str | None = None):
+    """The `Dataset` at `path` (default: `args.data`) (VOC reads `class_names` when given)."""
     from keras_yolo_mgpu.data.dataset_source import open_dataset
     from keras_yolo_mgpu.data.scan import cache_dir
 
     return open_dataset(
-        args.data,
+        path or args.data,
         image_dir=args.image_dir,
         class_names=class_names,
         root=getattr(args, "root", None),

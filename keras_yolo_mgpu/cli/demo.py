@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -125,117 +124,76 @@ def _clear_previous(out: Path) -> None:
             path.unlink()
 
 
-class _StepTimes:
-    """Wall seconds of each step of the demo (summary.json's `seconds`)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def step(self, name: str):
-        start = time.perf_counter()
-        yield
-        self.seconds[name] = time.perf_counter() - start
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], name: str):
+    """Records the wall seconds of the block as `seconds[name]` (summary.json's `seconds`)."""
+    start = time.perf_counter()
+    yield
+    seconds[name] = time.perf_counter() - start
 
 
-def run_demo(
-    out_dir: str | os.PathLike = "demo_output",
-    *,
-    num_train: int = DEFAULTS["num_train"],
-    num_val: int = DEFAULTS["num_val"],
-    image_size: int = DEFAULTS["image_size"],
-    epochs: int = DEFAULTS["epochs"],
-    drop_epoch: int | None = DEFAULTS["drop_epoch"],
-    batch_size: int = DEFAULTS["batch_size"],
-    lr: float = DEFAULTS["lr"],
-    max_objects: int = DEFAULTS["max_objects"],
-    gpus: int | None = None,
-    video_frames: int = 60,
-    seed: int = 0,
-    verbose: int = 2,
-    recipe: dict | None = None,
-) -> dict:
+def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = None, video_frames: int = 60) -> dict:
     """Runs the whole demo; returns the summary (also written to summary.json).
 
-    Long for its keyword arguments, their docstring and the summary's fields:
-    each step is one `times.step` block calling a helper.
+    Long for the summary's fields: each step is one `_timed` block calling a helper.
 
     Args:
         out_dir: folder for every output; the previous demo's outputs in it
             are replaced.
-        num_train, num_val: synthetic images per split.
-        image_size: network input side, a multiple of 32, and the longer
-            side of every image (half are square, half 4:3 or 3:4).
-        epochs: training epochs (all layers trained from scratch).
-        drop_epoch: epochs at `lr` before it drops to `lr / 10` (None or
-            >= `epochs`: no drop).
-        batch_size: global batch; rounded up to a multiple of the devices.
-        lr: Adam learning rate; `lr / 10` after `drop_epoch` epochs.
-        max_objects: most objects per image.
+        settings: `DEFAULTS`' keys and `seed` (summary.json's `settings`):
+            num_train, num_val: synthetic images per split.
+            image_size: network input side, a multiple of 32, and the longer
+                side of every image (half are square, half 4:3 or 3:4).
+            epochs: training epochs (all layers trained from scratch).
+            drop_epoch: epochs at `lr` before it drops to `lr / 10` (None or
+                >= `epochs`: no drop).
+            batch_size: global batch; rounded up to a multiple of the devices.
+            lr: Adam learning rate; `lr / 10` after `drop_epoch` epochs.
+            max_objects: most objects per image.
+            seed: seeds the data and the training.
         gpus: devices to train on (default: all visible GPUs, else 2
             simulated devices).
         video_frames: length of the generated clip.
-        seed: seeds the data and the training.
-        verbose: Keras verbosity during training.
-        recipe: TrainConfig recipe settings (default: `RECIPE`).
     """
     from keras_yolo_mgpu.training.trainer import train
 
-    recipe = RECIPE if recipe is None else recipe
+    s = settings
     start = time.perf_counter()
-    times = _StepTimes()
+    seconds: dict[str, float] = {}
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     _clear_previous(out)
 
-    with times.step("data"):
-        data, anchors_path = make_demo_data(out, num_train, num_val, image_size, max_objects, seed)
+    with _timed(seconds, "data"):
+        data, anchors_path = make_demo_data(
+            out, s["num_train"], s["num_val"], s["image_size"], s["max_objects"], s["seed"]
+        )
 
+    schedule = {k: s[k] for k in ("batch_size", "image_size", "epochs", "drop_epoch", "lr", "seed")}
     config, device_text = _planned_train_config(
-        data,
-        anchors_path,
-        out / "train",
-        gpus=gpus,
-        batch_size=batch_size,
-        recipe=recipe,
-        image_size=image_size,
-        epochs=epochs,
-        drop_epoch=drop_epoch,
-        lr=lr,
-        seed=seed,
-        verbose=verbose,
+        data, anchors_path, out / "train", gpus=gpus, recipe=RECIPE, verbose=2, **schedule
     )
-    with times.step("train"):
+    with _timed(seconds, "train"):
         result = train(config)
 
-    with times.step("evaluate"):
+    with _timed(seconds, "evaluate"):
         weights = weights_to_evaluate(result, config)
-        metrics = _evaluate_demo(weights, data, anchors_path, image_size, out / "eval")
+        metrics = _evaluate_demo(weights, data, anchors_path, s["image_size"], out / "eval")
 
-    with times.step("video"):
-        clip, video = _detect_demo_video(weights, data, anchors_path, image_size, out / "video", video_frames, seed)
+    with _timed(seconds, "video"):
+        clip, video = _detect_demo_video(
+            weights, data, anchors_path, s["image_size"], out / "video", video_frames, s["seed"]
+        )
 
-    settings = dict(
-        num_train=num_train,
-        num_val=num_val,
-        image_size=image_size,
-        epochs=epochs,
-        drop_epoch=drop_epoch,
-        batch_size=config.batch_size,
-        lr=lr,
-        max_objects=max_objects,
-        seed=seed,
-        recipe=recipe,
-    )
     summary = {
         "mAP50": metrics["mAP50"],
         "mAP": metrics["mAP"],
         "wall_seconds": round(time.perf_counter() - start, 1),
-        "seconds": {k: round(v, 1) for k, v in times.seconds.items()},
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "devices": device_text,
         "replicas": result.replicas,
         "epochs_run": result.epochs_run,
-        "settings": settings,
+        "settings": {**settings, "batch_size": config.batch_size, "recipe": RECIPE},
         "outputs": _demo_outputs(out, data, anchors_path, result, weights, metrics, clip, video),
         "video": {k: video[k] for k in ("frames", "fps", "detections")},
     }
@@ -452,32 +410,12 @@ def run(args) -> int:
     if args.input_size is not None and args.input_size % 32:
         raise UsageError(f"--input-size must be a multiple of 32, got {args.input_size}")
     base = QUICK if args.quick else DEFAULTS
-
-    def pick(name, value):
-        return base[name] if value is None else value
-
-    summary = run_demo(
-        args.out,
-        num_train=pick("num_train", args.num_train),
-        num_val=pick("num_val", args.num_val),
-        image_size=pick("image_size", args.input_size),
-        epochs=pick("epochs", args.epochs),
-        drop_epoch=pick("drop_epoch", args.drop_epoch),
-        batch_size=pick("batch_size", args.batch_size),
-        lr=pick("lr", args.lr),
-        max_objects=base["max_objects"],
-        gpus=args.gpus,
-        video_frames=8 if args.quick else 60,
-        seed=args.seed,
-        verbose=2,
-    )
+    flags = {**vars(args), "image_size": args.input_size}  # a flag left out (None) keeps `base`'s value
+    settings = {key: base[key] if flags.get(key) is None else flags[key] for key in base}
+    summary = run_demo(args.out, {**settings, "seed": args.seed}, gpus=args.gpus, video_frames=8 if args.quick else 60)
     print(format_summary(summary))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser, run, argv, tensorflow=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,6 @@ python -m keras_yolo_mgpu.export --weights W --format tflite --int8 --images tra
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
@@ -128,7 +127,3 @@ def _compare_map(args, exported: str, settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(build_parser, run, argv, expected_errors=(ExportError,), tensorflow=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

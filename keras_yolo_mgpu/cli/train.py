@@ -332,11 +332,6 @@ _RUN_FLAGS = ("resume", "log_dir", "verbose")
 _PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights", "cfg", "data", "image_dir"}
 
 
-def _flag_field(dest: str):
-    """`(TrainConfig field, conversion)` of the flag with this `dest`."""
-    return _FLAG_FIELDS.get(dest, (dest, lambda value: value))
-
-
 def config_from_args(args):
     """The TrainConfig of a new run from its parsed flags."""
     from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPE_FIELDS, resolve_recipe
@@ -366,8 +361,6 @@ RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "scan_cache", 
 
 def given_flags(argv=None) -> dict:
     """The flags present on the command line (dest -> value), defaults left out."""
-    import argparse
-
     parser = build_parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS
@@ -385,7 +378,7 @@ def apply_resume_flags(config, args, given: dict) -> list[str]:
     for dest, value in sorted(given.items()):
         if dest in _RUN_FLAGS:
             continue
-        field, convert = _flag_field(dest)
+        field, convert = _FLAG_FIELDS.get(dest, (dest, lambda value: value))
         if dest in RESUME_OVERRIDES:
             new = convert(value)
             if getattr(config, field) != new:
