@@ -46,7 +46,7 @@ import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
-from keras_yolo_mgpu.data.formats.records import Problem
+from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords
 
 __all__ = ["KINDS", "CheckReport", "check_annotations", "check_records", "degenerate_box_reason"]
 
@@ -243,13 +243,7 @@ def check_annotations(
     path: str,
     num_classes: int,
     root: str | None = None,
-    check_images: bool = True,
-    *,
-    workers: int | None = None,
-    progress: bool = False,
-    full_decode: bool = False,
-    record_dir: str | None = None,
-    write_record: bool = True,
+    **options,
 ) -> CheckReport:
     """Checks an annotation file and its images; never modifies anything.
 
@@ -257,15 +251,8 @@ def check_annotations(
         path: keras-yolo3 annotation file.
         num_classes: valid class ids are [0, num_classes).
         root: folder for relative image paths (see `annotations.resolve_image_path`).
-        check_images: read every image's header (finds unreadable files and
-            gives the size that boxes are checked against; `data.scan`). When
-            False only the existence of each image is checked.
-        full_decode: with `check_images`, decode every image in full instead
-            of reading its header (`check_dataset --full`).
-        workers: threads reading images (default: CPU count, at most 8).
-        progress: show a tqdm progress bar.
-        record_dir, write_record: the folder of scan records (`data.scan.cache_dir`), or None, and whether
-            to write the record back.
+        **options: `check_records`' keyword arguments (`check_images`,
+            `workers`, `progress`, `full_decode`, `record_dir`, `write_record`).
 
     Returns:
         A `CheckReport`; `report.annotations` holds the lines with no problem.
@@ -273,22 +260,7 @@ def check_annotations(
     Raises:
         OSError: the annotation file cannot be read.
     """
-    split = read_annotation_file(path, root)
-    return check_records(
-        split.records,
-        num_classes,
-        source=path,
-        read_problems=split.problems,
-        num_entries=split.num_entries,
-        check_images=check_images,
-        workers=workers,
-        progress=progress,
-        full_decode=full_decode,
-        record_dir=record_dir,
-        write_record=write_record,
-        num_unlabelled=split.num_unlabelled,
-        labels_looked_for=split.labels_looked_for,
-    )
+    return check_records(read_annotation_file(path, root), num_classes, **options)
 
 
 def _screen_boxes(records: list[Annotation], sizes: np.ndarray, num_classes: int) -> np.ndarray:
@@ -327,37 +299,35 @@ def _screen_boxes(records: list[Annotation], sizes: np.ndarray, num_classes: int
 
 
 def check_records(
-    records: list[Annotation],
+    split: SplitRecords,
     num_classes: int,
     *,
-    source: str,
-    read_problems: list[Problem] = (),
-    num_entries: int | None = None,
     check_images: bool = True,
     workers: int | None = None,
     progress: bool = False,
-    num_unlabelled: int = 0,
-    labels_looked_for: str = "",
     full_decode: bool = False,
     record_dir: str | None = None,
     write_record: bool = True,
 ) -> CheckReport:
-    """Checks annotation records of any format and their images; never modifies anything.
+    """Checks a split of any format and its images; never modifies anything.
 
     Args:
-        records: what a reader made of the dataset's entries (lines, label
-            files, JSON images, XML files) that it could read.
+        split: what a reader made of the dataset's entries (lines, label
+            files, JSON images, XML files): the records it could read, what
+            it found wrong with the others (or the bad boxes it left out),
+            the entries listed, and what it found about the labels
+            themselves, for `CheckReport.no_boxes_message` and
+            `unlabelled_warning`.
         num_classes: valid class ids are [0, num_classes).
-        source: the dataset, for the summary.
-        read_problems: what the reader found wrong with the entries it left
-            out of `records` (or whose bad boxes it left out).
-        num_entries: entries listed (default: `len(records)`).
-        check_images, workers, progress, full_decode: as in `check_annotations`.
+        check_images: read every image's header (finds unreadable files and
+            gives the size that boxes are checked against; `data.scan`). When
+            False only the existence of each image is checked.
+        workers: threads reading images (default: CPU count, at most 8).
+        progress: show a tqdm progress bar.
+        full_decode: with `check_images`, decode every image in full instead
+            of reading its header (`check_dataset --full`).
         record_dir, write_record: the folder of scan records (`data.scan.cache_dir`;
             None: no record) and whether to write the record back (the chief does).
-        num_unlabelled, labels_looked_for: what the reader found about the
-            labels themselves (`formats.records.SplitRecords`), for
-            `CheckReport.no_boxes_message` and `unlabelled_warning`.
 
     Returns:
         A `CheckReport`; `report.annotations` holds the records with no
@@ -365,6 +335,7 @@ def check_records(
     """
     from keras_yolo_mgpu.data.scan import record_path, scan_images
 
+    records, source = split.records, split.source
     mode = "full" if check_images and full_decode else "header" if check_images else "none"
     scan = scan_images(
         [a.image_path for a in records],
@@ -395,17 +366,17 @@ def check_records(
                 good.append(dataclasses.replace(repair_boxes(annotation, size), size=size))
         else:
             good.append(dataclasses.replace(annotation, size=size))
-    problems = list(read_problems) + [p for index in sorted(found_by_record) for p in found_by_record[index]]
+    problems = list(split.problems) + [p for index in sorted(found_by_record) for p in found_by_record[index]]
     problems.sort(key=lambda p: (p.source, p.line_number))  # stable: a line's problems keep their order
     return CheckReport(
         annotations=good,
         problems=problems,
-        num_lines=len(records) if num_entries is None else num_entries,
+        num_lines=split.num_entries,
         num_images=len(records),
         num_boxes=sum(len(a.boxes) for a in records),
         num_backgrounds=sum(len(a.boxes) == 0 for a in records),
         source=source,
         images_checked=check_images,
-        num_unlabelled=num_unlabelled,
-        labels_looked_for=labels_looked_for,
+        num_unlabelled=split.num_unlabelled,
+        labels_looked_for=split.labels_looked_for,
     )

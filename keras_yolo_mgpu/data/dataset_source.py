@@ -104,22 +104,11 @@ class Dataset:
     record_dir: str | None = None
     write_record: bool = True
 
-    def checked(self, split: str, num_classes: int, *, check_images: bool = True, **options) -> CheckReport:
+    def checked(self, split: str, num_classes: int, **options) -> CheckReport:
         """The dataset checker's report on one split (see `data.check.check_records`)."""
-        records = self.splits[split]
         options.setdefault("record_dir", self.record_dir)
         options.setdefault("write_record", self.write_record)
-        report = check_records(
-            records.records,
-            num_classes,
-            source=records.source,
-            read_problems=records.problems,
-            num_entries=records.num_entries,
-            check_images=check_images,
-            num_unlabelled=records.num_unlabelled,
-            labels_looked_for=records.labels_looked_for,
-            **options,
-        )
+        report = check_records(self.splits[split], num_classes, **options)
         if self.kind != "keras-yolo3":
             report.entry_word = "images listed"
         return report

@@ -96,7 +96,6 @@ __all__ = [
     "HostBatch",
     "HostBatches",
     "ImageSource",
-    "cache_bytes",
     "check_cache_fits",
     "element_seeds",
     "steps_per_epoch",
@@ -170,23 +169,6 @@ def _bytes_in(folder: str) -> int:
         return 0
 
 
-def cache_bytes(annotations: Iterable[Annotation], input_shape: tuple[int, int]) -> int:
-    """Bytes the decoded-image cache holds: each distinct image at its letterbox ("placed") size x 3.
-
-    Args:
-        annotations: records; an image's size is `Annotation.size` (read by
-            the dataset check), else the whole canvas is counted.
-        input_shape: (height, width) of the network input.
-    """
-    canvas = (int(input_shape[1]), int(input_shape[0]))
-    sizes = {a.image_path: a.size for a in annotations}
-    total = 0
-    for size in sizes.values():
-        geometry = letterbox_geometry(size, canvas) if size else None
-        total += (geometry.width * geometry.height if geometry else canvas[0] * canvas[1]) * 3
-    return total
-
-
 def check_cache_fits(cache: str | None, annotations: list[Annotation], input_shape: tuple[int, int]) -> int:
     """Refuses at the start a `cache` (--cache) that cannot fit, instead of failing late in an epoch.
 
@@ -199,8 +181,11 @@ def check_cache_fits(cache: str | None, annotations: list[Annotation], input_sha
     """
     if cache is None:
         return 0
-    need = cache_bytes(annotations, input_shape)
-    images = len({a.image_path for a in annotations})
+    canvas = (int(input_shape[1]), int(input_shape[0]))
+    sizes = {a.image_path: a.size for a in annotations}  # `Annotation.size`: read by the dataset check
+    # Each distinct image at its letterbox ("placed") size x 3; the whole canvas when its size is unknown.
+    geometries = [letterbox_geometry(size, canvas) if size else None for size in sizes.values()]
+    need, images = 3 * sum(g.width * g.height if g else canvas[0] * canvas[1] for g in geometries), len(sizes)
     what = f"{images} images at their letterbox size in the {input_shape[1]}x{input_shape[0]} input, x 3 bytes"
     if cache in _RAM_CACHE_NAMES:
         free, where, instead = _free_memory(), "memory available", "--cache DIR on a disk with room, or no --cache"

@@ -47,7 +47,6 @@ __all__ = [
     "MODES",
     "SCAN_VERSION",
     "cache_dir",
-    "progress_bar",
     "record_path",
     "scan_images",
 ]
@@ -91,14 +90,6 @@ def record_path(folder: str, what: str, key: dict) -> str:
     """`folder/<what>-<hash of key>.npz`: one record per dataset source and reading options."""
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return os.path.join(folder, f"{what}-{digest}.npz")
-
-
-def progress_bar(*, total: int, desc: str, unit: str, enabled: bool):
-    """A tqdm bar (counts and rates) on stderr when `enabled` and stderr is a terminal; else a disabled one."""
-    from tqdm import tqdm
-
-    shown = enabled and sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, smoothing=0.1, disable=not shown)
 
 
 # --- one image -------------------------------------------------------------------------
@@ -271,12 +262,18 @@ def _stat(path: str) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def _in_parallel(function: Callable, items: Sequence, workers: int | None, **bar_options) -> list:
-    """`[function(item) for item in items]` in threads (file reads release the GIL), with a progress bar."""
+def _in_parallel(function: Callable, items: Sequence, workers: int | None, *, enabled: bool, **bar_options) -> list:
+    """`[function(item) for item in items]` in threads (file reads release the GIL).
+
+    With a tqdm bar (counts and rates) on stderr when `enabled` and stderr is a terminal.
+    """
+    from tqdm import tqdm
+
     chunk = 256  # a future per chunk, not per file: 118k futures cost more than the headers
     chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
     results: list = []
-    bar = progress_bar(total=len(items), **bar_options)
+    shown = enabled and sys.stderr.isatty()
+    bar = tqdm(total=len(items), unit_scale=True, smoothing=0.1, disable=not shown, **bar_options)
     with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
         for part in pool.map(lambda part: [function(item) for item in part], chunks):
             results.extend(part)

@@ -405,24 +405,20 @@ def make_synthetic_video(
     length, breadth = (width, height) if landscape else (height, width)
     lane = breadth / num_objects
     hue0 = rng.uniform()
-    objects = []
+    names, sides, colours, seeds, along, across, v_along, v_across = ([] for _ in range(8))
     for k in range(num_objects):
-        side = int(np.clip(round(rng.uniform(*size_range) * lane), 6, int(lane) - 1))
+        sides.append(int(np.clip(round(rng.uniform(*size_range) * lane), 6, int(lane) - 1)))
         r, g, b = colorsys.hsv_to_rgb((hue0 + k / num_objects) % 1.0, rng.uniform(0.6, 1.0), rng.uniform(0.6, 1.0))
-        objects.append(
-            dict(
-                name=classes[int(rng.integers(0, len(classes)))],
-                side=side,
-                lo=k * lane,  # the lane's extent across
-                hi=(k + 1) * lane - side,
-                along=float(rng.uniform(0, length - side)),
-                across=float(rng.uniform(k * lane, (k + 1) * lane - side)),
-                v_along=float(rng.choice([-1, 1]) * rng.uniform(0.5, 1.0) * length / 30),
-                v_across=float(rng.uniform(-1, 1) * lane / 20),
-                colour=np.array([r, g, b]) * 255.0,
-                seed=int(rng.integers(0, 2**31)),
-            )
-        )
+        names.append(classes[int(rng.integers(0, len(classes)))])
+        along.append(rng.uniform(0, length - sides[k]))
+        across.append(rng.uniform(k * lane, (k + 1) * lane - sides[k]))
+        v_along.append(rng.choice([-1, 1]) * rng.uniform(0.5, 1.0) * length / 30)
+        v_across.append(rng.uniform(-1, 1) * lane / 20)
+        colours.append(np.array([r, g, b]) * 255.0)
+        seeds.append(int(rng.integers(0, 2**31)))
+    along, across, v_along, v_across = (np.array(v, np.float64) for v in (along, across, v_along, v_across))
+    sides = np.array(sides)
+    lo, hi = np.arange(num_objects) * lane, np.arange(1, num_objects + 1) * lane - sides  # each lane's extent across
     path = str(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     codec = "MJPG" if path.lower().endswith(".avi") else "mp4v"
@@ -432,21 +428,17 @@ def make_synthetic_video(
     try:
         for _ in range(num_frames):
             frame = background.copy()
-            for obj in objects:
-                a, c = int(round(obj["along"])), int(round(obj["across"]))
+            for k in range(num_objects):
+                a, c = int(round(along[k])), int(round(across[k]))
                 x0, y0 = (a, c) if landscape else (c, a)
                 # Same seed every frame: a triangle keeps its orientation.
-                rng_shape = np.random.default_rng(obj["seed"])
-                mask = _shape_mask(obj["name"], height, width, x0, y0, obj["side"], obj["side"], rng_shape)
-                frame[mask] = obj["colour"]
-                obj["along"] += obj["v_along"]
-                obj["across"] += obj["v_across"]
-                if not 0 <= obj["along"] <= length - obj["side"]:
-                    obj["v_along"] = -obj["v_along"]
-                    obj["along"] = float(np.clip(obj["along"], 0, length - obj["side"]))
-                if not obj["lo"] <= obj["across"] <= obj["hi"]:
-                    obj["v_across"] = -obj["v_across"]
-                    obj["across"] = float(np.clip(obj["across"], obj["lo"], obj["hi"]))
+                rng_shape = np.random.default_rng(seeds[k])
+                frame[_shape_mask(names[k], height, width, x0, y0, sides[k], sides[k], rng_shape)] = colours[k]
+            along += v_along
+            across += v_across
+            v_along[(along < 0) | (along > length - sides)] *= -1  # bounce off the frame's ends
+            v_across[(across < lo) | (across > hi)] *= -1  # and off the lane's sides
+            along, across = np.clip(along, 0, length - sides), np.clip(across, lo, hi)
             frame = np.uint8(np.clip(frame + rng.normal(0, 4, size=frame.shape), 0, 255))
             writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))  # OpenCV writes BGR
     finally:

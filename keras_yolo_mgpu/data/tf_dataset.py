@@ -50,32 +50,14 @@ class DatasetBuilder:
     """
 
     def __init__(
-        self,
-        annotations: list[Annotation],
-        input_shape: tuple[int, int],
-        anchors: np.ndarray,
-        num_classes: int,
-        batch_size: int,
-        *,
-        training: bool,
-        masks=None,
-        iou_thresh: float | None = None,
-        **options,
+        self, annotations, input_shape, anchors, num_classes, batch_size, *, masks=None, iou_thresh=None, **options
     ):
         # The targets are the device's; their settings are checked here so that a
         # bad one fails when the data is set up, not at the first step.
         if iou_thresh is not None and not 0.0 < iou_thresh <= 1.0:
             raise ValueError(f"`iou_thresh` must be in (0, 1] (1: best anchor only). Received: {iou_thresh}")
         resolve_masks(masks, len(np.asarray(anchors)))  # also validates the anchor count
-        self.host = HostBatches(annotations, input_shape, num_classes, batch_size, training=training, **options)
-
-    @property
-    def training(self) -> bool:
-        return self.host.training
-
-    @property
-    def seed(self) -> int:
-        return self.host.seed
+        self.host = HostBatches(annotations, input_shape, num_classes, batch_size, **options)
 
     def _numpy_batch(self, k):
         """The `tf.numpy_function` body: batch `k` as arrays."""
@@ -87,7 +69,7 @@ class DatasetBuilder:
         """Batch `k` (int64 scalar) -> (images, boxes, hsv[, weights]) tensors with their static shapes."""
         size = self.host.shard_batch_size
         dtypes = [tf.uint8, tf.float32, tf.float32]
-        if not self.training:
+        if not self.host.training:
             dtypes.append(tf.float32)
         tensors = tf.numpy_function(self._numpy_batch, [k], dtypes, name="host_batch")
         side = (None, None) if self.host.multi_scale else self.host.input_shape
@@ -104,7 +86,7 @@ class DatasetBuilder:
 
     def build(self) -> tf.data.Dataset:
         """The whole pipeline (see the class docstring)."""
-        if self.training:
+        if self.host.training:
             numbers = tf.data.Dataset.counter()
         else:
             numbers = tf.data.Dataset.range(self.host.num_batches)
@@ -153,26 +135,16 @@ def make_dataset(
                 (default: random).
             max_boxes (int, default 20): boxes kept per image (a random
                 subset in training, the first ones in validation).
-            cache (str): None, "ram", or a directory for decoded images at
-                letterbox size (`data.host.ImageSource`). RAM: about h*w*3
-                bytes per image for the life of the process (shared by
-                training stages and the validation set). A directory may be
-                reused between runs; it must be writable (ValueError
-                otherwise).
+            cache (str): None, "ram", or a writable directory for decoded
+                images at letterbox size (`data.host.ImageSource`).
             masks: anchor indices per scale for the targets (default
                 keras-yolo3's); must be the loss's. Checked here, used by
                 `DeviceInputs`.
             start_position (int, default 0): training only: the stream
-                element to start at, so a later stage or a resumed run
-                continues the stream where it stopped (element `p` is always
-                the same image with the same augmentation for a given seed).
+                element to start at (a later stage, a resumed run).
             num_shards, shard_index (int, default 1 and 0): training only:
-                build only the `shard_index`-th of `num_shards` equal,
-                contiguous slices of every global batch (one per input
-                pipeline of a multi-worker cluster, see
-                `distribute_training_dataset`); batches then hold
-                `batch_size // num_shards` elements and only those images are
-                read.
+                build only this slice of every global batch
+                (`distribute_training_dataset`, `data.host`).
             multi_scale ((MIN, MAX)): training only: a new square size every
                 10 steps (`data.multiscale`); images are then
                 (B, None, None, 3) and `input_shape` is not used.
