@@ -97,7 +97,7 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
     command = [
         *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", dataset.train, "--classes"),
-        *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50"),
+        *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50", "--seed", "0"),
         *("--feed", "processes", "--workers", "2", "--no-pictures", "--quiet", "--log-dir", str(tmp_path / "run")),
     ]
     trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -224,7 +224,7 @@ class RunSetup:
     def make_callbacks(self) -> None:
         """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
 
-        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, Throughput
+        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, StopOnInterrupt, Throughput
         from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
         from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
         from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks
@@ -233,6 +233,7 @@ class RunSetup:
         self.recipe = RecipeCallbacks(self)
         self.throughput = Throughput(self.batch_sizes[0])
         self.common_callbacks = [
+            StopOnInterrupt(),
             self.throughput,
             # Append: both stages (and a resumed run) add rows to one file; a new
             # run always starts in an empty folder.
