@@ -19,10 +19,10 @@ class StopOnInterrupt(keras.callbacks.Callback):
     Python ignores an exception raised while it runs a garbage-collection
     callback ("Exception ignored in: <function _xla_gc_callback ...>"): a
     Ctrl-C that lands in JAX's callback was lost, and the run trained on
-    (seen on the 2-core CPU machine, 2026-11-26, about 1 run in 5 under
-    load). The handler remembers the interrupt, and the next training or
-    validation step raises it again in the main thread, where Keras's batch
-    hooks begin. Only Python's default handler is replaced.
+    (seen on the 2-core CPU machine under load, 2026-11-26). The handler
+    remembers the interrupt, and the next training or validation step raises
+    it again in the main thread, where Keras's batch hooks begin. Only
+    Python's default handler is replaced.
     """
 
     async_safe = True
