@@ -7,6 +7,7 @@ workers end with the process that started them: after Ctrl-C of the trainer,
 and after a SIGKILL that gives it no chance to stop them.
 """
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from isolation import jax_environment
 
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.py_dataset import make_py_dataset
+from keras_yolo_mgpu.data.shared_image_cache import READY, SharedImageCache
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,12 +34,18 @@ def dataset(tmp_path_factory):
 
 
 def _batches(annotations, processes: bool, training: bool, count: int):
-    options = TRAINING if training else {}
+    # Validation reads through the RAM cache: with processes, the one block they share.
+    options = TRAINING if training else {"cache": "ram"}
     feed = make_py_dataset(
         annotations, (64, 64), 4, 4, training=training, workers=2, use_multiprocessing=processes, **options
     )
     try:
-        return [feed[k] for k in range(count)]
+        batches = [feed[k] for k in range(count)]
+        assert feed.batches_in_own_blocks == 0  # every batch came through the reused blocks
+        if processes and not training:
+            # The workers filled the shared cache (this process never made a batch).
+            assert (feed.host.source.shared.table[:, 0] == READY).sum() == len(annotations)
+        return batches
     finally:
         feed.close(wait=True)
 
@@ -45,13 +53,20 @@ def _batches(annotations, processes: bool, training: bool, count: int):
 @pytest.mark.parametrize("training", [True, False], ids=["training", "validation"])
 def test_worker_processes_make_the_threads_batches(dataset, training):
     annotations = read_annotations(dataset.train if training else dataset.val)
-    count = 4 if training else 1
+    count = 4 if training else 1  # the whole validation pass
     threads, processes = (_batches(annotations, kind, training, count) for kind in (False, True))
     for made_in_threads, made_in_processes in zip(threads, processes, strict=True):
         flat = [np.asarray(a) for a in _flatten(made_in_threads)], [np.asarray(a) for a in _flatten(made_in_processes)]
         assert len(flat[0]) == len(flat[1]) >= 4
         for a, b in zip(*flat, strict=True):
             assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_a_shared_cache_that_cannot_fit_is_refused_with_both_sizes(dataset):
+    # Size unknown: room for the whole canvas, 4000 x 8192 x 8192 x 3 bytes.
+    annotation = dataclasses.replace(read_annotations(dataset.train)[0], size=None)
+    with pytest.raises(ValueError, match=r"shared memory: about 805\.3 GB for 4000 images, but /dev/shm has only"):
+        SharedImageCache([annotation] * 4000, (8192, 8192), None)
 
 
 def _flatten(batch):

@@ -13,7 +13,8 @@ training batches after `--warmup` batches (at least one more than the
 parallel workers, whose first batches arrive at once); a row with a cache is timed
 warm: every image is decoded into the cache first (one full pass,
 `cache_seconds`). `cpu_ms_per_image` is the process's CPU time, all threads,
-per image: on a shared machine the robust figure.
+per image: on a shared machine the robust figure; `main_cpu_ms_per_image`
+the training process's share of it (all of it but worker processes').
 
 - `tfdata-device`: `data.tf_dataset.make_dataset(training=True)`, what
   TensorFlow's training reads: the host's part (uint8 images, padded boxes,
@@ -191,11 +192,12 @@ def run_benchmark(
         for _ in range(warmup):
             next(row.iterator)
         warmup_seconds = time.perf_counter() - start
-        start, cpu_start = time.perf_counter(), _cpu_seconds()
+        start, cpu_start, main_start = time.perf_counter(), _cpu_seconds(), time.process_time()
         for _ in range(batches):
             next(row.iterator)
         seconds = time.perf_counter() - start
         cpu_seconds = _cpu_seconds() - cpu_start  # all threads of the process and its worker processes
+        main_seconds = time.process_time() - main_start  # this process's threads alone
     finally:
         row.close()
     return {
@@ -211,6 +213,7 @@ def run_benchmark(
         "cache_seconds": None if cache_seconds is None else round(cache_seconds, 2),
         "seconds": round(seconds, 3),
         "cpu_ms_per_image": round(1000 * cpu_seconds / (batches * batch_size), 3),
+        "main_cpu_ms_per_image": round(1000 * main_seconds / (batches * batch_size), 3),
         "input_size": list(input_shape),
         "num_images": len(annotations),
         "augment": generator != "decode-only",

@@ -230,6 +230,9 @@ class ImageSource:
         self.cache_dir = None if cache is None or self.ram else os.fspath(cache)
         if self.cache_dir is not None:
             _check_writable(self.cache_dir)
+        # The RAM cache of worker processes, set by the feed that starts them
+        # (`data.shared_image_cache.SharedImageCache`): one for them all.
+        self.shared = None
 
     @property
     def cached(self) -> bool:
@@ -278,12 +281,15 @@ class ImageSource:
         """
         path = self.annotations[index].image_path
         stat = os.stat(path)
-        found = self._from_cache(path, stat)
+        found = self._from_cache(path, stat) if self.shared is None else self.shared.get(index, stat)
         if found is not None:
             return found
         pixels, _, size = decode_image(path)
         pixels = resize_for_letterbox(pixels, letterbox_geometry(size, self.canvas_size))
-        self._to_cache(path, stat, pixels, size)
+        if self.shared is None:
+            self._to_cache(path, stat, pixels, size)
+        else:
+            self.shared.put(index, stat, pixels, size)
         return pixels, size
 
     def decode(self, index: int, reduce_to: tuple[int, int] | None = None):

@@ -39,6 +39,7 @@ multi-process JAX run each process makes its slice of every global batch:
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import threading
@@ -51,6 +52,7 @@ from keras_yolo_mgpu.data import host_processes
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.host import HostBatches
 from keras_yolo_mgpu.data.host_processes import batch_arrays
+from keras_yolo_mgpu.data.shared_image_cache import SharedImageCache
 
 __all__ = ["HostDataset", "make_py_dataset"]
 
@@ -62,7 +64,8 @@ class HostDataset(keras.utils.PyDataset):
         host: the `data.host.HostBatches` to serve.
         workers: threads (or processes) making batches ahead (default: one per core).
         use_multiprocessing: processes instead of threads (`data.host_processes`;
-            started with "spawn", each with its own RAM cache); the same batches.
+            started with "spawn"; `--cache ram` is then one block of shared
+            memory for them all, `data.shared_image_cache`); the same batches.
         max_queue_size: batches made ahead at most.
         to_device: None, or a function applied to every `(x, y[, sample_weight])`
             ahead of its step, in a thread: the one that made it, or with
@@ -91,14 +94,26 @@ class HostDataset(keras.utils.PyDataset):
         self.ahead = max(1, max_queue_size)
         self._pool = None
         self._processes = None
-        # Batches of worker processes not yet taken: their shared blocks are freed on `close`.
-        self._unclaimed: set[Future] = set()
-        self._pending: dict[int, Future] = {}
+        self._slots = None  # the processes' `host_processes.BatchSlots`
+        # "spawn": JAX's and TensorFlow's threads make a forked copy of this process unsafe.
+        self._context = multiprocessing.get_context("spawn")
+        # Batches of worker processes not yet taken, with their shared blocks: freed on `close`.
+        self._unclaimed: dict[Future, str | None] = {}
+        # Batch index -> (the future of its placed batch, that of the worker process's batch or None).
+        self._pending: dict[int, tuple[Future, Future | None]] = {}
         self._lock = threading.Lock()
+        if use_multiprocessing and host.source.ram:
+            # One RAM cache for the workers (and this process), made before they start (they get it with `host`).
+            host.source.shared = SharedImageCache(host.annotations, host.source.canvas_size, self._context.Lock())
 
     @property
     def num_batches(self) -> int | None:
         return self.host.num_batches
+
+    @property
+    def batches_in_own_blocks(self) -> int:
+        """Worker-process batches handed over in a fresh shared block instead of a reused one (0 when none were)."""
+        return 0 if self._slots is None else self._slots.own_blocks
 
     def make(self, index: int):
         """Batch `index`, made here (no look-ahead): `(x, y[, sample_weight])` of numpy arrays."""
@@ -108,12 +123,13 @@ class HostDataset(keras.utils.PyDataset):
         batch = self.make(index)
         return batch if self.to_device is None else self.to_device(batch)
 
-    def _placed(self, made: Future):
+    def _placed(self, made: Future, slots: host_processes.BatchSlots, slot: str | None):
         with self._lock:
-            if made not in self._unclaimed:  # closed meanwhile: `close` frees it
+            if made not in self._unclaimed:  # dropped meanwhile: `_drop` frees it
                 return None
-            self._unclaimed.discard(made)
-        batch = host_processes.take_batch(made.result())  # a worker's error is raised here, with its traceback
+            del self._unclaimed[made]
+        # A worker's error is raised here, with its traceback.
+        batch = host_processes.take_batch(made.result(), slots, slot)
         return batch if self.to_device is None else self.to_device(batch)
 
     def __getitem__(self, index: int):
@@ -122,29 +138,45 @@ class HostDataset(keras.utils.PyDataset):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads)
                 if self.in_processes:
-                    # "spawn": JAX's and TensorFlow's threads make a forked copy of this process unsafe.
                     self._processes = ProcessPoolExecutor(
                         self.threads,
-                        mp_context=multiprocessing.get_context("spawn"),
+                        mp_context=self._context,
                         initializer=host_processes.start_worker,
                         initargs=(self.host, os.getpid()),
                     )
+                    # One block per batch that can be in flight: the ones ahead, the one being taken, one spare.
+                    self._slots = host_processes.BatchSlots(
+                        self.ahead + 2, host_processes.largest_batch_bytes(self.host)
+                    )
             # Batches behind `index` are no longer wanted (a new pass started over).
             for stale in [k for k in self._pending if k < index]:
-                self._pending.pop(stale).cancel()
+                self._drop(*self._pending.pop(stale))
             last = index + self.ahead if self.num_batches is None else min(index + self.ahead, self.num_batches - 1)
             for k in range(index, last + 1):
                 if k not in self._pending:
                     self._pending[k] = self._submit(k)
-            future = self._pending.pop(index)
-        return future.result()
+            placed, _ = self._pending.pop(index)
+        return placed.result()
 
-    def _submit(self, index: int) -> Future:
+    def _submit(self, index: int) -> tuple[Future, Future | None]:
         if self.in_processes:  # made in a process, placed ahead by a thread that waits for it
-            made = self._processes.submit(host_processes.make_batch, index)
-            self._unclaimed.add(made)
-            return self._pool.submit(self._placed, made)
-        return self._pool.submit(self._made_and_placed, index)
+            slot = self._slots.take()
+            made = self._processes.submit(host_processes.make_batch, index, slot)
+            self._unclaimed[made] = slot
+            return self._pool.submit(self._placed, made, self._slots, slot), made
+        return self._pool.submit(self._made_and_placed, index), None
+
+    def _drop(self, placed: Future, made: Future | None) -> None:
+        """Cancels a batch no longer wanted (the caller holds `_lock`)."""
+        placed.cancel()
+        if made in self._unclaimed:  # else its placing thread took it, and gives its block back
+            self._release(made)
+
+    def _release(self, made: Future) -> None:
+        """Drops a worker's batch not taken: its shared block is freed now if made, else once it is."""
+        slot = self._unclaimed.pop(made)
+        made.cancel()
+        made.add_done_callback(functools.partial(host_processes.discard_batch, self._slots, slot))
 
     def close(self, wait: bool = False) -> None:
         """Stops the workers; batches made ahead are dropped.
@@ -153,17 +185,23 @@ class HostDataset(keras.utils.PyDataset):
         benchmark's next row must not pay for them).
         """
         with self._lock:
-            for future in self._pending.values():
-                future.cancel()
+            for placed, made in self._pending.values():
+                self._drop(placed, made)
             self._pending.clear()
-            for made in self._unclaimed:
-                made.add_done_callback(host_processes.discard_batch)  # now if done, else when it is
-            self._unclaimed.clear()
+            for made in list(self._unclaimed):  # batches being taken when `fit` stopped waiting for them
+                self._release(made)
             pools, self._pool, self._processes = (self._processes, self._pool), None, None
+            slots, self._slots = self._slots, None
         # Outside the lock: a placing thread being waited for may be about to take it.
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=wait, cancel_futures=True)
+        if slots is not None:
+            slots.close()
+        if self.in_processes and self.host.source.shared is not None:
+            # Freed with the workers: a dataset used again has each process keep its own cache.
+            self.host.source.shared.close()
+            self.host.source.shared = None
 
     def __del__(self):
         self.close()
