@@ -56,3 +56,23 @@ def test_quick_demo_runs_end_to_end(tmp_path):
     assert "Demo outputs:" in proc.stdout and "mAP@0.5" in proc.stdout
     # The closing message is what format_summary makes of summary.json.
     assert format_summary(summary).strip() in proc.stdout
+
+
+# The demo's device plan on JAX where `import tensorflow` fails: it asks JAX, and leaves JAX's CPU split free.
+DEVICES_PLAN_ON_JAX = """
+from keras_yolo_mgpu.cli.without_tensorflow import block_tensorflow
+block_tensorflow("the demo on JAX runs without it")
+from keras_yolo_mgpu.backend import distribution
+from keras_yolo_mgpu.cli.demo import _devices_plan
+count, simulate, _ = _devices_plan(None)
+print(count, simulate, len(distribution.simulate_devices(count)))
+"""
+
+
+def test_demo_plans_its_devices_on_jax_without_tensorflow():
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-c", DEVICES_PLAN_ON_JAX], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["2", "True", "2"]

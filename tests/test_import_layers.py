@@ -84,7 +84,6 @@ BACKEND_SPECIFIC_FILES = {
     "inference/export_formats.py": "the TFLite interpreter and SavedModel loader run the exported files",
     "inference/quantize.py": "TFLite's converter quantizes",
     "cli/quiet.py": "silences TensorFlow's C++ log lines before its import",
-    "cli/demo.py": "counts the physical GPUs before the devices are split (JAX would fix its split on a query)",
     "bench/train.py": "times TensorFlow's kernels and the keras-yolo3 reference, which it refuses on JAX",
     "bench/infer.py": "times TensorFlow's exported formats",
     "bench/pipeline.py": "times the tf.data pipeline beside the JAX feed",

@@ -105,9 +105,9 @@ def _devices_plan(gpus: int | None) -> tuple[int | None, bool, str]:
     Reads the physical device list only: the logical layout (the simulated
     split) is still free to be set by `train()`.
     """
-    import tensorflow as tf
+    from keras_yolo_mgpu.backend import distribution
 
-    visible = len(tf.config.list_physical_devices("GPU"))
+    visible = len(distribution.visible_accelerators(cpu_devices=gpus or 2))
     if visible:
         count = min(gpus or visible, visible)
         return count, False, f"{count} GPU(s)"

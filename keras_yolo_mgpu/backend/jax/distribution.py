@@ -114,10 +114,7 @@ def simulate_devices(count: int) -> list:
     """
     if count < 1:
         raise ValueError(f"count must be >= 1. Received: count={count}")
-    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if not flag.startswith(_SIMULATE_FLAG)]
-    existing = _flag_value(os.environ.get("XLA_FLAGS", ""))
-    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{_SIMULATE_FLAG}={max(count, existing)}"])
-
+    _reserve_cpu_devices(count)
     devices = jax.devices("cpu")
     if len(devices) < count:
         raise RuntimeError(
@@ -125,6 +122,13 @@ def simulate_devices(count: int) -> list:
             f"XLA_FLAGS={_SIMULATE_FLAG}={count} before the first JAX computation of the process."
         )
     return devices[:count]
+
+
+def _reserve_cpu_devices(count: int) -> None:
+    """Sets `XLA_FLAGS` so that JAX, when it starts, splits the host into at least `count` CPU devices."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if not flag.startswith(_SIMULATE_FLAG)]
+    existing = _flag_value(os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{_SIMULATE_FLAG}={max(count, existing)}"])
 
 
 def _flag_value(flags: str) -> int:
@@ -247,8 +251,15 @@ def device_names(gpus: int | None = None, simulate: bool = False) -> list[str]:
     return [str(device) for device in select_devices(gpus, simulate)]
 
 
-def visible_accelerators() -> list[str]:
-    """The GPUs (TPUs) JAX sees in this process, by name; empty on a CPU-only machine."""
+def visible_accelerators(cpu_devices: int = 0) -> list[str]:
+    """The GPUs (TPUs) JAX sees in this process, by name; empty on a CPU-only machine.
+
+    `cpu_devices`: the CPU devices a later `simulate_devices` may ask for.
+    JAX splits the host into its CPU devices once, when it starts, which
+    this query does: asked for here, the split is still free.
+    """
+    if cpu_devices:
+        _reserve_cpu_devices(cpu_devices)
     return [str(device) for device in jax.local_devices() if device.platform != "cpu"]
 
 

@@ -125,8 +125,12 @@ def device_names(gpus: int | None = None, simulate: bool = False) -> list[str]:
     return select_devices(gpus, simulate)
 
 
-def visible_accelerators() -> list[str]:
-    """The GPUs TensorFlow sees in this process, by name; empty on a CPU-only machine."""
+def visible_accelerators(cpu_devices: int = 0) -> list[str]:
+    """The GPUs TensorFlow sees in this process, by name; empty on a CPU-only machine.
+
+    `cpu_devices` is JAX's concern (see its module): listing the physical
+    devices leaves TensorFlow's logical split free.
+    """
     return [device.name for device in tf.config.list_physical_devices("GPU")]
 
 
