@@ -65,7 +65,8 @@ def test_worker_processes_make_the_threads_batches(dataset, training):
 def test_a_shared_cache_that_cannot_fit_is_refused_with_both_sizes(dataset):
     # Size unknown: room for the whole canvas, 4000 x 8192 x 8192 x 3 bytes.
     annotation = dataclasses.replace(read_annotations(dataset.train)[0], size=None)
-    with pytest.raises(ValueError, match=r"shared memory: about 805\.3 GB for 4000 images, but /dev/shm has only"):
+    refused = r"4000 decoded images in one shared block, which needs about 805,307 MB of shared memory, but /dev/shm"
+    with pytest.raises(ValueError, match=refused):
         SharedImageCache([annotation] * 4000, (8192, 8192), None)
 
 

@@ -27,18 +27,17 @@ process is killed); each process's mapping goes with it.
 
 from __future__ import annotations
 
-import shutil
 from multiprocessing import shared_memory
 
 import numpy as np
 
+from keras_yolo_mgpu.data.host_processes import check_shared_memory_fits
 from keras_yolo_mgpu.data.letterbox import letterbox_geometry
 
 __all__ = ["SharedImageCache"]
 
 EMPTY, CLAIMED, READY = 0, 1, 2
 _COLUMNS = 7  # state, mtime_ns, file size, stored w, stored h, cached w, cached h
-SHARED_MEMORY_FOLDER = "/dev/shm"
 
 
 class SharedImageCache:
@@ -63,16 +62,11 @@ class SharedImageCache:
             capacities.append(3 * (geometry.width * geometry.height if geometry else canvas[0] * canvas[1]))
         self.offsets = np.concatenate([[0], np.cumsum(capacities, dtype=np.int64)]) + 8 * _COLUMNS * len(capacities)
         size = int(self.offsets[-1])
-        try:
-            free = shutil.disk_usage(SHARED_MEMORY_FOLDER).free
-        except OSError:  # no such folder (not Linux): the allocation itself is the check
-            free = None
-        if free is not None and size > free:
-            raise ValueError(
-                f"--cache ram with worker processes keeps the decoded images in shared memory: about "
-                f"{size / 1e9:.1f} GB for {len(capacities)} images, but {SHARED_MEMORY_FOLDER} has only "
-                f"{free / 1e9:.1f} GB free; pass --feed threads, --cache DIR, or give {SHARED_MEMORY_FOLDER} room"
-            )
+        check_shared_memory_fits(
+            size,
+            f"--cache ram with worker processes keeps {len(capacities)} decoded images in one shared block, which",
+            "pass --cache DIR, or --feed threads",
+        )
         self.lock = lock
         self._block = shared_memory.SharedMemory(create=True, size=max(1, size))
         self._owner = True
