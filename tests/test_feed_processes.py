@@ -109,25 +109,31 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     holder.wait()
     assert _workers_end(pids) == []
 
-    # Ctrl-C of train.py on JAX with --feed processes, while it trains.
+    # Ctrl-C of train.py on JAX with --feed processes and their shared RAM cache, in its first step.
     env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
     command = [
         *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", dataset.train, "--classes"),
         *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50", "--seed", "0"),
-        *("--feed", "processes", "--workers", "2", "--no-pictures", "--quiet", "--log-dir", str(tmp_path / "run")),
+        *("--feed", "processes", "--workers", "2", "--cache", "ram", "--no-pictures", "--quiet"),
+        *("--log-dir", str(tmp_path / "run")),
     ]
-    trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    process, workers, deadline = psutil.Process(trainer.pid), [], time.time() + 240
-    while time.time() < deadline and trainer.poll() is None and not (tmp_path / "run" / "history.csv").exists():
-        workers = [child.pid for child in process.children(recursive=True)] or workers
-        time.sleep(0.2)
-    assert trainer.poll() is None and len(workers) >= 2, trainer.stderr.read()[-3000:] if trainer.poll() else workers
-    trainer.send_signal(signal.SIGINT)
-    try:
-        trainer.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        # One Ctrl-C does not always end a loaded run of the process feed (seen in the suite on the 2-core
-        # machine, 2026-11-26; cause not found): a user's second Ctrl-C must, and must leave no worker behind.
+    # Its messages into a file: a pipe nobody reads while it runs could fill and stop it.
+    with open(tmp_path / "stderr.txt", "w+") as stderr:
+        trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+        process, workers, deadline = psutil.Process(trainer.pid), [], time.time() + 240
+        while time.time() < deadline and trainer.poll() is None and not (tmp_path / "run" / "history.csv").exists():
+            workers = [child.pid for child in process.children(recursive=True)] or workers
+            time.sleep(0.2)
+        assert trainer.poll() is None and len(workers) >= 2, (tmp_path / "stderr.txt").read_text()[-3000:]
         trainer.send_signal(signal.SIGINT)
-        trainer.wait(timeout=60)
+        try:
+            trainer.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # One Ctrl-C did not always end a loaded run (seen in the suite on the 2-core machine, 2026-11-26,
+            # with the messages in an unread pipe; not since): a user's second Ctrl-C must.
+            trainer.send_signal(signal.SIGINT)
+            trainer.wait(timeout=60)
+        messages = (tmp_path / "stderr.txt").read_text()
+    # Said as an interruption, not as the TypeError of Keras's clean-up after a first step that never finished.
+    assert trainer.returncode == 130 and "interrupted" in messages and "Traceback" not in messages, messages[-3000:]
     assert _workers_end(workers) == []

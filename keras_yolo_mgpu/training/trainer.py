@@ -34,6 +34,7 @@ before the first `fit`); this module runs the two stages.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -110,6 +111,26 @@ def _per_replica(batch: int, replicas: int) -> str:
     """Images per replica for the log: "4", or "2-3" where the replica model slices unevenly."""
     low, high = batch // replicas, -(-batch // replicas)
     return str(low) if low == high else f"{low}-{high}"
+
+
+@contextlib.contextmanager
+def _first_error_reported():
+    """Raises the exception that stopped a `fit`, not one that Keras's clean-up of it raised.
+
+    Keras 3.15's JAX trainer empties the model's variables while a step runs
+    and puts them back from the last finished step; when its first step stops
+    (Ctrl-C while it compiles, an error in its first batch) there is none, and
+    its `finally` (`finalize_variable_values` with --ema) fails on the empty
+    variables with "TypeError: 'NoneType' object is not callable", hiding the
+    cause: a Ctrl-C ended the run with that traceback and status 1 instead of
+    "interrupted" and 130 (the 2-core CPU machine, 2026-11-27, 3 of 4 tries).
+    """
+    try:
+        yield
+    except TypeError as error:
+        if error.__context__ is None:
+            raise
+        raise error.__context__ from None
 
 
 def _extend_history(history: dict[str, list[float]], stage_history: dict[str, list[float]]) -> None:
@@ -272,7 +293,7 @@ class _TrainingRun(RunSetup):
             len(fit_model.trainable_weights),
         )
         # Under the strategy's scope: on JAX that is what shards each batch over the devices.
-        with self.engine.strategy.scope():
+        with self.engine.strategy.scope(), _first_error_reported():
             result = fit_model.fit(
                 train_ds,
                 steps_per_epoch=steps,
