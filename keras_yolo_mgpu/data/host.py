@@ -589,16 +589,28 @@ class HostBatches:
 
     # --- 3. batches -------------------------------------------------------------------
 
-    def batch(self, k: int) -> HostBatch:
-        """Batch `k` of the stream (training: from `start_position`; validation: of the one pass)."""
-        return self.training_batch(k) if self.training else self.validation_batch(k)
+    @property
+    def images_shape(self) -> tuple[int, int, int, int]:
+        """(B, h, w, 3): the shape every batch's images are made in (multi-scale then resizes them)."""
+        rows = self.shard_batch_size if self.training else self.batch_size
+        return (rows, *self.input_shape, 3)
 
-    def training_batch(self, k: int) -> HostBatch:
+    def batch(self, k: int, images: np.ndarray | None = None) -> HostBatch:
+        """Batch `k` of the stream (training: from `start_position`; validation: of the one pass).
+
+        `images`: None, or a uint8 array of `images_shape` to make the images
+        in (a worker process's shared block: no copy into it afterwards); the
+        batch's images are then that array, unless multi-scale resized them.
+        """
+        if images is None:
+            images = np.empty(self.images_shape, np.uint8)
+        return self.training_batch(k, images) if self.training else self.validation_batch(k, images)
+
+    def training_batch(self, k: int, images: np.ndarray) -> HostBatch:
         positions = self.positions(k)
         indices = self.indices_at(positions)
         seeds = element_seeds(self.seed, positions)
         size = len(positions)
-        images = np.empty((size, *self.input_shape, 3), np.uint8)
         boxes = np.zeros((size, self.max_boxes, 5), np.float32)
         hsv = np.empty((size, 4, 3), np.float64)
         mosaics = draw_mosaics(seeds, indices, self.mosaic, self.num_samples) if self.mosaic else [None] * size
@@ -613,9 +625,8 @@ class HostBatches:
             images, boxes = rescale_batch(images, boxes, step_size)
         return HostBatch(images, boxes, hsv.reshape(size, HSV_PARAMS))
 
-    def validation_batch(self, k: int) -> HostBatch:
+    def validation_batch(self, k: int, images: np.ndarray) -> HostBatch:
         indices = k * self.batch_size + np.arange(self.batch_size)
-        images = np.empty((self.batch_size, *self.input_shape, 3), np.uint8)
         boxes = np.zeros((self.batch_size, self.max_boxes, 5), np.float32)
         weights = np.zeros(self.batch_size, np.float32)
         real_weight = np.float32(self.num_batches * self.batch_size / self.num_samples)

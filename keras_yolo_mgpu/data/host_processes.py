@@ -58,13 +58,14 @@ def start_worker(host, parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def batch_arrays(host, index: int):
+def batch_arrays(host, index: int, images: np.ndarray | None = None):
     """Batch `index` of `host` as Keras reads it: `(x, y[, sample_weight])` of numpy arrays.
 
     `x`: `{"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5) float32, "hsv": (B, 12) float32}`;
     `y`: (B, 1) float32 zeros; `sample_weight`: (B,) for validation batches.
+    `images`: where to make the images (`HostBatches.batch`'s), or None.
     """
-    batch = host.batch(int(index))
+    batch = host.batch(int(index), images)
     x = {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype(np.float32)}
     y = np.zeros((len(batch.images), 1), np.float32)
     return (x, y) if batch.weights is None else (x, y, batch.weights)
@@ -177,26 +178,33 @@ class BatchSlots:
 def make_batch(index: int, slot: str | None = None):
     """Batch `index` of the worker's `HostBatches`, handed over in shared memory: `(block name, layout, own)`.
 
-    The arrays (16.6 MB of uint8 image at 416 px and batch 32) are written
-    once into the parent's block `slot` (a `BatchSlots` name), which the
-    parent reads once (`take_batch`), instead of being pickled through a
-    pipe and unpickled (three copies and the parent's interpreter lock held
-    for the last). Without a slot, or when the batch does not fit it, the
-    worker makes a block of its own (`own` True), which the parent unlinks.
+    The images (16.6 MB of uint8 at 416 px and batch 32) are made in the
+    parent's block `slot` (a `BatchSlots` name), the small arrays copied in
+    after them (multi-scale's resized images too), and the parent reads them
+    once (`take_batch`), instead of their being pickled through a pipe and
+    unpickled (three copies and the parent's interpreter lock held for the
+    last). Without a slot, or when the batch does not fit it, the worker
+    makes a block of its own (`own` True), which the parent unlinks.
     """
-    x, *rest = batch_arrays(_HOST, index)
-    arrays = [x["image"], x["boxes"], x["hsv"], *rest]
-    offsets = _offsets(arrays)
-    block = None
+    block = made_in = None
     if slot is not None:
         block = _ATTACHED.get(slot)
         if block is None:
             block = _ATTACHED[slot] = shared_memory.SharedMemory(name=slot)
+        shape = _HOST.images_shape
+        if block.size >= np.prod(shape):
+            # The images are made where the parent reads them (the first array of the block): one copy fewer.
+            made_in = np.ndarray(shape, np.uint8, block.buf, 0)
+    x, *rest = batch_arrays(_HOST, index, made_in)
+    arrays = [x["image"], x["boxes"], x["hsv"], *rest]
+    offsets = _offsets(arrays)
     own = block is None or block.size < offsets[-1]
     if own:
         block = shared_memory.SharedMemory(create=True, size=max(1, offsets[-1]))
     try:
         for array, offset in zip(arrays, offsets, strict=False):
+            if array is made_in and not own:  # already in place
+                continue
             np.ndarray(array.shape, array.dtype, block.buf, offset)[...] = array
         layout = [(array.shape, array.dtype.str, offset) for array, offset in zip(arrays, offsets, strict=False)]
         return block.name, layout, own
