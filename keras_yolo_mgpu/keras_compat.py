@@ -1,6 +1,6 @@
 """Every use of Keras internals, in one place, guarded by the Keras version it was written for.
 
-Public Keras cannot do six things this project needs; each is done here and
+Public Keras cannot do seven things this project needs; each is done here and
 nowhere else, and `tests/test_keras_compat.py` fails loudly when a Keras
 upgrade changes the internals underneath. All were checked against Keras 3.15.1:
 
@@ -22,6 +22,9 @@ upgrade changes the internals underneath. All were checked against Keras 3.15.1:
    (`adam_moments`), which Keras keeps in `_momentums` / `_velocities`.
 6. The EMA swap (`training.ema`) reads the optimizer's moving averages
    (`moving_averages`), which Keras keeps in private attributes.
+7. `set_random_seed` is Keras's, without the import of TensorFlow it makes
+   to seed TensorFlow too when TensorFlow is installed but not in use: it
+   hides TensorFlow from Keras's lazy module (`module_utils.tensorflow`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 
 import keras
 
@@ -211,3 +215,27 @@ def moving_averages(optimizer) -> list[tuple]:
     """
     averages = optimizer._model_variables_moving_average
     return [(v, a) for v, a in zip(optimizer._trainable_variables, averages) if a is not None]
+
+
+def set_random_seed(seed: int) -> None:
+    """`keras.utils.set_random_seed(seed)`, seeding TensorFlow only once something has imported it.
+
+    Keras seeds Python, NumPy and its global `SeedGenerator`, and, wherever
+    TensorFlow is installed, TensorFlow, which it imports to do so. On the
+    JAX engine nothing draws from TensorFlow's seed, and that import cost
+    every start about 0.5 GB of memory and seconds (train.py on a COCO-size
+    set, the 2-core CPU machine, 2026-11-27). On TensorFlow it is imported,
+    and seeded as before. A Keras without the lazy module: its own function.
+    """
+    from keras.src.utils import module_utils
+
+    tensorflow = getattr(module_utils, "tensorflow", None)
+    if "tensorflow" in sys.modules or not hasattr(tensorflow, "_available"):
+        keras.utils.set_random_seed(seed)
+        return
+    known = tensorflow._available
+    tensorflow._available = False  # what `tensorflow.available` answers
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        tensorflow._available = known

@@ -27,15 +27,16 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRST_STEP = "first training step done"
+BEFORE_STEP = "Epoch 1/"  # Keras's line before the first step: the model built, the data read, nothing compiled
 
 
-def peak_rss_gb(pid: int) -> float:
-    """The process's peak resident set (`VmHWM`), in GB (10^9 bytes)."""
+def rss_gb(pid: int, field: str = "VmHWM") -> float:
+    """The process's peak resident set (`VmHWM`) or current one (`VmRSS`), in GB (10^9 bytes)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024 / 1e9
-    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
 
 
 def one_run(data: str, cache: str, hold: float, extra: list[str], timeout: float) -> dict:
@@ -46,9 +47,12 @@ def one_run(data: str, cache: str, hold: float, extra: list[str], timeout: float
         env = dict(os.environ, KERAS_YOLO_MGPU_CACHE=cache, PYTHONUNBUFFERED="1")
         started = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        first_step = None
+        first_step = before_step = None
         try:
             for line in process.stdout:
+                if before_step is None and BEFORE_STEP in line:
+                    # Everything but the first step: what stays on the host when the step runs on a GPU.
+                    before_step = rss_gb(process.pid, "VmRSS")
                 if FIRST_STEP in line:
                     first_step = time.perf_counter() - started
                     break
@@ -57,7 +61,7 @@ def one_run(data: str, cache: str, hold: float, extra: list[str], timeout: float
             if first_step is None:
                 raise RuntimeError(f"no '{FIRST_STEP}' within {timeout:.0f} s: {' '.join(command)}")
             time.sleep(hold)
-            rss = peak_rss_gb(process.pid)
+            rss = rss_gb(process.pid)
         finally:
             process.send_signal(signal.SIGINT)
             try:
@@ -65,7 +69,8 @@ def one_run(data: str, cache: str, hold: float, extra: list[str], timeout: float
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-    return {"first_step_s": round(first_step, 1), "peak_rss_gb": round(rss, 2)}
+    before = None if before_step is None else round(before_step, 2)
+    return {"first_step_s": round(first_step, 1), "peak_rss_gb": round(rss, 2), "rss_before_first_step_gb": before}
 
 
 def main(argv=None) -> None:

@@ -1,11 +1,16 @@
 """The Keras internals keras_compat.py relies on: these fail loudly when a Keras upgrade changes them."""
 
+import ast
 import inspect
 import logging
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
 import pytest
+from isolation import jax_environment
 
 from keras_yolo_mgpu import keras_compat
 
@@ -129,3 +134,46 @@ def test_moving_averages_pair_each_trainable_variable_with_its_average():
     assert variable is trained
     # The first step copies the updated weight into the average.
     assert keras.ops.convert_to_numpy(average).tolist() == [0.5, 1.5]
+
+
+JAX_START = """
+import os, random, sys
+import numpy as np
+import keras
+from keras_yolo_mgpu import keras_compat
+from keras_yolo_mgpu.training.callbacks import EpochTensorBoard
+
+def draws():
+    return [random.random(), float(np.random.rand()), float(keras.random.uniform(()))]
+
+keras_compat.set_random_seed(7)
+ours, after_seed = draws(), "tensorflow" in sys.modules
+model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+board = EpochTensorBoard(sys.argv[1], write_graph=False)
+board.set_model(model)
+board.on_train_begin()
+before_epoch_end = "tensorflow" in sys.modules
+board.on_epoch_end(0, {"loss": 1.0})
+board.on_train_end()
+keras.utils.set_random_seed(7)
+written = os.listdir(os.path.join(sys.argv[1], "train"))
+print(repr((ours, after_seed, before_epoch_end, len(written), draws(), "tensorflow" in sys.modules)))
+"""
+
+
+def test_a_jax_run_seeds_as_keras_does_and_opens_tensorboard_without_importing_tensorflow(tmp_path):
+    # A JAX process where TensorFlow is installed: Keras's own seeding and TensorBoard's writers import it
+    # (0.5 GB before the first step); ours wait until the first epoch's curves are written.
+    done = subprocess.run(
+        [sys.executable, "-c", JAX_START, str(tmp_path / "tensorboard")],
+        env=dict(os.environ, **jax_environment(1)),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours, after_seed, before_epoch_end, written, keras_draws, imported = ast.literal_eval(
+        done.stdout.strip().splitlines()[-1]
+    )
+    assert ours == keras_draws and not after_seed and not before_epoch_end
+    assert written == 1 and imported  # the epoch's curves, through TensorFlow once asked for

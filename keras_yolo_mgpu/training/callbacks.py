@@ -130,10 +130,18 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
 
     Keras's batch-end hook writes every step's logs as `batch_*` scalars, a
     read of the device's values per step that holds the step loop back; the
-    run's curves are per epoch (history.csv has the same).
+    run's curves are per epoch (history.csv has the same). Nothing of
+    TensorFlow is imported before the first epoch's end.
     """
 
     on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
+
+    def on_train_begin(self, logs=None):
+        # Keras's opens the training writer here for per-batch summaries, which epoch curves never write; opening
+        # it imported TensorFlow before the first step of a JAX run (train.py on a COCO-size set, the 2-core CPU
+        # machine, 2026-11-27: 0.5 GB and 4 s of its start). The writers open when the first curves are written.
+        if self.update_freq != "epoch":
+            super().on_train_begin(logs)
 
 
 class LossPlot(keras.callbacks.Callback):
