@@ -40,6 +40,7 @@ multi-process JAX run each process makes its slice of every global batch:
 from __future__ import annotations
 
 import functools
+import logging
 import multiprocessing
 import os
 import threading
@@ -95,6 +96,7 @@ class HostDataset(keras.utils.PyDataset):
         self._pool = None
         self._processes = None
         self._slots = None  # the processes' `host_processes.BatchSlots`
+        self._logs = None  # what the processes log, said here (`host_processes.WorkerLogs`)
         # "spawn": JAX's and TensorFlow's threads make a forked copy of this process unsafe.
         self._context = multiprocessing.get_context("spawn")
         # Batches of worker processes not yet taken, with their shared blocks: freed on `close`.
@@ -138,11 +140,12 @@ class HostDataset(keras.utils.PyDataset):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads)
                 if self.in_processes:
+                    self._logs = host_processes.WorkerLogs(self._context)
                     self._processes = ProcessPoolExecutor(
                         self.threads,
                         mp_context=self._context,
                         initializer=host_processes.start_worker,
-                        initargs=(self.host, os.getpid()),
+                        initargs=(self.host, os.getpid(), self._logs.queue, logging.getLogger().getEffectiveLevel()),
                     )
                     # One block per batch that can be in flight: the ones ahead, the one being taken, one spare.
                     self._slots = host_processes.BatchSlots(
@@ -192,10 +195,13 @@ class HostDataset(keras.utils.PyDataset):
                 self._release(made)
             pools, self._pool, self._processes = (self._processes, self._pool), None, None
             slots, self._slots = self._slots, None
+            logs, self._logs = self._logs, None
         # Outside the lock: a placing thread being waited for may be about to take it.
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=wait, cancel_futures=True)
+        if logs is not None:
+            logs.close()
         if slots is not None:
             slots.close()
         if self.in_processes and self.host.source.shared is not None:
