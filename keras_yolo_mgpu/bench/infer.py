@@ -35,11 +35,11 @@ def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 
     be drawn; a gain of 4.5 gives about 14 boxes per frame of the
     generated video at score 0.3 with 80 classes, so drawing is measured.
     """
-    import keras
 
+    from keras_yolo_mgpu.keras_compat import set_random_seed
     from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX, build_body
 
-    keras.utils.set_random_seed(seed)
+    set_random_seed(seed)
     body = build_body(anchors, num_classes, model=model)
     for layer in body.layers:
         if layer.name.startswith(OUTPUT_PREFIX):

@@ -146,8 +146,7 @@ def largest_batch_bytes(host) -> int:
 
     B images at the input size (multi-scale's largest), boxes, HSV, y and weights, each 64-byte aligned.
     """
-    size = host.shard_batch_size if host.training else host.batch_size
-    height, width = host.input_shape
+    size, height, width, _ = host.images_shape
     per_image = [height * width * 3, host.max_boxes * 5 * 4, 12 * 4, 4, 4]
     return sum(-(-size * nbytes // ALIGN) * ALIGN for nbytes in per_image)
 

@@ -81,7 +81,6 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
     them. Raises ValueError when `config.weights` does not fit the model,
     naming the layers, unless `config.weights_partial`.
     """
-
     from keras_yolo_mgpu.keras_compat import set_random_seed
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.weights.loading import WeightsMismatchError, load_weights
