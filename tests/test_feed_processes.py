@@ -130,10 +130,18 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     holder.wait()
     assert _workers_end(pids) == []
 
-    # Ctrl-C of train.py on JAX with --feed processes and their shared RAM cache, in its first step.
+    # Ctrl-C of train.py on JAX with --feed processes and their shared RAM cache, in its first step; one image,
+    # listed twice (one of the two may be drawn for validation), is truncated: a worker warns of it.
+    lines = open(dataset.train).read().splitlines()
+    first = lines[0].split()
+    truncated = tmp_path / "truncated.png"
+    whole = open(first[0], "rb").read()
+    truncated.write_bytes(whole[: len(whole) // 2])
+    annotations = tmp_path / "train.txt"
+    annotations.write_text("".join(f"{line}\n" for line in [" ".join([str(truncated), *first[1:]])] * 2 + lines[1:]))
     env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
     command = [
-        *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", dataset.train, "--classes"),
+        *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", str(annotations), "--classes"),
         *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50", "--seed", "0"),
         *("--feed", "processes", "--workers", "2", "--cache", "ram", "--no-pictures", "--quiet"),
         *("--log-dir", str(tmp_path / "run")),
@@ -142,8 +150,11 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     with open(tmp_path / "stderr.txt", "w+") as stderr:
         trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
         process, workers, deadline = psutil.Process(trainer.pid), [], time.time() + 240
-        while time.time() < deadline and trainer.poll() is None and not (tmp_path / "run" / "history.csv").exists():
+        warned = f"WARNING keras_yolo_mgpu.data.images: {truncated} is truncated"
+        while time.time() < deadline and trainer.poll() is None:
             workers = [child.pid for child in process.children(recursive=True)] or workers
+            if (tmp_path / "run" / "history.csv").exists() and warned in (tmp_path / "stderr.txt").read_text():
+                break
             time.sleep(0.2)
         assert trainer.poll() is None and len(workers) >= 2, (tmp_path / "stderr.txt").read_text()[-3000:]
         trainer.send_signal(signal.SIGINT)
@@ -158,4 +169,6 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     # Said as an interruption, not as the TypeError of Keras's clean-up after a first step that never finished
     # (Python may also print a Ctrl-C it ignored in JAX's garbage-collection callback: training.callbacks).
     assert trainer.returncode == 130 and "interrupted" in messages and "TypeError" not in messages, messages[-3000:]
+    # The worker's warning, said by the trainer in its format, once.
+    assert messages.count(warned) == 1 and messages.count(f"{truncated} is truncated") == 1, messages[-3000:]
     assert _workers_end(workers) == []
