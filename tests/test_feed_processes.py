@@ -37,12 +37,20 @@ def dataset(tmp_path_factory):
 def _batches(annotations, processes: bool, training: bool, count: int):
     # Validation reads through the RAM cache: with processes, the one block they share.
     options = TRAINING if training else {"cache": "ram"}
+    ahead = 2
     feed = make_py_dataset(
-        annotations, (64, 64), 4, 4, training=training, workers=2, use_multiprocessing=processes, **options
-    )
+        annotations, (64, 64), 4, 4, training=training, workers=2, use_multiprocessing=processes,
+        max_queue_size=ahead, **options,
+    )  # fmt: skip
     try:
+        # Held while more are made: with processes, each batch's arrays are views of its shared block, which
+        # must not be lent for another batch meanwhile (the comparison with the threads' batches fails if it is).
         batches = [feed[k] for k in range(count)]
-        assert feed.batches_in_own_blocks == 0  # every batch came through the reused blocks
+        if processes and training:
+            for k in range(count, count + 4 * ahead):
+                feed[k]  # dropped at once: its block is reused
+            assert 0 < feed.shared_blocks <= count + ahead + 2
+        assert feed.batches_in_own_blocks == 0  # every batch came through the shared blocks
         if processes and not training:
             # The workers filled the shared cache (this process never made a batch).
             assert (feed.host.source.shared.table[:, 0] == READY).sum() == len(annotations)

@@ -193,10 +193,13 @@ def test_two_jax_processes_train_what_one_process_trains_on_two_devices(dataset,
 
 @pytest.mark.slow
 def test_killed_jax_run_resumes_to_the_uninterrupted_weights(dataset, keras_home, two_device_run, tmp_path):
+    # Fed by worker processes (recorded, so the resumed run is too), whose batches reach the devices as views of
+    # shared blocks (data/host_processes.take_batch): the reference was fed by threads.
     log_dir = tmp_path / "run"
     env = _env(keras_home)
+    feed = ("--feed", "processes", "--workers", "2")
     process = subprocess.Popen(
-        [sys.executable, TRAIN, *_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2")],
+        [sys.executable, TRAIN, *_args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2", *feed)],
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
@@ -213,4 +216,5 @@ def test_killed_jax_run_resumes_to_the_uninterrupted_weights(dataset, keras_home
 
     result = _run(["--resume", "--log-dir", str(log_dir), "--quiet"], env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((log_dir / "args.json").read_text())["feed"] == "processes"
     assert _max_difference(_weights(two_device_run / FINAL), _weights(log_dir / FINAL)) <= TOLERANCE

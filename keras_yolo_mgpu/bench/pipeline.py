@@ -22,7 +22,8 @@ the training process's share of it (all of it but worker processes').
 - `pydataset`: the same batches from `data.py_dataset.make_py_dataset`
   through Keras's `PyDataset` workers (threads): the pipeline of JAX
   training, no TensorFlow needed (`--without-tensorflow` makes
-  `import tensorflow` fail, to prove it);
+  `import tensorflow` fail, to prove it); on JAX each batch is placed on
+  the first device, in the workers' threads, as the trainer places it;
 - `pyprocesses`: `pydataset` with worker processes (`--feed processes` of
   `train.py`, `data.host_processes`): the same batches, made past the
   training process's interpreter lock; its CPU time adds the workers';
@@ -109,14 +110,15 @@ class _Row:
 
             from keras_yolo_mgpu.data.py_dataset import make_py_dataset
 
-            options = {"seed": seed, "cache": cache, "workers": workers}
+            options = {"seed": seed, "cache": cache, "workers": workers, "to_device": _trainer_placement()}
             options["use_multiprocessing"] = generator == "pyprocesses"
             dataset = make_py_dataset(annotations, input_shape, num_classes, batch_size, training=True, **options)
             self.host, self._dataset = dataset.host, dataset
             # What `fit` does with a PyDataset: its workers make batches ahead.
             self._adapter = PyDatasetAdapter(dataset)
             self._adapter.on_epoch_begin()
-            self.iterator = iter(self._adapter.get_numpy_iterator())
+            placed = options["to_device"] is not None
+            self.iterator = iter(self._adapter.get_jax_iterator() if placed else self._adapter.get_numpy_iterator())
         else:
             from keras_yolo_mgpu.data.tf_dataset import DatasetBuilder
 
@@ -137,6 +139,23 @@ class _Row:
         self.iterator = None
         gc.collect()
         _wait_until_idle()
+
+
+def _trainer_placement():
+    """What one training process does with each batch ahead of its step, as `data.streams` sets it up.
+
+    JAX: the batch placed on the first device (`distribution.batch_placer`),
+    in the feed's threads; on the CPU a copy of the thread feed's batches, none
+    of the processes' (JAX keeps their aligned shared views as they are).
+    TensorFlow: None (its strategy places the batches of a tf.data dataset).
+    """
+    import keras
+
+    from keras_yolo_mgpu.backend import distribution
+
+    if distribution.INPUT_PIPELINE != "py_dataset":
+        return None
+    return distribution.batch_placer(distribution.make_distribution(keras.distribution.list_devices()[:1]))
 
 
 def _wait_until_idle(timeout: float = 10.0, interval: float = 0.1) -> None:

@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from multiprocessing import shared_memory
 
 import cv2
@@ -64,6 +65,7 @@ def start_worker(host, parent: int, logs=None, level: int = logging.WARNING) -> 
     # CPU machine, 2026-11-26: 2.19 CPU-ms per image with one worker instead of 2.63, 1.92x from 2 workers
     # instead of 1.68x). Rows are resized alike in any number of threads: the pixels are the same (tested).
     cv2.setNumThreads(1)
+    _reuse_freed_memory()
 
     def watch():
         while os.getppid() == parent:
@@ -71,6 +73,36 @@ def start_worker(host, parent: int, logs=None, level: int = logging.WARNING) -> 
         os._exit(0)  # the parent is gone: no orphan keeps decoding
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+# glibc's `mallopt` parameters, and the largest values its own dynamic thresholds reach on 64-bit Linux.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def _reuse_freed_memory() -> None:
+    """Keeps a worker's freed image buffers for its next images instead of returning them to the kernel.
+
+    A fresh worker's glibc maps every decoded image (0.9 MB for 640x480)
+    anew and gives the heap's top back as soon as it is freed, so each image
+    faulted its pages in again (not so in the threads' long-running process,
+    whose frees had raised glibc's thresholds). With the thresholds that
+    process reaches, 2 workers spent 2.26 CPU-ms per
+    image at 416 px instead of 2.44, the threads 2.23 (the 2-core CPU
+    machine, 2026-11-27, `scripts/feed_ceiling.py --workers 2 --batches 96`).
+    Not glibc: nothing to do.
+    """
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_MAX)
 
 
 def batch_arrays(host, index: int, images: np.ndarray | None = None):
@@ -172,25 +204,38 @@ def check_shared_memory_fits(need: int, what: str, instead: str) -> None:
         )
 
 
+class _Block(shared_memory.SharedMemory):
+    """A shared block whose mapping outlives this object while arrays lent from it are alive.
+
+    `SharedMemory.close` refuses (BufferError) while numpy arrays export its
+    buffer; the mapping then goes with the last of them. Python's own
+    `__del__` would print that refusal as an ignored exception.
+    """
+
+    def __del__(self):
+        try:
+            self.close()
+        except (OSError, BufferError):
+            pass
+
+
 class BatchSlots:
     """Shared blocks of the parent's that workers write batches into, made once and reused.
 
     A fresh block per batch cost 0.55 CPU-ms per image at 416 px (the pages
     of 16.6 MB faulted in and zeroed on both sides) against 0.05 for a block
-    reused (the 2-core CPU machine, 2026-11-26): the whole of the process
-    feed's extra cost over the threads'. `take` lends a block's name for
-    one batch (None when all `count` are lent: the worker then makes a block
-    of its own, as does one whose batch does not fit), `give_back` returns
-    it once the batch is copied out or dropped. Thread-safe.
+    reused (the 2-core CPU machine, 2026-11-26). `take` lends a block's name
+    for one batch; `give_back` returns it once the batch is dropped, or once
+    the last array `take_batch` lent from it is gone. Blocks are made as they
+    are needed: `count` at most while batches are only made ahead, more while
+    the consumer holds batches it was given (as it would hold their copies).
+    None once closed: the worker then makes a block of its own, as does one
+    whose batch does not fit. Thread-safe.
     """
 
     def __init__(self, count: int, size: int):
         self.count, self.size = count, max(1, int(size))
-        check_shared_memory_fits(
-            self.count * self.size,
-            f"--feed processes hands batches over in {count} shared blocks of {self.size / 1e6:,.1f} MB; it",
-            "or lower --batch-size, or pass --feed threads",
-        )
+        self._check_fits(self.count)
         self.blocks: dict[str, shared_memory.SharedMemory] = {}
         self._free: list[str] = []
         self._lent: set[str] = set()
@@ -198,14 +243,23 @@ class BatchSlots:
         self._closed = False
         self.own_blocks = 0  # batches a worker handed over in a block of its own (counted by `take_batch`)
 
+    def _check_fits(self, count: int) -> None:
+        check_shared_memory_fits(
+            count * self.size,
+            f"--feed processes hands batches over in {count} shared blocks of {self.size / 1e6:,.1f} MB; it",
+            "or lower --batch-size, or pass --feed threads",
+        )
+
     def take(self) -> str | None:
         with self._lock:
             if self._free:
                 name = self._free.pop()
-            elif self._closed or len(self.blocks) >= self.count:
+            elif self._closed:
                 return None
             else:
-                block = shared_memory.SharedMemory(create=True, size=self.size)
+                if len(self.blocks) >= self.count:
+                    self._check_fits(1)  # one more, past the start's count: still refused before a SIGBUS
+                block = _Block(create=True, size=self.size)
                 self.blocks[name := block.name] = block
             self._lent.add(name)
             return name
@@ -221,8 +275,7 @@ class BatchSlots:
     def close(self) -> None:
         """Frees the blocks' names: each block's memory goes with the last process that maps it.
 
-        The parent's own mappings stay until this object is dropped: a
-        thread may still be copying a batch out of one.
+        This process's mappings stay while arrays lent from them are alive.
         """
         with self._lock:
             self._closed = True
@@ -272,20 +325,35 @@ def make_batch(index: int, slot: str | None = None):
 def take_batch(handed, slots: BatchSlots, slot: str | None):
     """The parent's side of `make_batch(index, slot)`: the batch `(x, y[, sample_weight])` as numpy arrays.
 
-    Gives `slot` back to `slots`, and frees the worker's own block if it made one.
+    The arrays are views of the block the worker wrote, not copies: the
+    block is lent with them, and goes back to `slots` (for another batch)
+    once the last of them, and every view of them, is gone. Copying out cost
+    the training process 0.07-0.09 CPU-ms per image at 416 px (the 2-core
+    CPU machine, 2026-11-27), nearly all of its share of the feed. Placed on
+    a GPU, the transfer reads the block itself; on the CPU, JAX keeps the
+    views as the device arrays (their starts are 64-byte aligned), and the
+    block returns when the step's arrays are freed. A block the worker made
+    of its own is copied out and freed at once.
     """
     name, layout, own = handed
-    block = shared_memory.SharedMemory(name=name) if own else slots.blocks[name]
+    if not own:
+        block = slots.blocks[name]
+        lent = np.ndarray((block.size,), np.uint8, block.buf)
+        # Runs when `lent` is freed: every array below is a view of it (its `.base`). Until then the
+        # finalizer holds `slots`, and with it the block's mapping (numpy does not keep it mapped).
+        weakref.finalize(lent, slots.give_back, slot).atexit = False
+        image, boxes, hsv, *rest = (np.ndarray(shape, np.dtype(dtype), lent, offset) for shape, dtype, offset in layout)
+        return ({"image": image, "boxes": boxes, "hsv": hsv}, *rest)
+    block = shared_memory.SharedMemory(name=name)
     try:
         image, boxes, hsv, *rest = (
             np.ndarray(shape, np.dtype(dtype), block.buf, offset).copy() for shape, dtype, offset in layout
         )
     finally:
         slots.give_back(slot)
-        if own:
-            slots.own_blocks += 1
-            block.close()
-            block.unlink()
+        slots.own_blocks += 1
+        block.close()
+        block.unlink()
     return ({"image": image, "boxes": boxes, "hsv": hsv}, *rest)
 
 

@@ -113,6 +113,11 @@ class HostDataset(keras.utils.PyDataset):
         return self.host.num_batches
 
     @property
+    def shared_blocks(self) -> int:
+        """Shared blocks the worker processes' batches were handed over in (0 with threads)."""
+        return 0 if self._slots is None else len(self._slots.blocks)
+
+    @property
     def batches_in_own_blocks(self) -> int:
         """Worker-process batches handed over in a fresh shared block instead of a reused one (0 when none were)."""
         return 0 if self._slots is None else self._slots.own_blocks
@@ -147,7 +152,8 @@ class HostDataset(keras.utils.PyDataset):
                         initializer=host_processes.start_worker,
                         initargs=(self.host, os.getpid(), self._logs.queue, logging.getLogger().getEffectiveLevel()),
                     )
-                    # One block per batch that can be in flight: the ones ahead, the one being taken, one spare.
+                    # Blocks for the batches in flight (those ahead, the one being taken, a spare); more are
+                    # made while the consumer still holds batches it was given (lent, `take_batch`).
                     self._slots = host_processes.BatchSlots(
                         self.ahead + 2, host_processes.largest_batch_bytes(self.host)
                     )
