@@ -21,6 +21,8 @@ To list the differences, open the two folders side by side.
   selection in `keras.ops`).
 * `optimizer`: the Adam update (TensorFlow's fused kernel; Keras's, which XLA
   fuses).
+* `pooling`: how `model.pooling.MaxPooling2D` computes (Keras's `max_pool`;
+  2x2 windows at stride 2 by a reshape, whose gradient needs no index arrays).
 
 What one engine does not have is said by its module: the JAX
 `distribution.replica_model` refuses `multi_gpu_model` with what to use
@@ -41,13 +43,29 @@ import keras
 NAME = keras.backend.backend()
 
 if NAME == "jax":
-    from keras_yolo_mgpu.backend.jax import batch_norm, distribution, gradients, inference, nms, optimizer
+    from keras_yolo_mgpu.backend.jax import (
+        batch_norm,
+        distribution,
+        gradients,
+        inference,
+        nms,
+        optimizer,
+        pooling,
+    )
 elif NAME == "tensorflow":
-    from keras_yolo_mgpu.backend.tensorflow import batch_norm, distribution, gradients, inference, nms, optimizer
+    from keras_yolo_mgpu.backend.tensorflow import (
+        batch_norm,
+        distribution,
+        gradients,
+        inference,
+        nms,
+        optimizer,
+        pooling,
+    )
 else:
     raise ValueError(
         f"keras-yolo-mgpu runs on the tensorflow and jax backends; Keras runs on {NAME}. "
         "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax"
     )
 
-__all__ = ["NAME", "batch_norm", "distribution", "gradients", "inference", "nms", "optimizer"]
+__all__ = ["NAME", "batch_norm", "distribution", "gradients", "inference", "nms", "optimizer", "pooling"]

@@ -24,6 +24,7 @@ from keras import layers
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.boxes import num_output_layers
 from keras_yolo_mgpu.model.loss import YoloLoss
+from keras_yolo_mgpu.model.pooling import MaxPooling2D
 
 # Darknet's weight decay, applied as an L2 penalty on every kernel.
 WEIGHT_DECAY = 5e-4
@@ -149,14 +150,14 @@ def tiny_yolo_body(inputs, num_anchors: int, num_classes: int, *, sync_bn: bool 
     x1 = inputs
     for filters in (16, 32, 64, 128):
         x1 = _conv_bn_leaky(x1, filters, 3, body, sync_bn=sync_bn)
-        x1 = layers.MaxPooling2D(2, strides=2, padding="same", name=body("max_pooling2d"))(x1)
+        x1 = MaxPooling2D(2, strides=2, padding="same", name=body("max_pooling2d"))(x1)
     x1 = _conv_bn_leaky(x1, 256, 3, body, sync_bn=sync_bn)  # stride 16 features
 
     head = _Namer(HEAD_PREFIX)
-    x2 = layers.MaxPooling2D(2, strides=2, padding="same", name=head("max_pooling2d"))(x1)
+    x2 = MaxPooling2D(2, strides=2, padding="same", name=head("max_pooling2d"))(x1)
     x2 = _conv_bn_leaky(x2, 512, 3, head, sync_bn=sync_bn)
     # Stride-1 pooling keeps the 13x13 grid (Darknet's size=2 stride=1 maxpool).
-    x2 = layers.MaxPooling2D(2, strides=1, padding="same", name=head("max_pooling2d"))(x2)
+    x2 = MaxPooling2D(2, strides=1, padding="same", name=head("max_pooling2d"))(x2)
     x2 = _conv_bn_leaky(x2, 1024, 3, head, sync_bn=sync_bn)
     x2 = _conv_bn_leaky(x2, 256, 1, head, sync_bn=sync_bn)
 

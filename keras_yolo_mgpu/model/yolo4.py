@@ -26,6 +26,7 @@ import keras
 from keras import layers
 
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
+from keras_yolo_mgpu.model.pooling import MaxPooling2D
 from keras_yolo_mgpu.model.yolo3 import BODY_PREFIX, HEAD_PREFIX, LEAKY_SLOPE, OUTPUT_PREFIX, _darknet_conv, _Namer
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
@@ -166,9 +167,7 @@ def _yolo4(inputs, num_anchors: int, num_classes: int, sync_bn: bool, order: lis
     x = blocks.leaky(stride32, 512, 1)
     x = blocks.leaky(x, 1024, 3)
     x = blocks.leaky(x, 512, 1)
-    pools = [
-        layers.MaxPooling2D(k, strides=1, padding="same", name=blocks.names("max_pooling2d"))(x) for k in (5, 9, 13)
-    ]
+    pools = [MaxPooling2D(k, strides=1, padding="same", name=blocks.names("max_pooling2d"))(x) for k in (5, 9, 13)]
     x = blocks.concat([pools[2], pools[1], pools[0], x])
     x = blocks.leaky(x, 512, 1)
     x = blocks.leaky(x, 1024, 3)
@@ -214,7 +213,7 @@ def _yolo4_tiny(inputs, num_anchors: int, num_classes: int, sync_bn: bool, order
     x = body.leaky(x, 64, 3, strides=2)
     for filters in (64, 128, 256):
         x, route = _tiny_csp_block(body, x, filters)
-        x = layers.MaxPooling2D(2, strides=2, padding="same", name=body.names("max_pooling2d"))(x)
+        x = MaxPooling2D(2, strides=2, padding="same", name=body.names("max_pooling2d"))(x)
     stride16 = route  # yolov4-tiny.cfg layer 23
     x = body.leaky(x, 512, 3)
 
