@@ -25,6 +25,9 @@ upgrade changes the internals underneath. All were checked against Keras 3.15.1:
 7. `set_random_seed` is Keras's, without the import of TensorFlow it makes
    to seed TensorFlow too when TensorFlow is installed but not in use: it
    hides TensorFlow from Keras's lazy module (`module_utils.tensorflow`).
+8. The JAX trainer's state of the latest dispatched step (`latest_jax_state`),
+   which Keras keeps in `_jax_state` for callbacks that sync it: the bound on
+   the steps in flight (`backend/jax/distribution.DispatchLimit`) waits on it.
 """
 
 from __future__ import annotations
@@ -239,3 +242,16 @@ def set_random_seed(seed: int) -> None:
         keras.utils.set_random_seed(seed)
     finally:
         tensorflow._available = known
+
+
+def latest_jax_state(model) -> dict | None:
+    """The JAX trainer's state arrays of the latest dispatched step, or None before the first one.
+
+    Keras 3.15's JAX `fit` and `evaluate` set `model._jax_state` (a dict of
+    lists of arrays: trainable, non-trainable, optimizer and metrics
+    variables) after dispatching each step, for callbacks that sync it, and
+    clear it when they end. The next step's dispatch donates these arrays.
+    Without the attribute no step is bounded, and the Ctrl-C test of
+    `tests/test_feed_processes.py` fails.
+    """
+    return getattr(model, "_jax_state", None)

@@ -26,8 +26,8 @@ PACKAGE = "keras_yolo_mgpu"
 # Bottom to top: a module imports from its own layer (without a circle) and from the layers below,
 # never from a layer above. One entry per package folder (or top-level module), relative to the package.
 LAYERS = (
-    # files written atomically, get_config, Keras internals, model_data/, the backend switch
-    ("base", ("__init__", "fileio", "serialization", "keras_compat", "resources", "backend")),
+    # files written atomically, the C heap, get_config, Keras internals, model_data/, the backend switch
+    ("base", ("__init__", "fileio", "heap", "serialization", "keras_compat", "resources", "backend")),
     ("model", ("model",)),  # networks, loss, boxes, BatchNormalization, in keras.ops
     ("data, weights", ("data", "weights")),  # annotation formats, the input pipeline; Darknet conversion, weight files
     ("parallel", ("parallel",)),  # engines: how N devices run the model

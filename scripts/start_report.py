@@ -8,7 +8,8 @@
 Each run launches `train.py --data D --tiny --input-size 416 --batch-size 8
 --no-pictures` (plus `--extra`) in a fresh run folder, reads its log for the
 line `first training step done`, keeps it training for `--hold` seconds, reads
-the process's peak resident memory (`VmHWM` of /proc, Linux), and stops it.
+the process's peak resident memory (`VmHWM` of /proc, Linux), and stops it
+with a Ctrl-C (SIGINT), timing how long it takes to end (`stop_s`).
 The first run uses an empty scan-record cache (`KERAS_YOLO_MGPU_CACHE` in a
 temporary folder), later runs reuse that cache, as a user's second start does.
 The last line is the JSON record; BENCHMARKS.md has the figures.
@@ -63,14 +64,22 @@ def one_run(data: str, cache: str, hold: float, extra: list[str], timeout: float
             time.sleep(hold)
             rss = rss_gb(process.pid)
         finally:
+            interrupted = time.perf_counter()
             process.send_signal(signal.SIGINT)
             try:
-                process.wait(60)
+                process.communicate(timeout=120)  # read on: a full pipe would hold the process
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            stop = time.perf_counter() - interrupted
     before = None if before_step is None else round(before_step, 2)
-    return {"first_step_s": round(first_step, 1), "peak_rss_gb": round(rss, 2), "rss_before_first_step_gb": before}
+    return {
+        "first_step_s": round(first_step, 1),
+        "peak_rss_gb": round(rss, 2),
+        "rss_before_first_step_gb": before,
+        "stop_s": round(stop, 1),
+        "exit_status": process.returncode,
+    }
 
 
 def main(argv=None) -> None:

@@ -10,6 +10,7 @@ and after a SIGKILL that gives it no chance to stop them.
 import dataclasses
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,6 +129,12 @@ def _workers_end(pids, seconds=10.0):
     return alive
 
 
+def _steps_done(run_files, steps: int) -> int:
+    """The last step of the second epoch that Keras's progress bar (stdout.txt) showed as done; 0 before it."""
+    shown = (run_files / "stdout.txt").read_text().partition("Epoch 2/")[2]
+    return max((int(step) for step in re.findall(rf"(\d+)/{steps}\b", shown)), default=0)
+
+
 @pytest.mark.slow
 def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path):
     # SIGKILL: the holder cannot stop its workers; their watchdog ends them.
@@ -138,7 +145,7 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     holder.wait()
     assert _workers_end(pids) == []
 
-    # Ctrl-C of train.py on JAX with --feed processes and their shared RAM cache, in its first step; one image,
+    # Ctrl-C of train.py on JAX with --feed processes and their shared RAM cache, in its second epoch; one image,
     # listed twice (one of the two may be drawn for validation), is truncated: a worker warns of it.
     lines = open(dataset.train).read().splitlines()
     first = lines[0].split()
@@ -148,23 +155,26 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     annotations = tmp_path / "train.txt"
     annotations.write_text("".join(f"{line}\n" for line in [" ".join([str(truncated), *first[1:]])] * 2 + lines[1:]))
     env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
+    steps = 150  # an epoch long enough for a queue of dispatched steps to build up
     command = [
         *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", str(annotations), "--classes"),
         *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50", "--seed", "0"),
-        *("--feed", "processes", "--workers", "2", "--cache", "ram", "--no-pictures", "--quiet"),
+        *("--feed", "processes", "--workers", "2", "--cache", "ram", "--no-pictures", "--steps-per-epoch", str(steps)),
         *("--log-dir", str(tmp_path / "run")),
     ]
-    # Its messages into a file: a pipe nobody reads while it runs could fill and stop it.
-    with open(tmp_path / "stderr.txt", "w+") as stderr:
-        trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+    # Its messages and progress bar into files: a pipe nobody reads while it runs could fill and stop it.
+    with open(tmp_path / "stderr.txt", "w+") as stderr, open(tmp_path / "stdout.txt", "w+") as stdout:
+        trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=stdout, stderr=stderr)
         process, workers, deadline = psutil.Process(trainer.pid), [], time.time() + 240
         warned = f"WARNING keras_yolo_mgpu.data.images: {truncated} is truncated"
         while time.time() < deadline and trainer.poll() is None:
             workers = [child.pid for child in process.children(recursive=True)] or workers
-            if (tmp_path / "run" / "history.csv").exists() and warned in (tmp_path / "stderr.txt").read_text():
+            epoch_done = (tmp_path / "run" / "history.csv").exists()
+            if epoch_done and warned in (tmp_path / "stderr.txt").read_text() and _steps_done(tmp_path, steps) >= 10:
                 break
             time.sleep(0.2)
         assert trainer.poll() is None and len(workers) >= 2, (tmp_path / "stderr.txt").read_text()[-3000:]
+        done_at_interrupt = _steps_done(tmp_path, steps)
         trainer.send_signal(signal.SIGINT)
         try:
             trainer.wait(timeout=60)
@@ -177,6 +187,10 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     # Said as an interruption, not as the TypeError of Keras's clean-up after a first step that never finished
     # (Python may also print a Ctrl-C it ignored in JAX's garbage-collection callback: training.callbacks).
     assert trainer.returncode == 130 and "interrupted" in messages and "TypeError" not in messages, messages[-3000:]
+    # Only the few steps dispatched ahead (DispatchLimit) ran after the Ctrl-C: without the bound the step loop
+    # had queued up to XLA's 32 programs, each run before the process could end.
+    after = _steps_done(tmp_path, steps) - done_at_interrupt
+    assert done_at_interrupt < steps - 40 and after <= 6, (done_at_interrupt, after)
     # The worker's warning, said by the trainer in its format, once.
     assert messages.count(warned) == 1 and messages.count(f"{truncated} is truncated") == 1, messages[-3000:]
     assert _workers_end(workers) == []

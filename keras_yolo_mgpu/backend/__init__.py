@@ -30,7 +30,7 @@ instead, the JAX `nms.ragged_nms` refuses keras-yolo3's ragged `yolo_eval`,
 the TensorFlow `distribution.check_feed` refuses the JAX feed of processes.
 
 This package sits below the model: it imports Keras, its backend's framework,
-numpy and the package's base modules (`keras_compat`, `fileio`,
+numpy and the package's base modules (`keras_compat`, `fileio`, `heap`,
 `serialization`), nothing else of the package. The JAX modules never import
 TensorFlow, even indirectly: the JAX engine runs where it is not installed.
 """

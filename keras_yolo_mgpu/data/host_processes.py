@@ -39,6 +39,8 @@ from multiprocessing import shared_memory
 import cv2
 import numpy as np
 
+from keras_yolo_mgpu.heap import reuse_freed_memory
+
 _HOST = None
 # How often a worker looks for its parent.
 PARENT_CHECK_SECONDS = 0.5
@@ -65,7 +67,7 @@ def start_worker(host, parent: int, logs=None, level: int = logging.WARNING) -> 
     # CPU machine, 2026-11-26: 2.19 CPU-ms per image with one worker instead of 2.63, 1.92x from 2 workers
     # instead of 1.68x). Rows are resized alike in any number of threads: the pixels are the same (tested).
     cv2.setNumThreads(1)
-    _reuse_freed_memory()
+    reuse_freed_memory()
 
     def watch():
         while os.getppid() == parent:
@@ -73,36 +75,6 @@ def start_worker(host, parent: int, logs=None, level: int = logging.WARNING) -> 
         os._exit(0)  # the parent is gone: no orphan keeps decoding
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-# glibc's `mallopt` parameters, and the largest values its own dynamic thresholds reach on 64-bit Linux.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_MAX = 32 << 20
-
-
-def _reuse_freed_memory() -> None:
-    """Keeps a worker's freed image buffers for its next images instead of returning them to the kernel.
-
-    A fresh worker's glibc maps every decoded image (0.9 MB for 640x480)
-    anew and gives the heap's top back as soon as it is freed, so each image
-    faulted its pages in again (not so in the threads' long-running process,
-    whose frees had raised glibc's thresholds). With the thresholds that
-    process reaches, 2 workers spent 2.26 CPU-ms per
-    image at 416 px instead of 2.44, the threads 2.23 (the 2-core CPU
-    machine, 2026-11-27, `scripts/feed_ceiling.py --workers 2 --batches 96`).
-    Not glibc: nothing to do.
-    """
-    import ctypes
-    import platform
-
-    if platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
-    mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_MAX)
 
 
 def batch_arrays(host, index: int, images: np.ndarray | None = None):

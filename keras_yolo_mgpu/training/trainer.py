@@ -53,8 +53,11 @@ STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
 
 def train(config: TrainConfig) -> TrainResult:
     """Runs both stages; see the module docstring for what is written."""
+    from keras_yolo_mgpu.heap import limit_arenas
+
     config.validate()
     _check_backend(config)
+    limit_arenas()  # before the feed's and the engine's threads first allocate
     if config.seed is None:
         config.seed = draw_seed()
         logger.info(
@@ -73,6 +76,7 @@ def train(config: TrainConfig) -> TrainResult:
     from keras_yolo_mgpu.data.scan import cache_dir
 
     distribution.use_compilation_cache(cache_dir(config.scan_cache))
+    distribution.return_memory_after_compiles()
     from keras_yolo_mgpu.keras_compat import global_dtype_policy_setting, restore_global_dtype_policy
 
     # The dtype policy is process-global: a mixed-precision run must not

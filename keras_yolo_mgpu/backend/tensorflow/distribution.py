@@ -143,6 +143,10 @@ def use_compilation_cache(folder: str | None) -> None:
     """Nothing: TensorFlow traces and compiles its graphs again in every process (JAX keeps them on disk)."""
 
 
+def return_memory_after_compiles() -> None:
+    """Nothing: TensorFlow traces and compiles inside a step's first call, with nothing to hook in between."""
+
+
 def check_feed(feed: str) -> None:
     """Raises ValueError for the JAX feed of processes: tf.data makes the batches in its own threads."""
     if feed == "processes":
