@@ -155,7 +155,7 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     annotations = tmp_path / "train.txt"
     annotations.write_text("".join(f"{line}\n" for line in [" ".join([str(truncated), *first[1:]])] * 2 + lines[1:]))
     env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
-    steps = 150  # an epoch long enough for a queue of dispatched steps to build up
+    steps = 60  # an epoch with more steps left at the Ctrl-C than XLA queues (32)
     command = [
         *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", str(annotations), "--classes"),
         *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50", "--seed", "0"),
