@@ -63,7 +63,7 @@ def reuse_freed_memory() -> None:
     libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_MAX)
 
 
-def limit_arenas(cores: int | None = None) -> int | None:
+def limit_arenas() -> int | None:
     """Caps glibc's arenas at two per core, from now on; returns the cap, or None where not set.
 
     glibc gives each thread that allocates an arena of its own, up to 8 per
@@ -72,17 +72,16 @@ def limit_arenas(cores: int | None = None) -> int | None:
     Two per core are one for each feed worker (one per core by default) and
     one for each of XLA's or TensorFlow's compute threads: the threads that
     allocate in every step keep arenas of their own, the others share.
-    On the 2-core CPU machine (2026-11-28) 16 arenas held 0.19 GB of free
-    memory while tiny YOLOv3 trained at 416 on JAX, and 2 worker threads
-    made the same images/s with 4 arenas as with 16 (628 and 616 against
-    625 and 607, `scripts/feed_ceiling.py --workers 1,2`). A cap the user
-    set (`MALLOC_ARENA_MAX`) stands. Arenas made before the call stay.
+    Cores are counted as the feed counts them (`os.cpu_count()`). On the
+    2-core CPU machine (2026-11-28) 2 worker threads made the same images/s
+    with 4 arenas as with 16 (628 and 616 against 625 and 607,
+    `scripts/feed_ceiling.py --workers 1,2`); BENCHMARKS.md has the start's
+    memory with the cap. A cap the user set (`MALLOC_ARENA_MAX`) stands.
+    Arenas made before the call stay.
     """
     libc = _glibc()
     if libc is None or not hasattr(libc, "mallopt") or "MALLOC_ARENA_MAX" in os.environ:
         return None
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    cap = 2 * cores
+    cap = 2 * (os.cpu_count() or 1)
     libc.mallopt(_M_ARENA_MAX, cap)
     return cap

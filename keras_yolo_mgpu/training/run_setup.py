@@ -217,7 +217,7 @@ class RunSetup:
                 self.body.set_weights(initial_weights)
                 # The variables hold them now: a copy of every weight less for the whole run (35 MB for tiny
                 # YOLOv3 with 80 classes, 248 MB for YOLOv3).
-                self._start_weights = initial_weights = None
+                self._start_weights = None
             self.fit_model = self.engine.wrap(train_model)
         if self.config.strategy == "multiworker":
             # Two Keras 3.15 bugs with the collective strategy, see keras_compat.py.
