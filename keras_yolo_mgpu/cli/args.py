@@ -232,3 +232,13 @@ def add_freeze_args(parser: argparse.ArgumentParser, *, default: int, help: str 
         action="store_true",
         help="per-replica BatchNormalization statistics (default: synchronized over the replicas)",
     )
+
+
+def add_overwrite_arg(parser: argparse.ArgumentParser) -> None:
+    """--overwrite: replace an existing output that this project did not write (`keras_yolo_mgpu.outputs`)."""
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing output files (default: only this project's own unchanged earlier outputs are "
+        "replaced; an output that is also an input is always refused)",
+    )

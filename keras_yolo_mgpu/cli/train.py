@@ -18,13 +18,14 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
+from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_keras_yolo3_folder
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 
 logger = logging.getLogger("train")
 
 START_HELP = """\
-No --data given. To train:
+No --data given, and no keras-yolo3 train.txt in this folder. To train:
   1. Point --data at your dataset as it is: a YOLO-format data.yaml or folder (images/ + labels/),
      a COCO instances .json, a Pascal VOC folder (Annotations/ + JPEGImages/), or a keras-yolo3
      annotation file (then also --classes my_classes.txt)
@@ -34,11 +35,19 @@ Or run the built-in demo on generated data:  python train.py --demo  (or: make d
 
 
 def next_log_dir(root: str = "logs") -> str:
-    """First free `logs/NNN` folder, so runs never overwrite each other."""
+    """First free `logs/NNN` folder, so runs never overwrite each other; says so when it is not the first."""
     index = 0
     while os.path.exists(os.path.join(root, f"{index:03d}")):
         index += 1
-    return os.path.join(root, f"{index:03d}")
+    chosen = os.path.join(root, f"{index:03d}")
+    if index:
+        earlier = (
+            f"{root}/000 holds an earlier run"
+            if index == 1
+            else f"{root}/000 to {root}/{index - 1:03d} hold earlier runs"
+        )
+        logger.info("run folder %s (%s; --log-dir chooses)", chosen, earlier)
+    return chosen
 
 
 # Over 60 lines by design: the command's flat list of flags, in the groups --help prints;
@@ -431,8 +440,15 @@ def run(args, given: dict | None = None) -> int:
             )
     else:
         if not args.annotations and not args.data:
-            print(START_HELP)
-            return 2
+            if not is_keras_yolo3_folder():
+                print(START_HELP)
+                return 2
+            apply_keras_yolo3_paths(args)
+            if args.recipe is None:
+                logger.info(
+                    "recipe: this project's default (one stage, nothing frozen, EMA, best weights by validation "
+                    "mAP: docs/training.md); --recipe keras-yolo3 trains keras-yolo3's two stages exactly"
+                )
         if args.annotations and args.data:
             raise UsageError("give --data or --annotations, not both (--data reads keras-yolo3 files too)")
         if args.simulate_devices and args.gpus is None:

@@ -74,6 +74,32 @@ def save_weights_atomic(model: keras.Model, filepath: str, metadata=None) -> Non
     atomic_write(filepath, write)
 
 
+def link_keras_yolo3_name(filepath: str) -> str:
+    """Gives `<name>.weights.h5` its keras-yolo3 name `<name>.h5` too, as a hard link; returns that path.
+
+    keras-yolo3's users look for `logs/000/trained_weights_final.h5` (and
+    `trained_weights_stage_1.h5`). A hard link shows the same file under both
+    names at no cost in disk; every loader here reads it by its content, not
+    its ending. Where the folder's file system has no hard links, a copy.
+    The link is made under a temporary name and renamed, so an interrupted
+    call leaves the previous `<name>.h5` whole.
+    """
+    filepath = os.fspath(filepath)
+    if not filepath.endswith(_WEIGHTS_SUFFIX):
+        raise ValueError(f"`filepath` must end in `{_WEIGHTS_SUFFIX}`. Received: filepath={filepath}")
+    keras_yolo3_path = filepath[: -len(_WEIGHTS_SUFFIX)] + ".h5"
+
+    def write(temporary: str) -> None:
+        os.remove(temporary)
+        try:
+            os.link(filepath, temporary)
+        except OSError:
+            shutil.copyfile(filepath, temporary)
+
+    atomic_write(keras_yolo3_path, write)
+    return keras_yolo3_path
+
+
 class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """`ModelCheckpoint` that saves the template's weights, not the trained wrapper's.
 

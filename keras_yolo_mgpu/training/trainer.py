@@ -322,7 +322,7 @@ class _TrainingRun(RunSetup):
         Returns (history, the RunState stage 2 starts from).
         """
         from keras_yolo_mgpu.training import run_state
-        from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+        from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
 
         config = self.config
         # A one-stage run with nothing frozen (the default recipe's) stops
@@ -344,7 +344,9 @@ class _TrainingRun(RunSetup):
             callbacks=run_state.callback_states([*self.common_callbacks, *self.recipe.checkpoints]),
         )
         if self.chief:
-            save_weights_atomic(self.body, os.path.join(config.log_dir, STAGE1_WEIGHTS), self.metadata)
+            stage1_path = os.path.join(config.log_dir, STAGE1_WEIGHTS)
+            save_weights_atomic(self.body, stage1_path, self.metadata)
+            link_keras_yolo3_name(stage1_path)
             run_state.write_run_state(config.log_dir, stage2_start)
             run_state.remove_stale_files(config.log_dir, keep=None)
         return stage_history, stage2_start
@@ -380,13 +382,17 @@ class _TrainingRun(RunSetup):
         Every worker then waits for the others, so none exits while the chief saves.
         """
         from keras_yolo_mgpu.training import run_state
-        from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+        from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
 
         config = self.config
         final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)
         if self.chief:
             save_weights_atomic(self.body, final_path, self.metadata)
-            logger.info("final weights (single-device template): %s", final_path)
+            logger.info(
+                "final weights (single-device template): %s (also as keras-yolo3's %s)",
+                final_path,
+                os.path.basename(link_keras_yolo3_name(final_path)),
+            )
             if last is not None:
                 # The backups served their purpose; the state stays, marked finished.
                 run_state.write_run_state(config.log_dir, dataclasses.replace(last, weights=None, finished=True))

@@ -1,0 +1,80 @@
+"""`python train.py` with no dataset flag in a keras-yolo3 folder: keras-yolo3's hard-coded paths.
+
+keras-yolo3's train.py takes no flags: it reads `train.txt`, the classes of
+`model_data/voc_classes.txt`, the anchors of `model_data/yolo_anchors.txt`,
+starts from `model_data/tiny_yolo_weights.h5` when the anchors are 6 (tiny
+YOLOv3), else `model_data/yolo_weights.h5`, and writes `logs/000/`. Its users
+run it as it is, or as this project's `python train.py --gpus 4`. This
+module fills the flags a keras-yolo3 folder implies, from the folder the
+command runs in; a flag the user gives wins over the folder's file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from keras_yolo_mgpu.cli.runner import CommandError
+from keras_yolo_mgpu.resources import get_anchors, resolve_resource
+
+logger = logging.getLogger("train")
+
+ANNOTATIONS = "train.txt"
+CLASSES = os.path.join("model_data", "voc_classes.txt")
+ANCHORS = os.path.join("model_data", "yolo_anchors.txt")
+WEIGHTS = os.path.join("model_data", "yolo_weights.h5")
+TINY_WEIGHTS = os.path.join("model_data", "tiny_yolo_weights.h5")
+
+
+def is_keras_yolo3_folder(folder: str = ".") -> bool:
+    """True when `folder` holds keras-yolo3's annotation file `train.txt`."""
+    return os.path.isfile(os.path.join(folder, ANNOTATIONS))
+
+
+def apply_keras_yolo3_paths(args: argparse.Namespace) -> None:
+    """Sets --annotations, --classes, --anchors and --weights to keras-yolo3's paths where not given.
+
+    A file keras-yolo3 reads from `model_data/` and the folder lacks comes
+    from this project's `model_data/` (the same shipped files), said in the
+    log. The start weights are never silently skipped: without them the
+    command stops, naming the file and how keras-yolo3's README makes it.
+
+    Raises:
+        CommandError: keras-yolo3's start weights are missing and no --weights was given.
+    """
+    taken = [ANNOTATIONS]
+    args.annotations = ANNOTATIONS
+    if args.classes is None:
+        args.classes = _folder_or_shipped(CLASSES, "voc_classes", taken)
+    if args.anchors is None:
+        args.anchors = _folder_or_shipped(ANCHORS, "anchors", taken)
+    if args.weights is None:
+        anchors_path = args.anchors if args.anchors != "auto" else resolve_resource(None, "anchors")
+        tiny = len(get_anchors(anchors_path)) == 6  # keras-yolo3: `is_tiny_version = len(anchors)==6`
+        weights = TINY_WEIGHTS if tiny else WEIGHTS
+        if not os.path.isfile(weights):
+            source = "yolov3-tiny.cfg yolov3-tiny.weights" if tiny else "yolov3.cfg yolov3.weights"
+            raise CommandError(
+                f"keras-yolo3's train.py starts from {weights} ({'6 anchors: tiny YOLOv3' if tiny else '9 anchors'}), "
+                f"which is not in this folder. Make it as keras-yolo3's README does: python convert.py -w {source} "
+                f"{weights}; or pass --weights FILE (a Darknet .weights file works as it is)"
+            )
+        args.weights = weights
+        taken.append(weights)
+    logger.info(
+        "keras-yolo3 folder: took %s from %s (keras-yolo3's train.py paths; --data/--annotations, --classes, "
+        "--anchors and --weights choose others)",
+        ", ".join(taken),
+        os.path.abspath("."),
+    )
+
+
+def _folder_or_shipped(path: str, kind: str, taken: list[str]) -> str:
+    """`path` in the folder when it is there (appended to `taken`), else this project's shipped copy."""
+    if os.path.isfile(path):
+        taken.append(path)
+        return path
+    shipped = resolve_resource(None, kind)
+    logger.info("keras-yolo3 folder: no %s here; using the shipped %s", path, shipped)
+    return shipped

@@ -1,0 +1,116 @@
+"""`python train.py` as keras-yolo3's README runs it: no flags for the data, in a keras-yolo3 folder.
+
+The folder is laid out as keras-yolo3's (`train.txt`, `model_data/voc_classes.txt`,
+`model_data/yolo_anchors.txt`, `model_data/tiny_yolo_weights.h5` for 6 anchors);
+the scripts run in it as subprocesses. Only the size of the run is set by flags
+(keras-yolo3's users edit train.py for that).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body
+from keras_yolo_mgpu.weights.loading import load_weights
+from keras_yolo_mgpu.weights.metadata import read_metadata
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_RUN = ("--epochs", "1", "--input-size", "64", "--batch-size", "4", "--quiet", "--no-pictures", "--seed", "0")
+
+
+def _script(name, *args, cwd, timeout=300, stdin=None):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, os.path.join(REPO, name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        input=stdin,
+    )
+
+
+def _keras_yolo3_folder(root, *, weights=True):
+    """A keras-yolo3 folder: train.txt, model_data/ with 6 anchors (tiny YOLOv3) and its start weights."""
+    paths = make_synthetic_dataset(root / "data", num_train=10, num_val=0, image_size=64, seed=0)
+    shutil.copy(paths.train, root / "train.txt")
+    (root / "model_data").mkdir()
+    shutil.copy(paths.classes, root / "model_data" / "voc_classes.txt")
+    shutil.copy(os.path.join(REPO, "model_data", "tiny_yolo_anchors.txt"), root / "model_data" / "yolo_anchors.txt")
+    if weights:
+        # keras-yolo3's start weights have COCO's 80 classes: the output convs differ from the folder's classes.
+        body = tiny_yolo_body(keras.Input((None, None, 3)), 3, 80)
+        body.save_weights(str(root / "model_data" / "start.weights.h5"))
+        os.replace(root / "model_data" / "start.weights.h5", root / "model_data" / "tiny_yolo_weights.h5")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained_folder(tmp_path_factory):
+    """The folder after `python train.py` (one small epoch), and that run's result."""
+    root = _keras_yolo3_folder(tmp_path_factory.mktemp("keras_yolo3"))
+    return root, _script("train.py", *SMALL_RUN, cwd=root)
+
+
+def test_train_py_without_flags_reads_the_keras_yolo3_folder(trained_folder):
+    root, result = trained_folder
+    assert result.returncode == 0, result.stderr[-3000:]
+    taken = "took train.txt, model_data/voc_classes.txt, model_data/yolo_anchors.txt, model_data/tiny_yolo_weights.h5"
+    assert taken in result.stderr
+    assert "--recipe keras-yolo3 trains keras-yolo3's two stages" in result.stderr
+
+
+def test_the_run_leaves_keras_yolo3s_file_names_that_load(trained_folder):
+    root, result = trained_folder
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = root / "logs" / "000"
+    for name in ("trained_weights_stage_1", "trained_weights_final"):
+        assert (run / f"{name}.h5").read_bytes() == (run / f"{name}.weights.h5").read_bytes()
+    final = str(run / "trained_weights_final.h5")
+    assert read_metadata(final).class_names == ("circle", "square", "triangle", "cross")
+    body = tiny_yolo_body(keras.Input((None, None, 3)), 3, 4)
+    assert load_weights(body, final).metadata is not None
+
+
+def test_yolo_video_loads_the_keras_yolo3_final_weights(trained_folder):
+    root, result = trained_folder
+    assert result.returncode == 0, result.stderr[-3000:]
+    image = sorted((root / "data" / "images" / "train").iterdir())[0]
+    detected = _script(
+        "yolo_video.py", "--model", "logs/000/trained_weights_final.h5", "--image", str(image), cwd=root, timeout=120
+    )
+    assert detected.returncode == 0, detected.stderr[-3000:]
+    assert (root / "detections" / image.name).is_file()
+
+
+def test_gpus_4_in_the_folder_takes_the_next_run_folder_and_names_the_gpus_it_found(trained_folder):
+    root, result = trained_folder
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused = _script("train.py", "--gpus", "4", *SMALL_RUN, cwd=root, timeout=120)
+    assert refused.returncode == 1
+    assert "run folder logs/001 (logs/000 holds an earlier run" in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--gpus 4 asked for 4 GPUs but TensorFlow sees 0" in errors[0]
+    assert not (root / "logs" / "001").exists()
+
+
+def test_missing_start_weights_are_named_with_the_command_that_makes_them(tmp_path):
+    root = _keras_yolo3_folder(tmp_path, weights=False)
+    result = _script("train.py", *SMALL_RUN, cwd=root, timeout=120)
+    assert result.returncode == 1
+    assert "model_data/tiny_yolo_weights.h5" in result.stderr
+    assert "python convert.py -w yolov3-tiny.cfg yolov3-tiny.weights model_data/tiny_yolo_weights.h5" in result.stderr
+    assert not (root / "logs").exists()
+
+
+def test_a_folder_without_train_txt_gets_the_start_help(tmp_path):
+    result = _script("train.py", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "no keras-yolo3 train.txt in this folder" in result.stdout
