@@ -83,17 +83,28 @@ def default_anchors_path(tiny: bool = False, model: str | None = None) -> str:
 
 
 def get_classes(classes_path: str | os.PathLike) -> list[str]:
-    """Reads class names, one per line; blank lines are ignored.
+    """Reads class names, one per line; class id = the line's position. Blank lines at the end are ignored.
+
+    A blank line before the last name is refused: keras-yolo3 reads it as a
+    class named "", skipping it would shift every later class id, and either
+    way the labels would name the wrong classes.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file names no class, or names one twice.
+        ValueError: the file names no class, has a blank line among the
+            names (its line number given), or names one class twice.
     """
     path = Path(classes_path)
     if not path.is_file():
         raise FileNotFoundError(f"classes file not found: {path}")
     names = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines()]
-    names = [name for name in names if name]
+    while names and not names[-1]:
+        names.pop()
+    if "" in names:
+        raise ValueError(
+            f"{path}, line {names.index('') + 1}: blank line among the class names; class ids are line positions, "
+            "so remove the line (the classes after it then move up one id) or write the class's name on it"
+        )
     if not names:
         raise ValueError(f"{path}: no class names (expected one name per line)")
     seen: dict[str, int] = {}

@@ -150,14 +150,16 @@ def test_cli_prints_file_line_problems_and_exits_nonzero_without_modifying(datas
     status = main([str(dataset), "--classes", str(classes)])
     out = capsys.readouterr().out.splitlines()
     assert status == 1
-    assert len(out) == 12 and all(line.startswith(f"{dataset}:") for line in out[:-1])
-    assert out[-1].startswith(f"{dataset}: 12 lines, 6 usable")
+    assert len(out) == 13 and all(line.startswith(f"{dataset}:") for line in out[:-2])
+    assert out[-2].startswith(f"{dataset}: 12 lines, 6 usable")
+    assert out[-1].startswith(f"warning: 1 image(s) listed more than once in {dataset}")  # good.jpg, 4 usable lines
     assert _snapshot(tmp_path) == before  # read-only
 
 
 def test_cli_clean_dataset_exits_zero_in_a_subprocess(tmp_path):
     _jpeg(tmp_path / "a.jpg")
-    (tmp_path / "ok.txt").write_text("a.jpg 1,1,20,20,0\na.jpg\n")
+    _jpeg(tmp_path / "b.jpg", seed=1)
+    (tmp_path / "ok.txt").write_text("a.jpg 1,1,20,20,0\nb.jpg\n")
     before = _snapshot(tmp_path)
     result = subprocess.run(
         [
@@ -183,3 +185,34 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     classes.write_text("a\n")
     assert main([str(tmp_path / "nope.txt"), "--classes", str(classes)]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_training_and_validation_that_share_images_are_named_with_counts(tmp_path, capsys):
+    for index in range(5):
+        _jpeg(tmp_path / f"{index}.jpg", seed=index)
+    (tmp_path / "copy_of_4.jpg").write_bytes((tmp_path / "4.jpg").read_bytes())
+    lines = [f"{tmp_path / f'{index}.jpg'} 1,2,30,40,0" for index in range(5)]
+    train, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    train.write_text("\n".join(lines + lines[:1]) + "\n")  # 0.jpg twice
+    val.write_text("\n".join([lines[1], lines[2], f"{tmp_path / 'copy_of_4.jpg'} 1,2,30,40,0"]) + "\n")
+    assert main([str(train), str(val), "--classes", _classes(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"warning: 1 image(s) listed more than once in {train} (they weigh double): {tmp_path / '0.jpg'}" in out
+    assert f"error: 2 image(s) in both {train} and {val}: {tmp_path / '1.jpg'}, {tmp_path / '2.jpg'}" in out
+    assert "error: 1 image(s) of" in out and f"{tmp_path / 'copy_of_4.jpg'}" in out  # the same bytes, another name
+    assert main([str(train), "--classes", _classes(tmp_path)]) == 0  # a repeat alone is a warning
+
+
+def test_a_blank_line_among_the_class_names_is_refused_with_its_line(tmp_path, capsys):
+    _jpeg(tmp_path / "a.jpg")
+    (tmp_path / "train.txt").write_text(f"{tmp_path / 'a.jpg'} 1,2,30,40,1\n")
+    (tmp_path / "classes.txt").write_text("cat\n\ndog\n\n")  # without the refusal, dog would take id 1
+    assert main([str(tmp_path / "train.txt"), "--classes", str(tmp_path / "classes.txt")]) == 2
+    assert f"{tmp_path / 'classes.txt'}, line 2: blank line among the class names" in capsys.readouterr().err
+    (tmp_path / "classes.txt").write_text("cat\ndog\n\n")  # blank lines at the end are harmless
+    assert main([str(tmp_path / "train.txt"), "--classes", str(tmp_path / "classes.txt")]) == 0
+
+
+def _classes(folder):
+    (folder / "two_classes.txt").write_text("cat\ndog\n")
+    return str(folder / "two_classes.txt")

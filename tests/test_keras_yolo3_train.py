@@ -40,7 +40,8 @@ def _script(name, *args, cwd, timeout=300, stdin=None):
 def _keras_yolo3_folder(root, *, weights=True):
     """A keras-yolo3 folder: train.txt, model_data/ with 6 anchors (tiny YOLOv3) and its start weights."""
     paths = make_synthetic_dataset(root / "data", num_train=10, num_val=0, image_size=64, seed=0)
-    shutil.copy(paths.train, root / "train.txt")
+    lines = open(paths.train).read().splitlines()
+    (root / "train.txt").write_text("\n".join([*lines, lines[0]]) + "\n")  # one image listed twice
     (root / "model_data").mkdir()
     shutil.copy(paths.classes, root / "model_data" / "voc_classes.txt")
     shutil.copy(os.path.join(REPO, "model_data", "tiny_yolo_anchors.txt"), root / "model_data" / "yolo_anchors.txt")
@@ -65,6 +66,8 @@ def test_train_py_without_flags_reads_the_keras_yolo3_folder(trained_folder):
     taken = "took train.txt, model_data/voc_classes.txt, model_data/yolo_anchors.txt, model_data/tiny_yolo_weights.h5"
     assert taken in result.stderr
     assert "--recipe keras-yolo3 trains keras-yolo3's two stages" in result.stderr
+    image = open(root / "train.txt").readline().split()[0]
+    assert f"1 image(s) listed more than once in training (they weigh double): {image}" in result.stderr
 
 
 def test_the_run_leaves_keras_yolo3s_file_names_that_load(trained_folder):

@@ -9,6 +9,7 @@ augmentation on, both stages.
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,10 +62,14 @@ def _command(dataset, log_dir, *extra):
     ]
 
 
-def _start(command, keras_home):
+def _start(command, keras_home, cwd=REPO):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_HOME=keras_home, PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _file_bytes(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _finish(process, timeout=600):
@@ -163,9 +168,15 @@ def test_killed_in_stage_two_and_resumed_ends_with_the_uninterrupted_weights(dat
     state = json.loads(state_file.read_text())
     assert state["stage"] == 2 and not state["finished"]
 
-    resumed = _start(_command(dataset, killed_dir, "--resume", *recipe), float64_home)
+    # The run folder is the run: a copy resumes where it is, from another working folder, and its original
+    # stays as the kill left it.
+    original, killed_dir = killed_dir, tmp_path / "moved" / "killed"
+    shutil.copytree(original, killed_dir)
+    before = _file_bytes(original)
+    resumed = _start(_command(dataset, killed_dir, "--resume", *recipe), float64_home, cwd=tmp_path)
     output = _finish(resumed)
     assert f"resume: {state['epoch']} epoch(s) done" in output
+    assert _file_bytes(original) == before
     _finish(reference)
     difference = _max_difference(_weights(tmp_path / "reference" / FINAL), _weights(killed_dir / FINAL))
     assert difference <= 1e-9, difference

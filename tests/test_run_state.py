@@ -1,12 +1,13 @@
 """The pieces of an exact resume: callback counters, the commit file, stale files, the history."""
 
 import math
+import os
 
 import keras
 import pytest
 
 from keras_yolo_mgpu.training import run_state
-from keras_yolo_mgpu.training.run_folder import _trim_history
+from keras_yolo_mgpu.training.run_folder import _remove_unstarted_run, _trim_history, lock_run_folder
 
 
 def _stage2_callbacks():
@@ -63,3 +64,26 @@ def test_history_keeps_only_the_epochs_the_state_covers(tmp_path):
     history.write_text("epoch,loss\n1,5.0\n2,4.0\n3,3.5\n4,3")  # epoch 4 cut short by the kill
     _trim_history(str(history), 2)
     assert history.read_text().splitlines() == ["epoch,loss", "1,5.0", "2,4.0"]
+
+
+def test_a_stopped_run_that_saved_weights_keeps_its_folder(tmp_path):
+    saved, unsaved = tmp_path / "saved", tmp_path / "unsaved"
+    for folder in (saved, unsaved):
+        folder.mkdir()
+        (folder / "args.json").write_text("{}")
+        (folder / ".best.abc.tmp.weights.h5").write_text("half")  # an interrupted save is not saved work
+    (saved / "best.weights.h5").write_text("weights")  # the first epoch's, written before its run state
+    _remove_unstarted_run(str(saved))
+    _remove_unstarted_run(str(unsaved))
+    assert (saved / "best.weights.h5").read_text() == "weights"
+    assert not unsaved.exists()
+
+
+def test_a_second_process_cannot_take_a_locked_run_folder(tmp_path):
+    first = lock_run_folder(str(tmp_path))
+    try:
+        with pytest.raises(BlockingIOError, match="another training process is writing"):
+            lock_run_folder(str(tmp_path))  # a second open of the folder, as another process's
+    finally:
+        os.close(first)
+    os.close(lock_run_folder(str(tmp_path)))  # free again once the holder lets go

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
+from keras_yolo_mgpu.data.overlap import find_overlap
 
 
 def build_parser() -> ArgumentParser:
@@ -88,9 +89,11 @@ def run(args) -> int:
     if not paths:
         raise CommandError("give a dataset: --data PATH (or annotation files as arguments)")
     any_problem = False
+    images = {}  # split label -> its image paths, for the overlap check across all of them
     for path in paths:
         try:
             for split, report in _reports(path, args):
+                images[path if split == "train" else f"{path} ({split})"] = [a.image_path for a in report.annotations]
                 for problem in report.problems:
                     print(problem)
                 print(report.summary_text() if split == "train" else f"{split}: {report.summary_text()}")
@@ -105,7 +108,10 @@ def run(args) -> int:
                 any_problem = any_problem or bool(report.problems) or bool(no_boxes)
         except OSError as error:
             raise CommandError(f"cannot read {path}: {error}") from error
-    return 1 if any_problem else 0
+    overlap = find_overlap(images)
+    for between_splits, message in overlap.messages():
+        print(f"{'error' if between_splits else 'warning'}: {message}")
+    return 1 if any_problem or overlap.splits_overlap else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

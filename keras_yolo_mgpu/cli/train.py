@@ -350,12 +350,16 @@ def config_from_args(args):
     # Every recipe flag defaults to None: given ones override the recipe's values.
     given = {field: getattr(args, field) for field in RECIPE_FIELDS}
     recipe = resolve_recipe(args.recipe or DEFAULT_RECIPE, given, pretrained=args.weights is not None)
+    # Input files by absolute path: args.json then names the same files when --resume runs from another folder.
+    given_paths = {field: getattr(args, field) for field in _PATH_FIELDS}
+    paths = {field: os.path.abspath(path) for field, path in given_paths.items() if path and os.path.exists(path)}
     return TrainConfig(
         **cli.flag_values(
             TrainConfig,
             args,
             **converted,
             **recipe,
+            **paths,
             resume=False,
             log_dir=args.log_dir or next_log_dir(),
         )
@@ -431,6 +435,14 @@ def run(args, given: dict | None = None) -> int:
         with open(args_json, encoding="utf-8") as handle:
             config = TrainConfig.from_json(handle.read())
         config.resume = True
+        if os.path.abspath(config.log_dir) != os.path.abspath(args.log_dir):
+            # A run folder is the run: a copied or moved folder continues where it is, never its original.
+            logger.info(
+                "--resume continues %s (its args.json names %s: the folder was moved or copied)",
+                args.log_dir,
+                config.log_dir,
+            )
+            config.log_dir = args.log_dir
         problems = apply_resume_flags(config, args, given or {})
         if problems:
             raise UsageError(

@@ -7,6 +7,7 @@ and a resumed run drops the history.csv rows of epochs it repeats.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -43,13 +44,50 @@ def _write_args_json(config: TrainConfig) -> None:
     atomic_write(os.path.join(config.log_dir, "args.json"), write)
 
 
+def lock_run_folder(log_dir: str) -> int:
+    """Holds an exclusive lock on the run folder for this process's life; returns the lock's descriptor.
+
+    Two trainings writing one run would mix their weights, history and run
+    state: the second is refused. The lock is on the folder itself, so it
+    needs no file in it, and the system drops it when the process ends,
+    however it ends.
+
+    Raises:
+        BlockingIOError: another process holds the folder.
+    """
+    descriptor = os.open(log_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise BlockingIOError(
+            f"another training process is writing {log_dir}: one run folder takes one run at a time "
+            "(wait for it to end, or give this run another --log-dir)"
+        ) from None
+    return descriptor
+
+
+def _saved_work(log_dir: str) -> list[str]:
+    """The weights files a run saved in `log_dir` (hidden temporaries of interrupted saves are not work)."""
+    return sorted(name for name in os.listdir(log_dir) if name.endswith((".h5", ".keras")) and not name.startswith("."))
+
+
 def _remove_unstarted_run(log_dir: str) -> None:
-    """Deletes `log_dir` unless an epoch finished there (its run state is then what --resume continues)."""
+    """Deletes `log_dir` when the run saved nothing there: no finished epoch, no weights file.
+
+    A folder with weights (the first epoch's best.weights.h5 written before
+    its run state, say) is kept: --resume continues it.
+    """
     from keras_yolo_mgpu.training.run_state import RUN_STATE_FILE
 
-    if os.path.isdir(log_dir) and not os.path.isfile(os.path.join(log_dir, RUN_STATE_FILE)):
-        shutil.rmtree(log_dir, ignore_errors=True)
-        logger.info("removed %s: the run stopped before its first epoch ended", log_dir)
+    if not os.path.isdir(log_dir) or os.path.isfile(os.path.join(log_dir, RUN_STATE_FILE)):
+        return
+    saved = _saved_work(log_dir)
+    if saved:
+        logger.info("kept %s: it holds %s; --resume --log-dir %s continues it", log_dir, ", ".join(saved), log_dir)
+        return
+    shutil.rmtree(log_dir, ignore_errors=True)
+    logger.info("removed %s: the run stopped before its first epoch ended", log_dir)
 
 
 def _trim_history(history_csv: str, epochs_done: int) -> None:

@@ -13,7 +13,13 @@ from functools import partial
 
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.training.model_settings import _initial_weights, _model_settings, _target_cells_bound
-from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _prepare_log_dir, _trim_history, _write_args_json
+from keras_yolo_mgpu.training.run_folder import (
+    FINAL_WEIGHTS,
+    _prepare_log_dir,
+    _trim_history,
+    _write_args_json,
+    lock_run_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,7 @@ class RunSetup:
         config = self.config
         if self.chief:
             _prepare_log_dir(config)
+            self.folder_lock = lock_run_folder(config.log_dir)
         state = run_state.read_run_state(config.log_dir) if config.resume else None
         if state is not None and state.finished:
             raise ValueError(

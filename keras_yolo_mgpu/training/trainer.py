@@ -86,13 +86,17 @@ def train(config: TrainConfig) -> TrainResult:
     # A new run that stops before its first epoch ends (refused weights, bad
     # data) takes the folder it created with it: no empty run is left behind.
     new_folder = not config.resume and not (os.path.isdir(config.log_dir) and os.listdir(config.log_dir))
+    training_run = None
     try:
-        return _TrainingRun(config, engine).run()
+        training_run = _TrainingRun(config, engine)
+        return training_run.run()
     except BaseException:
         if new_folder:
             _remove_unstarted_run(config.log_dir)
         raise
     finally:
+        if training_run is not None and training_run.folder_lock is not None:
+            os.close(training_run.folder_lock)  # the next run in this process may take the folder
         restore_global_dtype_policy(previous_policy)
 
 
@@ -172,6 +176,8 @@ class _TrainingRun(RunSetup):
                     f"{batch + replicas - batch % replicas}."
                 )
         self.chief = is_chief(engine.strategy)
+        # The run folder's lock (run_folder.lock_run_folder), held by the chief from open_log_dir on.
+        self.folder_lock = None
         # Non-chief multi-worker processes write their logs to a scratch folder.
         self.run_dir = config.log_dir if self.chief else tempfile.mkdtemp(prefix="yolo_worker_")
         self.history_csv = os.path.join(self.run_dir, "history.csv")

@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from keras_yolo_mgpu.data.overlap import find_overlap
+
 logger = logging.getLogger(__name__)
 
 
@@ -123,7 +125,19 @@ class TrainingData:
         return f"{path} --classes {config.classes}"
 
     def splits(self, run_dir: str) -> tuple[list, list]:
-        """(training records, validation records), checked."""
+        """(training records, validation records), checked; images listed twice or in both are warned of."""
+        train, val = self._splits(run_dir)
+        overlap = find_overlap({"training": [a.image_path for a in train], "validation": [a.image_path for a in val]})
+        for _, message in overlap.messages():
+            logger.warning("%s", message)
+        if overlap.splits_overlap:
+            logger.warning(
+                "validation scores (and best.weights.h5, chosen by them) count images the model trains on: "
+                "give validation images of their own"
+            )
+        return train, val
+
+    def _splits(self, run_dir: str) -> tuple[list, list]:
         from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
 
         config = self.config
