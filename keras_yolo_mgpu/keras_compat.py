@@ -28,6 +28,10 @@ upgrade changes the internals underneath. All were checked against Keras 3.15.1:
 8. The JAX trainer's state of the latest dispatched step (`latest_jax_state`),
    which Keras keeps in `_jax_state` for callbacks that sync it: the bound on
    the steps in flight (`backend/jax/distribution.DispatchLimit`) waits on it.
+9. convert.py writes keras-yolo3's own file layout when asked for a plain
+   `.h5` (`save_keras2_weights`, `save_keras2_model`): Keras 3 keeps the
+   Keras 2 HDF5 writers in `keras.src.legacy.saving.legacy_h5_format`, and
+   its public `save_weights` refuses an ending other than `.weights.h5`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import inspect
 import logging
 import sys
 
+import h5py
 import keras
 
 logger = logging.getLogger(__name__)
@@ -255,3 +260,33 @@ def latest_jax_state(model) -> dict | None:
     `tests/test_feed_processes.py` fails.
     """
     return getattr(model, "_jax_state", None)
+
+
+def save_keras2_weights(model: keras.Model, path: str) -> None:
+    """Writes `model`'s weights to `path` in Keras 2's HDF5 layout, as keras-yolo3's `save_weights` did.
+
+    The file has the `layer_names` root attribute and one group per layer
+    (Keras 2's `save_weights` to an `.h5` path), which Keras 2, keras-yolo3
+    and `weights.loading.load_weights` read. Keras 3's public `save_weights`
+    only writes its own `.weights.h5` layout; the Keras 2 writer is
+    `keras.src.legacy.saving.legacy_h5_format.save_weights_to_hdf5_group`
+    (Keras 3.15.1).
+    """
+    from keras.src.legacy.saving import legacy_h5_format
+
+    with h5py.File(path, "w") as handle:
+        legacy_h5_format.save_weights_to_hdf5_group(handle, model)
+
+
+def save_keras2_model(model: keras.Model, path: str) -> None:
+    """Writes `model` (config and weights, no optimizer) to `path` as Keras 2's whole-model HDF5.
+
+    What `model.save("x.h5")` writes in Keras 3 too (a `model_weights` group
+    and a `model_config` attribute), without its warning that the format is
+    legacy: the user asked for keras-yolo3's file. Loads with
+    `keras.saving.load_model` and `weights.loading.load_weights`
+    (`keras.src.legacy.saving.legacy_h5_format.save_model_to_hdf5`, Keras 3.15.1).
+    """
+    from keras.src.legacy.saving import legacy_h5_format
+
+    legacy_h5_format.save_model_to_hdf5(model, path, include_optimizer=False)

@@ -622,10 +622,13 @@ def test_unsupported_cfgs_are_named(tmp_path):
 
 
 def test_output_suffix_is_checked():
-    with pytest.raises(ValueError, match=r"try model_data/yolo\.weights\.h5"):
-        check_output_path("model_data/yolo.h5")
+    check_output_path("model_data/yolo.h5")  # keras-yolo3's own output: Keras 2 HDF5
+    with pytest.raises(ValueError, match=r"must end in `\.h5`.*Received: output_path=model_data/yolo\.txt"):
+        check_output_path("model_data/yolo.txt")
+    with pytest.raises(ValueError, match=r"a `\.keras` file holds the whole model"):
+        check_output_path("model_data/yolo.keras", weights_only=True)
     with pytest.raises(SystemExit) as exit_info:
-        main(["a.cfg", "b.weights", "model_data/yolo.h5"])
+        main(["a.cfg", "b.weights", "model_data/yolo.txt"])
     assert exit_info.value.code == 2
 
 

@@ -1,17 +1,24 @@
-"""`python convert.py`: a Darknet `.cfg` + `.weights` pair to a Keras 3 file.
+"""`python convert.py`: a Darknet `.cfg` + `.weights` pair to a Keras file.
 
 python convert.py yolov3.cfg yolov3.weights model_data/yolo.weights.h5
 python convert.py yolov3-tiny.cfg yolov3-tiny.weights model_data/tiny_yolo.weights.h5 --anchors-output A
+python convert.py yolov3.cfg yolov3.weights model_data/yolo.h5              (keras-yolo3's line: Keras 2 HDF5)
+python convert.py -w yolov3.cfg yolov3.weights model_data/yolo_weights.h5   (keras-yolo3's -w: weights only)
+
+Every output goes through `keras_yolo_mgpu.outputs`' rule, checked before converting.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import ArgumentParser
+from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+
+logger = logging.getLogger("convert")
 
 
 def build_parser() -> ArgumentParser:
@@ -23,7 +30,25 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("config_path", help="Darknet .cfg file")
     parser.add_argument("weights_path", help="Darknet .weights file")
-    parser.add_argument("output_path", help="output: .weights.h5 (weights) or .keras (whole model)")
+    parser.add_argument(
+        "output_path",
+        help="output: .h5 (Keras 2 HDF5 as keras-yolo3's: the whole model, or its weights with -w), "
+        ".weights.h5 (Keras 3 weights) or .keras (Keras 3 whole model)",
+    )
+    parser.add_argument(
+        "-w",
+        "--weights_only",
+        action="store_true",
+        help="save as Keras weights file instead of model file (keras-yolo3's flag; a .weights.h5 output "
+        "holds weights either way)",
+    )
+    parser.add_argument(
+        "-p",
+        "--plot_model",
+        action="store_true",
+        help="plot the model to <output without extension>.png (keras-yolo3's flag; needs pydot and graphviz, "
+        "else a warning)",
+    )
     parser.add_argument(
         "--generic",
         action="store_true",
@@ -58,18 +83,20 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
     )
+    add_overwrite_arg(parser)
     return parser
 
 
 def run(args) -> int:
     from keras_yolo_mgpu.cli import quiet
     from keras_yolo_mgpu.fileio import write_text_atomic
+    from keras_yolo_mgpu.outputs import check_output, record_written
     from keras_yolo_mgpu.resources import format_anchors, get_classes
     from keras_yolo_mgpu.weights import darknet
     from keras_yolo_mgpu.weights.convert import check_output_path, convert, parse_masks
 
     try:
-        check_output_path(args.output_path)
+        check_output_path(args.output_path, args.weights_only)
         masks = parse_masks(args.masks)
     except ValueError as error:
         raise UsageError(str(error)) from None
@@ -81,6 +108,16 @@ def run(args) -> int:
     for label, path in (("classes", args.classes), ("config", args.config_path), ("weights", args.weights_path)):
         if path is not None and not os.path.isfile(path):
             raise UsageError(f"{label} file not found: {path}")
+    # Every output is checked before the conversion (and TensorFlow) starts.
+    inputs = (args.config_path, args.weights_path, args.classes)
+    plot_path = os.path.splitext(args.output_path)[0] + ".png" if args.plot_model else None
+    for flag, path in (
+        ("output_path", args.output_path),
+        ("--anchors-output", args.anchors_output),
+        ("--plot_model", plot_path),
+    ):
+        if path is not None:
+            check_output(path, inputs=inputs, overwrite=args.overwrite, flag=flag)
     class_names = get_classes(args.classes) if args.classes else None
     quiet.import_tensorflow(args.verbose)
     result = convert(
@@ -91,16 +128,40 @@ def run(args) -> int:
         darknet_bn=darknet_bn,
         masks=masks,
         class_names=class_names,
+        weights_only=args.weights_only,
     )
     if args.anchors_output:
         if result.anchors is None:
             raise CommandError("the cfg has no [yolo] anchors to write")
         write_text_atomic(args.anchors_output, format_anchors(result.anchors) + "\n")
+        record_written([args.anchors_output])
     print(
         f"Converted {args.config_path} ({result.num_floats} floats) to {result.output_path} "
         f"as {result.architecture}" + (f"; cfg copy: {result.cfg_copy_path}" if result.cfg_copy_path else "")
     )
+    if plot_path:
+        _plot(result.model, plot_path)
     return 0
+
+
+def _plot(model, path: str) -> None:
+    """keras-yolo3's `-p`: `keras.utils.plot_model` to `path`; a warning, not an error, without pydot/graphviz."""
+    import keras
+
+    from keras_yolo_mgpu.fileio import atomic_write
+    from keras_yolo_mgpu.outputs import record_written
+
+    try:
+        atomic_write(path, lambda temporary: keras.utils.plot_model(model, to_file=temporary, show_shapes=True))
+    except ImportError as error:  # Keras raises it for a missing pydot or graphviz
+        logger.warning(
+            "model converted, but not plotted: -p needs pydot and graphviz "
+            "(pip install pydot; apt install graphviz or brew install graphviz) [%s]",
+            error,
+        )
+        return
+    record_written([path])
+    print(f"Saved model plot to {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

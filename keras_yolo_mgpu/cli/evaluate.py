@@ -15,6 +15,7 @@ from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.dataset_args import add_data_args
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.outputs import check_output
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -56,6 +57,7 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument(
         "--save-detections", metavar="FILE", help="with --weights: write the detections as COCO results JSON"
     )
+    cli.add_overwrite_arg(parser)
     return parser
 
 
@@ -67,6 +69,14 @@ def run(args) -> int:
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
     if bool(args.annotations) == bool(args.data):
         raise UsageError("give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file)")
+    if args.save_detections:
+        # Before the model runs: a refused file must not cost the whole evaluation.
+        check_output(
+            args.save_detections,
+            inputs=(args.weights, args.annotations, args.data, args.classes, args.anchors),
+            overwrite=args.overwrite,
+            flag="--save-detections",
+        )
     if args.detections:
         annotations, class_names = args.annotations, resolve_resource(args.classes, "classes")
         if args.data:

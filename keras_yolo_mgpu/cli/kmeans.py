@@ -2,6 +2,7 @@
 
     python kmeans.py --data my_dataset/data.yaml --clusters 9 --output model_data/my_anchors.txt
     python kmeans.py --annotations train.txt --clusters 9 --output model_data/my_anchors.txt
+    python kmeans.py        # keras-yolo3's line: 2012_train.txt, 9 clusters, writes yolo_anchors.txt
 
 Never imports TensorFlow.
 """
@@ -13,18 +14,26 @@ import os
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import ArgumentParser
+from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.dataset_args import add_data_args
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 logger = logging.getLogger("kmeans")
+
+# What keras-yolo3's kmeans.py reads and writes, in the current folder, when run without flags.
+KERAS_YOLO3_ANNOTATIONS = "2012_train.txt"
+KERAS_YOLO3_OUTPUT = "yolo_anchors.txt"
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="kmeans.py", description="Anchors by IoU k-means over the boxes of a dataset (its training split)."
     )
-    parser.add_argument("--annotations", help="keras-yolo3 annotation file (path x1,y1,x2,y2,class ...)")
+    parser.add_argument(
+        "--annotations",
+        help="keras-yolo3 annotation file (path x1,y1,x2,y2,class ...) (default without --data: "
+        f"{KERAS_YOLO3_ANNOTATIONS} in the current folder, written to {KERAS_YOLO3_OUTPUT}, as keras-yolo3)",
+    )
     add_data_args(parser, split="train")
     parser.add_argument(
         "--classes", default=None, help="class names file (--data: only when the dataset names no classes)"
@@ -47,6 +56,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--centre", choices=("median", "mean"), default="median", help="cluster centre (default: median)"
     )
+    add_overwrite_arg(parser)
     return parser
 
 
@@ -59,16 +69,23 @@ def run(args) -> int:
         round_anchors,
     )
     from keras_yolo_mgpu.fileio import write_text_atomic
+    from keras_yolo_mgpu.outputs import check_output, record_written
     from keras_yolo_mgpu.resources import format_anchors
 
     if args.clusters < 1:
         raise UsageError(f"--clusters must be positive, got {args.clusters}")
     if args.input_size is not None and args.input_size <= 0:
         raise UsageError(f"--input-size must be positive, got {args.input_size}")
-    if bool(args.annotations) == bool(args.data):
-        raise UsageError("give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file)")
+    if args.annotations and args.data:
+        raise UsageError("give one of --data (a dataset of any kind) or --annotations (keras-yolo3 file), not both")
+    keras_yolo3_file = not args.annotations and not args.data
+    if keras_yolo3_file:
+        _take_keras_yolo3_defaults(args)
     if args.annotations and not os.path.isfile(args.annotations):
         raise UsageError(f"annotation file not found: {args.annotations}")
+    if args.output:
+        inputs = (args.annotations, args.data, args.classes)
+        check_output(args.output, inputs=inputs, overwrite=args.overwrite, flag="--output")
     if args.clusters not in (6, 9):
         logger.warning("%d anchors: the models here expect 9 (YOLOv3) or 6 (tiny YOLOv3)", args.clusters)
     if args.data:
@@ -82,9 +99,38 @@ def run(args) -> int:
     print(f"Anchors: {line}")
     print(f"Mean IoU: {100 * mean_iou(boxes, anchors):.2f}%")
     if args.output:
-        write_text_atomic(args.output, line + "\n")
+        text = keras_yolo3_anchors_text(anchors) if keras_yolo3_file else line + "\n"
+        write_text_atomic(args.output, text)
+        record_written([args.output])
         print(f"Wrote {args.output}")
     return 0
+
+
+def _take_keras_yolo3_defaults(args) -> None:
+    """No --data nor --annotations: keras-yolo3's input and output files, or a UsageError naming them."""
+    if not os.path.isfile(KERAS_YOLO3_ANNOTATIONS):
+        raise UsageError(
+            f"no {KERAS_YOLO3_ANNOTATIONS} in {os.getcwd()} (what keras-yolo3's kmeans.py reads without flags): "
+            "give --annotations FILE (keras-yolo3 lines) or --data DATASET"
+        )
+    args.annotations = KERAS_YOLO3_ANNOTATIONS
+    taken = [f"--annotations {KERAS_YOLO3_ANNOTATIONS}"]
+    if args.output is None:
+        args.output = KERAS_YOLO3_OUTPUT
+        taken.append(f"--output {KERAS_YOLO3_OUTPUT} (keras-yolo3's one-line format)")
+    logger.info("no --data or --annotations: keras-yolo3's defaults %s, --clusters %d", ", ".join(taken), args.clusters)
+
+
+def keras_yolo3_anchors_text(anchors) -> str:
+    """`(N, 2)` integer anchors (width, height) as keras-yolo3's kmeans.py writes `yolo_anchors.txt`.
+
+    `w,h, w,h, ...` on one line without a newline: its `result2txt` joins
+    `%d,%d` pairs with `", "`; `resources.get_anchors` (and keras-yolo3's own
+    `get_anchors`) read it. The anchors are this command's: rounded to whole
+    pixels and sorted by area, where keras-yolo3 truncates and sorts by width
+    (the masks pick anchors by index, smallest area first).
+    """
+    return ", ".join(f"{int(w)},{int(h)}" for w, h in anchors)
 
 
 def _data_records(args) -> list:

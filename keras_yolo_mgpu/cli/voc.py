@@ -2,6 +2,7 @@
 
     python voc_annotation.py --devkit VOCdevkit --sets 2007_train 2007_val 2007_test
     python voc_annotation.py --xml-dir labels --image-dir images --classes my_classes.txt --output train.txt
+    python voc_annotation.py      # keras-yolo3's line: ./VOCdevkit, 2007_{train,val,test}.txt, absolute paths
 
 Never imports TensorFlow.
 """
@@ -9,13 +10,19 @@ Never imports TensorFlow.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.cli.args import ArgumentParser
+from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
-from keras_yolo_mgpu.data.voc import DEFAULT_SETS
+from keras_yolo_mgpu.data.voc import DEFAULT_SETS, voc_set_list_path
+
+logger = logging.getLogger("voc_annotation")
+
+# keras-yolo3's voc_annotation.py reads this folder of the current one when run without flags.
+KERAS_YOLO3_DEVKIT = "VOCdevkit"
 
 
 def _parse_set(text: str) -> tuple[str, str]:
@@ -27,8 +34,12 @@ def _parse_set(text: str) -> tuple[str, str]:
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="voc_annotation.py", description="Pascal VOC XML to keras-yolo3 annotation lines.")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--devkit", help="VOCdevkit folder (holds VOC2007/, VOC2012/)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--devkit",
+        help=f"VOCdevkit folder (holds VOC2007/, VOC2012/) (default without --xml-dir: ./{KERAS_YOLO3_DEVKIT} "
+        "with absolute image paths, as keras-yolo3)",
+    )
     source.add_argument("--xml-dir", help="folder of VOC-style .xml files (needs --image-dir and --output)")
     parser.add_argument(
         "--sets",
@@ -50,36 +61,71 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--keep-difficult", action="store_true", help="keep objects marked difficult (skipped by default)"
     )
+    add_overwrite_arg(parser)
     return parser
 
 
 def run(args) -> int:
     from keras_yolo_mgpu.data.voc import voc_set_lines
     from keras_yolo_mgpu.fileio import write_lines_atomic
+    from keras_yolo_mgpu.outputs import check_output, record_written
     from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
     if args.xml_dir and not (args.image_dir and args.output):
         raise UsageError("--xml-dir needs --image-dir and --output")
     if args.xml_dir:
         return _convert_xml_dir(args)
-    class_names = get_classes(resolve_resource(args.classes, "voc_classes"))
-    for year, image_set in args.sets:
+    if args.devkit is None:
+        args.devkit = _keras_yolo3_devkit(args.sets)
+    classes_path = resolve_resource(args.classes, "voc_classes")
+    class_names = get_classes(classes_path)
+    lists = [voc_set_list_path(args.devkit, year, image_set) for year, image_set in args.sets]
+    missing = [path for path in lists if not os.path.isfile(path)]
+    if missing:
+        present = [f"{year}_{s}" for (year, s), path in zip(args.sets, lists) if path not in missing]
+        hint = f": pass --sets {' '.join(present)} to convert only the others" if present else ""
+        raise FileNotFoundError(f"image set list not found: {', '.join(missing)}{hint}")
+    outputs = [os.path.join(args.output_dir, f"{year}_{image_set}.txt") for year, image_set in args.sets]
+    for output in outputs:  # all of them before any is written
+        check_output(output, inputs=[*lists, classes_path], overwrite=args.overwrite, flag="output")
+    for (year, image_set), output in zip(args.sets, outputs):
         lines = voc_set_lines(args.devkit, year, image_set, class_names, keep_difficult=args.keep_difficult)
-        output = os.path.join(args.output_dir, f"{year}_{image_set}.txt")
         write_lines_atomic(output, lines)
+        record_written([output])
         print(f"Wrote {output} ({len(lines)} images)")
     return 0
+
+
+def _keras_yolo3_devkit(sets) -> str:
+    """No --devkit nor --xml-dir: keras-yolo3's `./VOCdevkit`, absolute so the lines are keras-yolo3's (getcwd())."""
+    devkit = os.path.join(os.getcwd(), KERAS_YOLO3_DEVKIT)
+    if not os.path.isdir(devkit):
+        raise UsageError(
+            f"no {KERAS_YOLO3_DEVKIT} folder in {os.getcwd()} (what keras-yolo3's voc_annotation.py reads without "
+            "flags): give --devkit FOLDER, or --xml-dir with --image-dir and --output"
+        )
+    logger.info(
+        "no --devkit or --xml-dir: keras-yolo3's defaults --devkit %s (absolute image paths) --sets %s",
+        devkit,
+        " ".join(f"{year}_{image_set}" for year, image_set in sets),
+    )
+    return devkit
 
 
 def _convert_xml_dir(args) -> int:
     """--xml-dir: the XML files' own class names unless --classes; refuses a class list none of their objects is in."""
     from keras_yolo_mgpu.data.formats.voc_xml import voc_class_names
     from keras_yolo_mgpu.data.voc import xml_dir_lines
-    from keras_yolo_mgpu.fileio import write_lines_atomic, write_text_atomic
+    from keras_yolo_mgpu.fileio import write_lines_atomic
+    from keras_yolo_mgpu.outputs import check_output, record_written
     from keras_yolo_mgpu.resources import get_classes
 
     if not os.path.isdir(args.xml_dir):
         raise UsageError(f"--xml-dir: not a folder: {args.xml_dir}")
+    classes_output = None if args.classes else os.path.splitext(args.output)[0] + "_classes.txt"
+    check_output(args.output, inputs=[args.classes], overwrite=args.overwrite, flag="--output")
+    if classes_output:
+        check_output(classes_output, inputs=[args.classes], overwrite=args.overwrite, flag="the classes file")
     xml_paths = sorted(os.path.join(args.xml_dir, n) for n in os.listdir(args.xml_dir) if n.lower().endswith(".xml"))
     used = voc_class_names(xml_paths)
     if args.classes:
@@ -91,11 +137,13 @@ def _convert_xml_dir(args) -> int:
             )
     else:
         class_names = used
-        classes_path = os.path.splitext(args.output)[0] + "_classes.txt"
-        write_text_atomic(classes_path, "".join(f"{name}\n" for name in class_names))
-        print(f"Classes from the XML files ({len(class_names)}): {', '.join(class_names)}; wrote {classes_path}")
     lines = xml_dir_lines(args.xml_dir, args.image_dir, class_names, keep_difficult=args.keep_difficult)
+    if classes_output:
+        write_lines_atomic(classes_output, class_names)
+        record_written([classes_output])
+        print(f"Classes from the XML files ({len(class_names)}): {', '.join(class_names)}; wrote {classes_output}")
     write_lines_atomic(args.output, lines)
+    record_written([args.output])
     print(f"Wrote {args.output}")
     return 0
 

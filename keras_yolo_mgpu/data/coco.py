@@ -16,6 +16,14 @@ Boxes: ``[x, y, width, height]`` becomes ``x, y, x + width, y + height``
 (rounded to 1/1000 px); crowd regions (``iscrowd: 1``) and boxes of zero
 size are skipped; images left without boxes are left out unless
 ``--keep-empty``. Image paths are ``--image-dir`` joined with ``file_name``.
+
+keras-yolo3's own coco_annotation.py writes other lines from the same JSON;
+:func:`keras_yolo3_coco_lines` reproduces them (``python coco_annotation.py``
+without flags): boxes truncated to whole pixels (``int(x)``,
+``int(x) + int(width)``, so up to 2 px smaller than the box), crowd regions
+and zero-size boxes kept, images in the order of their first annotation,
+paths ``<image dir>/%012d.jpg`` of the image id, and class ids from its fixed
+table of COCO's 80 category ids (:data:`COCO_CATEGORY_IDS`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,21 @@ import numpy as np
 from keras_yolo_mgpu.data.annotations import format_annotation_line
 
 logger = logging.getLogger(__name__)
+
+#: COCO's 80 category ids in class-index order: keras-yolo3's coco_annotation.py maps id
+#: `COCO_CATEGORY_IDS[i]` to class i (its if/elif chain of offsets), the order of model_data/coco_classes.txt.
+COCO_CATEGORY_IDS = (
+    *range(1, 12),
+    *range(13, 26),
+    27,
+    28,
+    *range(31, 45),
+    *range(46, 66),
+    67,
+    70,
+    *range(72, 83),
+    *range(84, 91),
+)
 
 
 def category_mapping(categories: Sequence[dict]) -> tuple[dict, list[str]]:
@@ -164,3 +187,47 @@ def coco_lines(
         skipped["zero-size"],
     )
     return lines, names
+
+
+def keras_yolo3_coco_lines(instances: dict, image_dir: str) -> list[str]:
+    """The lines keras-yolo3's coco_annotation.py writes for a loaded instances JSON.
+
+    Its rules, not :func:`coco_lines`': one line per image that has any
+    annotation, in the order of each image's first annotation, with the path
+    ``image_dir/<image_id as %012d>.jpg``; every annotation, crowd regions
+    and zero-size boxes included, as ``int(x), int(y), int(x) + int(w),
+    int(y) + int(h)``; class ids from :data:`COCO_CATEGORY_IDS`.
+
+    Args:
+        instances: the parsed JSON (only ``annotations`` is read).
+        image_dir: written before each file name as given
+            (keras-yolo3: ``mscoco2017/train2017``).
+
+    Returns:
+        The lines, without newlines.
+
+    Raises:
+        ValueError: a category id outside COCO's 80 (keras-yolo3 would
+            write it unchanged, as a wrong class id).
+    """
+    index = {category_id: i for i, category_id in enumerate(COCO_CATEGORY_IDS)}
+    boxes_by_image: dict[int, list[list[int]]] = {}
+    for ann in instances.get("annotations", []):
+        category_id = int(ann["category_id"])
+        if category_id not in index:
+            raise ValueError(
+                f"annotation {ann.get('id')} has category_id {category_id}, not one of COCO's 80 that keras-yolo3's "
+                "fixed class table maps: convert this JSON with --instances, --image-dir and --output (classes from "
+                "its categories)"
+            )
+        x, y, w, h = ann["bbox"]
+        x_min, y_min = int(x), int(y)
+        boxes_by_image.setdefault(int(ann["image_id"]), []).append(
+            [x_min, y_min, x_min + int(w), y_min + int(h), index[category_id]]
+        )
+    lines = [
+        format_annotation_line(os.path.join(image_dir, f"{image_id:012d}.jpg"), np.array(boxes).reshape(-1, 5))
+        for image_id, boxes in boxes_by_image.items()
+    ]
+    logger.info("%d images written, as keras-yolo3's coco_annotation.py", len(lines))
+    return lines

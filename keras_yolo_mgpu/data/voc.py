@@ -4,6 +4,7 @@ Two ways in:
 
     # A VOCdevkit: one output file per set, named like keras-yolo3's (2007_train.txt, ...)
     python voc_annotation.py --devkit VOCdevkit --sets 2007_train 2007_val 2007_test
+    python voc_annotation.py      # the same for ./VOCdevkit, with absolute paths, as keras-yolo3
 
     # Any folder of VOC-style XML files (LabelImg and most labelling tools write them)
     python voc_annotation.py --xml-dir labels --image-dir images --classes my_classes.txt --output train.txt
@@ -130,12 +131,22 @@ class _Tally:
             )
 
 
+def voc_set_list_path(devkit: str, year: str, image_set: str) -> str:
+    """``<devkit>/VOC<year>/ImageSets/Main/<image_set>.txt``: the image ids of one set."""
+    return os.path.join(devkit, f"VOC{year}", "ImageSets", "Main", f"{image_set}.txt")
+
+
 def voc_set_lines(
     devkit: str, year: str, image_set: str, class_names: Sequence[str], *, keep_difficult: bool = False
 ) -> list[str]:
-    """Annotation lines for ``VOCdevkit/VOC<year>/ImageSets/Main/<image_set>.txt``."""
+    """Annotation lines for ``VOCdevkit/VOC<year>/ImageSets/Main/<image_set>.txt``.
+
+    The image paths are ``<devkit>/VOC<year>/JPEGImages/<id>.jpg``: with
+    ``devkit`` = ``os.path.join(os.getcwd(), "VOCdevkit")`` exactly the
+    lines keras-yolo3's voc_annotation.py writes for VOC's own XML.
+    """
     voc = os.path.join(devkit, f"VOC{year}")
-    list_path = os.path.join(voc, "ImageSets", "Main", f"{image_set}.txt")
+    list_path = voc_set_list_path(devkit, year, image_set)
     with open(list_path, encoding="utf-8") as f:
         image_ids = [line.strip().split()[0] for line in f if line.strip()]
     tally = _Tally()

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from keras_yolo_mgpu.fileio import write_text_atomic
+from keras_yolo_mgpu.outputs import record_written
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
 logger = logging.getLogger(__name__)
@@ -476,7 +478,8 @@ def evaluate_weights(
     `masks` anchor indices per scale; all default to the weights' metadata
     (which they must agree with), else YOLOv3's anchors, COCO's names and
     keras-yolo3's masks; `settings` (a `ModelMetadata`) replaces them all.
-    `save_detections` writes the COCO results JSON.
+    `save_detections` writes the COCO results JSON, replacing a file there
+    (evaluate.py first checks `outputs.check_output`).
 
     Returns:
         `evaluate_detections`'s dict.
@@ -513,9 +516,8 @@ def evaluate_weights(
     dropped = set(skipped)
     annotations = [a for i, a in enumerate(annotations) if i not in dropped]
     if save_detections:
-        os.makedirs(os.path.dirname(os.path.abspath(save_detections)), exist_ok=True)
-        with open(save_detections, "w", encoding="utf-8") as f:
-            json.dump(detections, f)
+        write_text_atomic(save_detections, json.dumps(detections))
+        record_written([save_detections])
     result = evaluate_detections(
         detections, annotations, class_names, score=score, pr_curve=pr_curve, image_sizes=sizes
     )

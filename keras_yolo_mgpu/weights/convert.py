@@ -1,8 +1,18 @@
-"""Convert a Darknet ``.cfg`` + ``.weights`` pair into a Keras 3 file.
+"""Convert a Darknet ``.cfg`` + ``.weights`` pair into a Keras file.
 
     python convert.py yolov3.cfg yolov3.weights model_data/yolo.weights.h5
     python convert.py yolov3-tiny.cfg yolov3-tiny.weights model_data/tiny_yolo.weights.h5
     python convert.py darknet53.cfg darknet53.conv.74 model_data/darknet53.keras
+    python convert.py yolov3.cfg yolov3.weights model_data/yolo.h5            # keras-yolo3's line
+    python convert.py -w yolov3.cfg yolov3.weights model_data/yolo_weights.h5
+
+The output's ending picks the format: ``.weights.h5`` Keras 3 weights,
+``.keras`` a Keras 3 archive (whole model), any other ``.h5`` keras-yolo3's
+own Keras 2 HDF5 layout: the whole model as ``model.save`` wrote it, or,
+with ``weights_only`` (keras-yolo3's ``-w``), the weights as
+``save_weights`` wrote them. Every one of them carries the project's
+metadata (``weights.metadata``) and loads with
+``weights.loading.load_weights`` and every command's ``--weights``.
 
 What is saved:
 
@@ -15,13 +25,16 @@ What is saved:
 - Any other cfg (``darknet53.cfg`` alone, an SPP variant, ...) is saved as
   the generic cfg-built model (layers named ``conv_<darknet index>``,
   ``bn_<i>``, ...). ``.keras`` is the natural output for those: it loads
-  with ``keras.saving.load_model`` and needs no code. A ``.weights.h5``
-  output only loads into the same generic model, so a copy of the cfg is
-  written next to it as ``<output>.cfg`` and :func:`load_converted` rebuilds
-  the model from that copy.
+  with ``keras.saving.load_model`` and needs no code (so does a whole-model
+  ``.h5``). A weights-only output only loads into the same generic model,
+  so a copy of the cfg is written next to it as ``<output>.cfg`` and
+  :func:`load_converted` rebuilds the model from that copy.
 
 Outputs are written to a temporary file in the output folder and renamed at
-the end, so a failed conversion never leaves a partial file behind.
+the end, so a failed conversion never leaves a partial file behind, and are
+recorded as this project's (``outputs.record_written``). Whether an existing
+file may be replaced is the caller's check (``outputs.check_output``, which
+convert.py runs before converting).
 """
 
 from __future__ import annotations
@@ -35,12 +48,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from keras_yolo_mgpu.fileio import atomic_write
+from keras_yolo_mgpu.outputs import record_written
 from keras_yolo_mgpu.weights import darknet
 from keras_yolo_mgpu.weights.metadata import ModelMetadata, write_metadata
 
 logger = logging.getLogger(__name__)
 
-_OUTPUT_SUFFIXES = (".weights.h5", ".keras")
+#: What each output ending is written as (see :func:`output_format`).
+OUTPUT_FORMATS = {
+    "keras3-weights": "Keras 3 weights (.weights.h5)",
+    "keras3-archive": "Keras 3 whole model (.keras)",
+    "keras2-weights": "Keras 2 HDF5 weights, as keras-yolo3's convert.py -w",
+    "keras2-model": "Keras 2 HDF5 whole model, as keras-yolo3's convert.py",
+}
 
 
 @dataclasses.dataclass
@@ -73,16 +93,53 @@ class ConversionResult:
     metadata: object = None
 
 
-def check_output_path(output_path: str) -> None:
-    """Raises ``ValueError`` unless the path ends in ``.weights.h5`` or ``.keras``."""
-    if not str(output_path).endswith(_OUTPUT_SUFFIXES):
-        hint = ""
-        if str(output_path).endswith(".h5"):
-            hint = f" (Keras 3 weights files end in .weights.h5: try {str(output_path)[:-3]}.weights.h5)"
-        raise ValueError(
-            f"`output_path` must end in `.weights.h5` (weights for yolo_body) or `.keras` "
-            f"(whole model){hint}. Received: output_path={output_path}"
-        )
+def output_format(output_path: str | os.PathLike, weights_only: bool = False) -> str:
+    """The format :func:`convert` writes to ``output_path``: a key of :data:`OUTPUT_FORMATS`.
+
+    ``.weights.h5``: Keras 3 weights; ``.keras``: Keras 3 archive; any other
+    ``.h5``: keras-yolo3's Keras 2 HDF5, weights only with ``weights_only``
+    (keras-yolo3's ``-w``), else the whole model.
+
+    Raises:
+        ValueError: another ending, or ``.keras`` with ``weights_only``.
+    """
+    path = str(output_path)
+    if path.endswith(".weights.h5"):
+        return "keras3-weights"
+    if path.endswith(".keras"):
+        if weights_only:
+            raise ValueError(
+                "`weights_only` (-w) writes weights, but a `.keras` file holds the whole model: end the output "
+                f"in .weights.h5 (Keras 3) or .h5 (Keras 2, as keras-yolo3's -w). Received: output_path={path}"
+            )
+        return "keras3-archive"
+    if path.endswith(".h5"):
+        return "keras2-weights" if weights_only else "keras2-model"
+    raise ValueError(
+        "`output_path` must end in `.h5` (Keras 2 HDF5, as keras-yolo3's convert.py), `.weights.h5` (Keras 3 "
+        f"weights) or `.keras` (Keras 3 whole model). Received: output_path={path}"
+    )
+
+
+def check_output_path(output_path: str | os.PathLike, weights_only: bool = False) -> None:
+    """Raises ``ValueError`` unless :func:`output_format` knows the path's ending."""
+    output_format(output_path, weights_only)
+
+
+def _save(model, path: str, file_format: str) -> None:
+    """Writes ``model`` to ``path`` in ``file_format`` (a key of :data:`OUTPUT_FORMATS`)."""
+    # keras_compat imports Keras, which this module leaves to its functions
+    # (convert.py answers usage errors before TensorFlow loads).
+    from keras_yolo_mgpu import keras_compat
+
+    if file_format == "keras3-weights":
+        model.save_weights(path)
+    elif file_format == "keras3-archive":
+        model.save(path)
+    elif file_format == "keras2-weights":
+        keras_compat.save_keras2_weights(model, path)
+    else:
+        keras_compat.save_keras2_model(model, path)
 
 
 def _yolo_heads(yolos: Sequence[darknet.YoloSpec]):
@@ -214,13 +271,16 @@ def convert(
     darknet_bn: str | None = None,
     masks="auto",
     class_names: Sequence[str] | None = None,
+    weights_only: bool = False,
 ) -> ConversionResult:
     """Converts Darknet ``cfg_path`` + ``weights_path`` into ``output_path``.
 
     Args:
         cfg_path: Darknet ``.cfg``.
         weights_path: Darknet ``.weights`` (every float must be used).
-        output_path: ``.weights.h5`` or ``.keras``; its folder is created.
+        output_path: ``.weights.h5``, ``.keras`` or ``.h5`` (see
+            :func:`output_format`); its folder is created. An existing file
+            is replaced: check first (``outputs.check_output``).
         generic: always save the generic cfg-built model, even when the cfg
             is a ``yolo_body``.
         check: verify the ``yolo_body`` copy on a test image (see
@@ -244,17 +304,19 @@ def convert(
         class_names: names stored in the file's metadata, one per class of
             the cfg; default the COCO names for an 80-class cfg, else
             ``class_0``, ``class_1``, ... with a warning.
+        weights_only: for a plain ``.h5`` output, keras-yolo3's ``-w``:
+            the weights only (Keras 2 ``save_weights``), not the whole model.
 
     Returns:
         A :class:`ConversionResult`.
 
     Raises:
-        ValueError: bad output suffix.
+        ValueError: bad output suffix (or ``.keras`` with ``weights_only``).
         DarknetError: unsupported cfg, or weights that do not match the cfg
             (too few floats, naming the layer; or floats left over).
     """
     output_path = str(output_path)
-    check_output_path(output_path)
+    file_format = output_format(output_path, weights_only)
     sections = darknet.parse_cfg(cfg_path)
     convs, yolos = darknet.infer_layers(sections)
     header, weights = darknet.read_weights(weights_path, convs)
@@ -302,7 +364,7 @@ def convert(
         )
 
     cfg_copy_path = None
-    if architecture == "generic" and output_path.endswith(".weights.h5"):
+    if architecture == "generic" and file_format in ("keras3-weights", "keras2-weights"):
         cfg_copy_path = output_path + ".cfg"
         logger.warning(
             "%s holds weights of the generic cfg-built model, not of yolo_body: load it with "
@@ -313,15 +375,16 @@ def convert(
             cfg_copy_path,
         )
         atomic_write(cfg_copy_path, lambda temp_path: shutil.copyfile(cfg_path, temp_path))
-    save = model.save if output_path.endswith(".keras") else model.save_weights
+        record_written([cfg_copy_path])
 
     def write(temp_path):
-        save(temp_path)
+        _save(model, temp_path, file_format)
         if metadata is not None:
             write_metadata(temp_path, metadata)
 
     atomic_write(output_path, write)
-    logger.info("Saved %s (%s) to %s", model.name, architecture, output_path)
+    record_written([output_path])
+    logger.info("Saved %s (%s) to %s: %s", model.name, architecture, output_path, OUTPUT_FORMATS[file_format])
     if anchors is not None:
         from keras_yolo_mgpu.resources import format_anchors
 
@@ -420,23 +483,31 @@ def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
 def load_converted(path: str | os.PathLike):
     """Loads a file written by :func:`convert` without knowing which kind it is.
 
-    ``.keras`` loads as a whole model. A ``.weights.h5`` with a
+    ``.keras`` and a whole-model ``.h5`` load as whole models. A weights-only
+    file (``.weights.h5``, or ``.h5`` written with ``weights_only``) with a
     ``<path>.cfg`` beside it is a generic model: rebuilt from that cfg, then
-    its weights loaded. A ``.weights.h5`` without one holds ``yolo_body`` /
-    ``tiny_yolo_body`` weights: build that network with your class count and
-    call ``load_weights`` (this function raises, saying so).
+    its weights loaded. One without holds ``yolo_body`` / ``tiny_yolo_body``
+    weights: build that network with your class count and call
+    ``weights.loading.load_weights`` (this function raises, saying so).
     """
+    import h5py
     import keras
 
     path = str(path)
+    check_output_path(path)
     if path.endswith(".keras"):
         return keras.saving.load_model(path)
-    check_output_path(path)
+    if not path.endswith(".weights.h5"):
+        with h5py.File(path, "r") as handle:
+            whole_model = "model_config" in handle.attrs
+        if whole_model:
+            return keras.saving.load_model(path, compile=False)
     cfg_copy = path + ".cfg"
     if not os.path.isfile(cfg_copy):
         raise ValueError(
             f"{path} has no {os.path.basename(cfg_copy)} beside it, so it holds yolo_body/tiny_yolo_body "
-            "weights: build the network (keras_yolo_mgpu.model.yolo3.yolo_body) and call load_weights"
+            "weights: build the network (keras_yolo_mgpu.model.yolo3.yolo_body) and call "
+            "keras_yolo_mgpu.weights.loading.load_weights"
         )
     model = darknet.build_model(darknet.parse_cfg(cfg_copy))
     model.load_weights(path)
