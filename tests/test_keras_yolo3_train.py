@@ -6,6 +6,7 @@ the scripts run in it as subprocesses. Only the size of the run is set by flags
 (keras-yolo3's users edit train.py for that).
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -117,3 +118,24 @@ def test_a_folder_without_train_txt_gets_the_start_help(tmp_path):
     result = _script("train.py", cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert "no keras-yolo3 train.txt in this folder" in result.stdout
+
+
+def _evaluated(root, *flags):
+    result = _script("evaluate.py", *flags, "--no-progress", cwd=root, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_evaluate_scores_the_images_the_run_held_out_and_warns_on_a_dataset_without_them(trained_folder):
+    root, result = trained_folder
+    assert result.returncode == 0, result.stderr[-3000:]
+    held_out = (root / "logs" / "000" / "val_split.txt").read_text().splitlines()
+    assert len(held_out) == 1  # --val-split 0.1 of 11 lines
+    weights = "logs/000/trained_weights_final.h5"
+    alone, log = _evaluated(root, "--weights", weights)
+    assert alone["num_listed"] == 1 and "scoring the images the run held out" in log
+    with_data, log = _evaluated(root, "--weights", weights, "--data", "train.txt")
+    assert with_data["num_listed"] == 1 and "has no val split; " in log and "scoring those images" in log
+    shutil.copy(root / "train.txt", root / "other.txt")  # a dataset the run did not train on: all of it, said
+    other, log = _evaluated(root, "--weights", weights, "--data", "other.txt")
+    assert other["num_listed"] == 11 and "WARNING" in log and "has no val split: scoring all of its images" in log

@@ -62,7 +62,12 @@ def checked_records(dataset, split: str, num_classes: int, *, check_images: bool
     """The split's usable records; each problem logged as a warning with its file and line, then a summary."""
     if split not in dataset.splits:
         if split == "val" and "train" in dataset.splits:
-            logger.info("%s has no val split: using all of it", dataset.path)
+            logger.warning(
+                "%s has no val split: scoring all of its images. A model trained on it has seen them, and the "
+                "score is then inflated: evaluate a run's weights alone (--weights RUN/best.weights.h5) to score the "
+                "images it held out (RUN/val_split.txt), or give validation images with --annotations",
+                dataset.path,
+            )
             split = "train"
         else:
             raise ValueError(f"{dataset.path} has no {split} split (it has {', '.join(dataset.splits)})")

@@ -8,14 +8,18 @@ python evaluate.py --annotations val.txt --detections detections.json --classes 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
-from keras_yolo_mgpu.cli.dataset_args import add_data_args
+from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.outputs import check_output
+from keras_yolo_mgpu.training.run_folder import held_out_list
+
+logger = logging.getLogger("evaluate")
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -67,8 +71,18 @@ def run(args) -> int:
 
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
+    if args.weights and not args.annotations and not args.data:
+        # A run's weights alone: the images that run held out for validation.
+        args.annotations = held_out_list(args.weights)
+        if args.annotations:
+            logger.info("scoring the images the run held out for validation: %s", args.annotations)
+    elif args.weights and args.data and args.split == "val":
+        _use_held_out_when_data_has_no_val(args)
     if bool(args.annotations) == bool(args.data):
-        raise UsageError("give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file)")
+        raise UsageError(
+            "give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file); "
+            "weights of a run that held out validation images (its val_split.txt) need neither"
+        )
     if args.save_detections:
         # Before the model runs: a refused file must not cost the whole evaluation.
         check_output(
@@ -111,9 +125,29 @@ def run(args) -> int:
     return 0
 
 
+def _use_held_out_when_data_has_no_val(args) -> None:
+    """--data without a val split, and weights of a run that trained on it: score the images that run held out.
+
+    Scoring all of --data would count the run's training images as
+    validation images and inflate the mAP without a word.
+    """
+    held_out = held_out_list(args.weights, args.data)
+    if held_out is None:
+        return
+    dataset = open_data(args)
+    if "val" not in dataset.splits:
+        logger.info(
+            "%s has no val split; %s trained on it and held out %s: scoring those images",
+            args.data,
+            args.weights,
+            held_out,
+        )
+        args.annotations, args.data = held_out, None
+
+
 def _data_records(args, model_names: list[str] | None):
     """(records of --data's --split, class names): the dataset's names must be the model's, when both have them."""
-    from keras_yolo_mgpu.cli.dataset_args import checked_records, open_data
+    from keras_yolo_mgpu.cli.dataset_args import checked_records
     from keras_yolo_mgpu.data.dataset_source import resolve_class_names
 
     dataset = open_data(args, class_names=model_names)

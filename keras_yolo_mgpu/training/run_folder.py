@@ -8,6 +8,7 @@ and a resumed run drops the history.csv rows of epochs it repeats.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -17,6 +18,30 @@ from keras_yolo_mgpu.training.config import TrainConfig
 logger = logging.getLogger(__name__)
 
 FINAL_WEIGHTS = "trained_weights_final.weights.h5"
+# The validation images a run drew from its training data (--val-split), in keras-yolo3's annotation format.
+HELD_OUT_FILE = "val_split.txt"
+
+
+def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
+    """The held-out list of the run whose folder holds `weights_path`, or None.
+
+    With `dataset` (a --data or --annotations path), only when the run
+    trained on that dataset (its args.json names it), so a list is never
+    applied to another dataset's images.
+    """
+    run_dir = os.path.dirname(os.path.abspath(weights_path))
+    held_out = os.path.join(run_dir, HELD_OUT_FILE)
+    if not os.path.isfile(held_out):
+        return None
+    if dataset is None:
+        return held_out
+    try:
+        with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as handle:
+            recorded = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    sources = [recorded.get("data"), recorded.get("annotations")]
+    return held_out if os.path.abspath(dataset) in [os.path.abspath(s) for s in sources if s] else None
 
 
 def _prepare_log_dir(config: TrainConfig) -> None:

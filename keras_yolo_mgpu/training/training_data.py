@@ -24,7 +24,10 @@ import os
 
 import numpy as np
 
+from keras_yolo_mgpu.data.annotations import format_annotation_line
 from keras_yolo_mgpu.data.overlap import find_overlap
+from keras_yolo_mgpu.fileio import write_lines_atomic
+from keras_yolo_mgpu.training.run_folder import HELD_OUT_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +129,9 @@ class TrainingData:
 
     def splits(self, run_dir: str) -> tuple[list, list]:
         """(training records, validation records), checked; images listed twice or in both are warned of."""
-        train, val = self._splits(run_dir)
+        train, val, drawn = self._splits(run_dir)
+        if drawn and val and self.write_record:
+            _write_held_out(val, run_dir, self.config.val_split)
         overlap = find_overlap({"training": [a.image_path for a in train], "validation": [a.image_path for a in val]})
         for _, message in overlap.messages():
             logger.warning("%s", message)
@@ -137,7 +142,8 @@ class TrainingData:
             )
         return train, val
 
-    def _splits(self, run_dir: str) -> tuple[list, list]:
+    def _splits(self, run_dir: str) -> tuple[list, list, bool]:
+        """(training records, validation records, whether the validation records were drawn from training's)."""
         from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
 
         config = self.config
@@ -151,14 +157,14 @@ class TrainingData:
                         f"--data {config.data} has its own val split; --val-annotations {config.val_annotations} "
                         "would replace it: drop one"
                     )
-                return train, self._checked("val", None, run_dir, need_boxes=val_boxes)
+                return train, self._checked("val", None, run_dir, need_boxes=val_boxes), False
             if config.val_annotations:
-                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes)
+                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes), False
             source = config.data
         else:
             train = self._checked("train", config.annotations, run_dir)
             if config.val_annotations:
-                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes)
+                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes), False
             source = config.annotations
         train, val = _split_off_validation(train, config.val_split, config.seed, source)
         if val_boxes and val and not any(len(a.boxes) for a in val):
@@ -166,7 +172,7 @@ class TrainingData:
                 f"{source}: the {len(val)} validation images drawn with val_split={config.val_split} hold no box, "
                 f"and the run monitors {config.monitor}: raise --val-split, or give a validation split with boxes"
             )
-        return train, val
+        return train, val, True
 
 
 def _split_off_validation(annotations: list, val_split: float, seed, source: str) -> tuple[list, list]:
@@ -179,3 +185,14 @@ def _split_off_validation(annotations: list, val_split: float, seed, source: str
     val = [annotations[i] for i in sorted(order[:num_val])]
     train = [annotations[i] for i in order[num_val:]]
     return train, val
+
+
+def _write_held_out(val: list, run_dir: str, val_split: float) -> None:
+    path = os.path.join(run_dir, HELD_OUT_FILE)  # what evaluate.py scores for the run's weights
+    write_lines_atomic(path, [format_annotation_line(os.path.abspath(a.image_path), a.boxes) for a in val])
+    logger.info(
+        "%d validation images held out (--val-split %g), listed in %s: evaluate.py --weights of this run scores them",
+        len(val),
+        val_split,
+        path,
+    )
