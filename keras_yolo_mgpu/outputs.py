@@ -101,9 +101,12 @@ def written_here(path: str | os.PathLike) -> bool:
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         return False
-    with _locked_records(os.path.dirname(path), write=False) as records:
-        if records.get(os.path.basename(path)) == _signature(path):
-            return True
+    try:
+        with _locked_records(os.path.dirname(path), write=False) as records:
+            if records.get(os.path.basename(path)) == _signature(path):
+                return True
+    except OSError as error:  # an unusable cache folder: nothing is known to be ours
+        logger.debug("could not read the records of %s: %s", os.path.dirname(path), error)
     return _has_project_metadata(path)
 
 

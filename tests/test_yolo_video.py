@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import cv2
@@ -25,7 +27,7 @@ from keras_yolo_mgpu.cli.detect import main
 from keras_yolo_mgpu.data.synthetic import make_synthetic_video
 from keras_yolo_mgpu.inference import video as video_module
 from keras_yolo_mgpu.inference.detector import YOLO
-from keras_yolo_mgpu.inference.media import process_images, process_video
+from keras_yolo_mgpu.inference.media import OutputRule, process_images, process_video
 from keras_yolo_mgpu.inference.video import VideoError, VideoReader, VideoWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -285,3 +287,196 @@ def test_help_names_each_flag_of_this_command():
     text = " ".join(build_parser().format_help().split())
     assert "--tiny alias of --architecture yolov3-tiny" in text  # --model is the weights file here
     assert "--model FILE keras-yolo3's name for --weights" in text
+
+
+# ---- keras-yolo3's command lines, through the real script --------------------------------
+#
+# One folder for these tests: weights, classes, two images, two clips. The
+# commands run in it (keras-yolo3's default `detections/` lands there).
+
+CLIP_FRAMES, LIVE_FRAMES = 12, 8
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, body):
+    root = tmp_path_factory.mktemp("script")
+    body.save_weights(str(root / "w.weights.h5"))
+    write_classes(root / "classes.txt")
+    for name, image in zip(("a.jpg", "b.jpg"), random_images(2, seed=4, sizes=((64, 80),))):
+        cv2.imwrite(str(root / name), image)
+    # .avi (MJPG): a cut file still plays up to the cut, as a dropped stream does
+    make_synthetic_video(root / "clip.avi", num_frames=CLIP_FRAMES, frame_size=(64, 80), fps=10.0, seed=3)
+    make_synthetic_video(root / "live.avi", num_frames=LIVE_FRAMES, frame_size=(64, 80), fps=10.0, seed=5)
+    return root
+
+
+def yolo_video(folder, *args, stdin=None):
+    """Runs yolo_video.py in `folder` with the test model; returns the CompletedProcess."""
+    model = ["--model", "w.weights.h5", "--anchors", TINY_ANCHORS_PATH, "--classes", "classes.txt"]
+    model += ["--input-size", "64", "--score", str(SCORE), "--no-progress"]
+    # FFmpeg honours http_proxy: the loopback server must be reached directly.
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
+    return subprocess.run(
+        [sys.executable, str(REPO / "yolo_video.py"), *model, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=folder,
+        env=env,
+    )
+
+
+class _ClipHandler(http.server.BaseHTTPRequestHandler):
+    """Serves the test folder's clips; under /cut/ it announces the whole file, sends half and hangs up."""
+
+    timeout = 20  # a client that stalls cannot hold the test
+    root: Path
+
+    def do_GET(self):
+        cut = self.path.startswith("/cut/")
+        path = self.root / Path(self.path).name
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "video/x-msvideo")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2] if cut else data)
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    handler = type("Handler", (_ClipHandler,), {"root": folder})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=5)
+
+
+def test_image_prompt_annotates_each_name_until_end_of_input(folder):
+    """keras-yolo3's `python yolo_video.py --image`: a file name per line, to the end of input (EOF)."""
+    detections = folder / "detections"
+    detections.mkdir(exist_ok=True)
+    (detections / "mine.jpg").write_bytes(b"the user's own file")
+    (folder / "mine.jpg").write_bytes((folder / "a.jpg").read_bytes())
+    typed = "a.jpg\nmissing.jpg\n\nmine.jpg\n  b.jpg  \n"
+    result = yolo_video(folder, "--image", stdin=typed)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("Input image filename:") == 6  # 5 lines, then the end of input
+    for name in ("a.jpg", "b.jpg"):
+        assert cv2.imread(str(detections / name)).shape == (64, 80, 3)
+        assert f"annotated image detections/{name}" in result.stderr  # where each one went
+    assert "Open Error! Try again! no such image file: missing.jpg" in result.stderr
+    assert "annotated image detections/mine.jpg already exists" in result.stderr  # reported, and the loop goes on
+    assert (detections / "mine.jpg").read_bytes() == b"the user's own file"
+    assert result.stderr.index("missing.jpg") < result.stderr.index("detections/b.jpg")
+    assert "Traceback" not in result.stderr
+
+
+def test_outputs_that_are_inputs_or_not_ours_are_refused_before_anything_is_read(folder):
+    source = folder / "source.avi"
+    source.write_bytes((folder / "clip.avi").read_bytes())
+    before = source.read_bytes()
+    for args in (["--input", "source.avi", "--output", "source.avi"], ["source.avi", "./source.avi"]):
+        result = yolo_video(folder, *args)
+        assert result.returncode == 1 and "is also an input of this command" in result.stderr, result.stderr
+        assert source.read_bytes() == before
+
+    user_video = folder / "user.avi"
+    user_video.write_bytes(b"the user's own video")
+    result = yolo_video(folder, "clip.avi", "user.avi")
+    assert result.returncode == 1 and "--output user.avi already exists" in result.stderr
+    assert "--overwrite" in result.stderr and user_video.read_bytes() == b"the user's own video"
+
+    # Images named up front: every annotated file is checked before the first detection.
+    out = folder / "annotated"
+    out.mkdir()
+    (out / "b.jpg").write_bytes(b"the user's own picture")
+    result = yolo_video(folder, "--image", "a.jpg", "b.jpg", "--output", "annotated")
+    assert result.returncode == 1 and "annotated image annotated/b.jpg already exists" in result.stderr
+    assert sorted(os.listdir(out)) == ["b.jpg"] and (out / "b.jpg").read_bytes() == b"the user's own picture"
+
+    notes = folder / "notes.txt"
+    notes.write_text((REPO / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    result = yolo_video(folder, "--input", "notes.txt", "--output", "notes.avi")
+    assert result.returncode == 1 and "video input notes.txt is a text file, not a video" in result.stderr
+    assert not (folder / "notes.avi").exists()
+
+
+def test_a_role_given_twice_or_nothing_to_detect_is_a_usage_error(folder):
+    for args, message in (
+        (["--input", "clip.avi", "live.avi"], "the video is given twice: --input clip.avi and live.avi"),
+        (["clip.avi", "out.avi", "--output", "o.avi"], "the output is given twice: --output o.avi and out.avi"),
+        ([], "nothing to detect"),
+    ):
+        result = yolo_video(folder, *args)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])
+
+
+def test_positional_video_then_a_stream_rerun_replaces_its_own_output(folder, server):
+    """keras-yolo3's `python yolo_video.py [video_path] [output_path]`, then the same output from an http stream."""
+    out = folder / "out.avi"
+    result = yolo_video(folder, "clip.avi", "out.avi", "--gpu_num", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert video_properties(out)[1:] == (80, 64, CLIP_FRAMES)
+
+    jsonl = folder / "live.jsonl"
+    result = yolo_video(folder, "--input", f"{server}/live.avi", "--output", "out.avi", "--save-json", "live.jsonl")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "replacing out.avi, an earlier output of keras-yolo-mgpu" in result.stderr
+    assert len(read_bgr_frames(out)) == LIVE_FRAMES
+    assert [json.loads(line)["frame"] for line in jsonl.read_text().splitlines()] == list(range(LIVE_FRAMES))
+    assert not [name for name in os.listdir(folder) if ".tmp" in name]  # the temporary video was renamed
+
+
+def test_a_stream_cut_midway_keeps_the_frames_written(folder, server):
+    """The server hangs up halfway: the run ends cleanly, and --overwrite replaces the user's file with those frames."""
+    user_video = folder / "kept.avi"
+    user_video.write_bytes(b"the user's own video")
+    result = yolo_video(folder, f"{server}/cut/clip.avi", "kept.avi", "--overwrite")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "replacing kept.avi (--overwrite)" in result.stderr
+    kept = len(read_bgr_frames(user_video))  # a video that plays: the writer was closed
+    assert 0 < kept < CLIP_FRAMES
+    assert f"ended after {kept} of the {CLIP_FRAMES} frames it announced" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_process_video_ends_cleanly_at_a_read_error_midway(yolo, clip, tmp_path, monkeypatch):
+    real_open = video_module.open_capture
+
+    class FailingAfterFour:
+        def __init__(self, capture):
+            self._capture, self._reads = capture, 0
+
+        def read(self):
+            self._reads += 1
+            if self._reads > 3:  # the first frame is read when opening
+                raise cv2.error("corrupt packet")
+            return self._capture.read()
+
+        def __getattr__(self, name):
+            return getattr(self._capture, name)
+
+    def failing_open(source):
+        capture, first = real_open(source)
+        return FailingAfterFour(capture), first
+
+    monkeypatch.setattr(video_module, "open_capture", failing_open)
+    rule = OutputRule(strict=True)
+    stats = process_video(yolo, clip, str(tmp_path / "out.mp4"), progress=False, rule=rule)
+    assert stats["frames"] == 4 and stats["input_ended_early"]
+    assert video_properties(tmp_path / "out.mp4")[3] == 4  # the frames before the error, in a finished file

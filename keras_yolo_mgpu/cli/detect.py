@@ -1,7 +1,10 @@
-"""`python yolo_video.py`: detect objects in images or a video (keras-yolo3's flags).
+"""`python yolo_video.py`: detect objects in images or a video (keras-yolo3's command lines).
 
-python yolo_video.py --model W --input clip.mp4 --output out.mp4
+python yolo_video.py --model W --image                  # asks `Input image filename:` until end of input
 python yolo_video.py --model W --image photos/ --output annotated/
+python yolo_video.py --model W clip.mp4 out.mp4         # keras-yolo3's [video_path] [output_path]
+python yolo_video.py --model W --input clip.mp4 --output out.mp4
+python yolo_video.py --model W --input rtsp://camera/stream --output out.mp4
 """
 
 from __future__ import annotations
@@ -9,19 +12,34 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from keras_yolo_mgpu.cli import args as cli
-from keras_yolo_mgpu.cli.runner import run_command
+from keras_yolo_mgpu.cli.runner import UsageError, run_command
 
 logger = logging.getLogger("yolo_video")
 
+_PROMPT = "Input image filename:"  # keras-yolo3's, verbatim
+
+
+class _Parser(cli.ArgumentParser):
+    """Positionals may sit on either side of flags (`yolo_video.py --model W clip.mp4 --score 0.5 out.mp4`).
+
+    Plain argparse fills every optional positional from the first run of
+    words and then refuses the second one as unrecognized.
+    """
+
+    def parse_args(self, args=None, namespace=None):
+        return self.parse_intermixed_args(args, namespace)
+
 
 def build_parser() -> cli.ArgumentParser:
-    parser = cli.ArgumentParser(
+    parser = _Parser(
         prog="yolo_video.py",
         description="Detect objects in images or a video with trained YOLOv3 weights, or with an exported model "
-        "(SavedModel folder, .tflite, .onnx, beside its .metadata.json) (keras-yolo3's flags).",
+        "(SavedModel folder, .tflite, .onnx, beside its .metadata.json) (keras-yolo3's flags). "
+        "Video: yolo_video.py VIDEO [OUTPUT] or --input VIDEO [--output OUTPUT]. "
+        "Images: --image PATH ... or, with no PATH, keras-yolo3's prompt for file names.",
     )
     cli.add_model_args(
         parser,
@@ -36,16 +54,36 @@ def build_parser() -> cli.ArgumentParser:
     )
     cli.add_detection_args(parser)
     cli.add_inference_run_args(parser, what="frames or images")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--image", nargs="+", metavar="PATH", help="image files and/or folders to annotate")
-    source.add_argument("--input", metavar="VIDEO", help="video file, or camera index (0, 1, ...)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--image",
+        nargs="*",
+        metavar="PATH",
+        help="image files and/or folders to annotate; with no PATH, ask for one file name at a time "
+        f"(keras-yolo3's '{_PROMPT}' loop, until end of input)",
+    )
+    # nargs="?" as keras-yolo3's parser: a bare --input or --output parses, and is told apart below.
+    source.add_argument(
+        "--input",
+        nargs="?",
+        const="",
+        metavar="VIDEO",
+        help="video file, stream URL (rtsp://, rtmp://, http(s)://) or camera index (0, 1, ...)",
+    )
     parser.add_argument(
         "--output",
+        nargs="?",
+        const="",
         metavar="PATH",
-        help="with --input: the annotated video (.mp4 with mp4v, .avi with MJPG); "
+        help="with a video: the annotated video (.mp4 with mp4v, .avi with MJPG); "
         "with --image: the folder for annotated images (default: detections)",
     )
-    parser.add_argument("--show", action="store_true", help="show the frames in a window (off: the tool runs headless)")
+    parser.add_argument("video_path", nargs="?", help="keras-yolo3's positional form of --input")
+    parser.add_argument("output_path", nargs="?", help="keras-yolo3's positional form of --output")
+    cli.add_overwrite_arg(parser)
+    parser.add_argument(
+        "--show", action="store_true", help="show the frames or images in a window (off: the tool runs headless)"
+    )
     parser.add_argument(
         "--save-json", metavar="FILE", help="write the detections of every frame or image as JSON lines"
     )
@@ -53,20 +91,72 @@ def build_parser() -> cli.ArgumentParser:
     return parser
 
 
-def run(args) -> int:
-    from keras_yolo_mgpu.cli import quiet
-    from keras_yolo_mgpu.inference.media import collect_images, process_images, process_video
-    from keras_yolo_mgpu.inference.video import parse_source
+def _video_and_output(args) -> tuple[str | None, str | None]:
+    """(video, output) from the flags or keras-yolo3's positionals; video is None in image mode.
 
+    Raises:
+        UsageError: a role given twice, or nothing to detect.
+    """
+    if args.image is not None:
+        if args.video_path is not None:
+            given = " ".join(p for p in (args.video_path, args.output_path) if p)
+            raise UsageError(
+                f"--image with a video path ({given}): detect images or a video, not both "
+                "(image paths go after --image)"
+            )
+        return None, args.output or None
+    if args.input == "":
+        raise UsageError("--input needs a video: a file, a stream URL or a camera index")
+    if args.input is not None and args.video_path is not None:
+        raise UsageError(
+            f"the video is given twice: --input {args.input} and {args.video_path} "
+            "(an output path goes after --output, or second in yolo_video.py VIDEO OUTPUT)"
+        )
+    if args.output is not None and args.output_path is not None:
+        raise UsageError(f"the output is given twice: --output {args.output} and {args.output_path}")
+    video = args.input if args.input is not None else args.video_path
+    if video is None:
+        raise UsageError(
+            "nothing to detect: give a video (yolo_video.py VIDEO [OUTPUT], or --input VIDEO [--output OUTPUT]) "
+            "or images (--image PATH ..., or --image alone to type file names)"
+        )
+    output = args.output_path if args.output_path is not None else args.output
+    return video, output or None
+
+
+def _typed_names() -> Iterator[str]:
+    """Lines typed at keras-yolo3's prompt, until end of input (Ctrl-D; keras-yolo3 died there with EOFError)."""
+    while True:
+        try:
+            yield input(_PROMPT)
+        except EOFError:
+            print()  # ends the prompt's line
+            return
+
+
+def run(args) -> int:
+    # Imported here, not at the top: `--help` and flag errors stay instant.
+    from keras_yolo_mgpu.cli import quiet
+    from keras_yolo_mgpu.inference import media
+    from keras_yolo_mgpu.inference.video import check_video_input
+
+    video, output = _video_and_output(args)
     weights = args.weights or os.path.join("model_data", "yolo.h5")
-    # Cheap checks first: a typo fails before the model is built.
+    # Cheap checks first: a typo or a refused output fails before the model
+    # is built, and an output is checked before any input is read.
     if not os.path.exists(weights):  # a SavedModel export is a folder
         hint = "" if args.weights else " (the default; pass --model FILE)"
         raise FileNotFoundError(f"model weights not found: {weights}{hint}")
+    rule = media.OutputRule([weights, args.classes, args.anchors], overwrite=args.overwrite)
+    image_folder = output or "detections"
     if args.image:
-        collect_images(args.image)
+        media.check_image_outputs(media.collect_images(args.image), image_folder, args.save_json, rule)
+    elif args.image is not None:
+        if args.save_json:
+            rule.check(args.save_json, "--save-json")
     else:
-        parse_source(args.input)
+        media.check_video_outputs(video, output, args.save_json, rule)
+        check_video_input(video)
     quiet.import_tensorflow(args.verbose)
     from keras_yolo_mgpu.inference.export_formats import open_detector
 
@@ -76,29 +166,39 @@ def run(args) -> int:
         gpu_num=args.gpu_num,
         batch_size=args.batch_size,
     )
-    if args.image:
-        stats = process_images(
-            yolo, args.image, args.output or "detections", save_json=args.save_json, progress=not args.no_progress
-        )
+    if args.image is not None:
+        if args.image:
+            stats = media.process_images(
+                yolo, args.image, image_folder, save_json=args.save_json, progress=not args.no_progress, rule=rule
+            )
+        else:
+            logger.info("image mode: type an image file name at the prompt, end with Ctrl-D (end of input)")
+            stats = media.process_image_names(
+                yolo, _typed_names(), image_folder, save_json=args.save_json, show=args.show, rule=rule
+            )
         logger.info(
             "%d images, %d boxes, annotated images in %s%s",
             stats["images"],
             stats["detections"],
             stats["output_dir"],
-            f"; {stats['failed']} unreadable" if stats["failed"] else "",
+            f"; {stats['failed']} unreadable or refused" if stats["failed"] else "",
         )
-        return 1 if stats["failed"] else 0
-    if not args.output and not args.save_json and not args.show:
-        logger.warning("no --output, --save-json or --show: detections are counted but not saved")
-    stats = process_video(
+        # At the prompt a name that fails was answered "Try again!" and the
+        # session goes on: its end is a clean end. Named up front, a failed
+        # image fails the command.
+        return 1 if stats["failed"] and args.image else 0
+    if not output and not args.save_json and not args.show:
+        logger.warning("no output path, --save-json or --show: detections are counted but not saved")
+    stats = media.process_video(
         yolo,
-        args.input,
-        args.output,
+        video,
+        output,
         batch_size=args.batch_size,
         show=args.show,
         save_json=args.save_json,
         max_frames=args.max_frames,
         progress=not args.no_progress,
+        rule=rule,
     )
     logger.info(
         "%d frames in %.1f s (%.2f fps), %d boxes%s",

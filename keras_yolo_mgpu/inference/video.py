@@ -11,20 +11,34 @@ the input that often would not open. Here:
   `mp4v` (or `MJPG` for `.avi`) and an `.avi`/`MJPG` fallback when the first
   choice does not open;
 * the end of the stream is a normal end, and an input that cannot be opened
-  or read raises `VideoError` with a message that says which and why.
+  or read raises `VideoError` with a message that says which and why;
+* network streams (`rtsp://`, `rtmp://`, `http(s)://`) open like files,
+  through OpenCV's FFmpeg backend; a stream that drops, or a read error
+  mid-file, ends the input like its end (`VideoReader.input_ended`,
+  `read_error` tell the caller);
+* the annotated video is written under a temporary name beside its
+  destination and renamed onto it when the writer closes, on an error or
+  Ctrl-C too: the destination only ever holds a finished video (an MP4 is
+  unreadable until its index is written at the end).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import re
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import cv2
 import numpy as np
+
+from keras_yolo_mgpu.data.formats.records import IMAGE_EXTENSIONS
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +58,114 @@ class VideoError(RuntimeError):
     """A video input or output that cannot be used; the message says why."""
 
 
+# URL schemes OpenCV's FFmpeg backend opens as a video stream.
+STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https")
+_URL = re.compile(r"^([a-z][a-z0-9+.-]*)://", re.IGNORECASE)
+# FFmpeg's decoders that draw characters: its `tty` demuxer takes .txt, .nfo,
+# .asc ... files as ANSI art and OpenCV reads a text file as a "video" of its
+# pages (a 10 KB README is 43 frames). The codec name is what FFmpeg decided
+# after probing the content, so no list of extensions or magic bytes to keep.
+_TEXT_CODECS = {"ansi", "bint", "xbin", "idf"}
+# Still images open as one-frame videos (FFmpeg's image2 demuxer); GIFs stay
+# allowed, as FFmpeg plays an animated GIF.
+_STILL_IMAGE_EXTENSIONS = tuple(e for e in IMAGE_EXTENSIONS if e != ".gif")
+
+
+def is_stream(source: str | int) -> bool:
+    """True for a network stream URL (`STREAM_SCHEMES`)."""
+    match = _URL.match(str(source)) if not isinstance(source, int) else None
+    return bool(match) and match.group(1).lower() in STREAM_SCHEMES
+
+
+def display_name(source: str | int) -> str:
+    """How `source` is named in messages: `camera 0`, a path, or a URL without its password."""
+    if isinstance(source, int):
+        return f"camera {source}"
+    if not is_stream(source):
+        return str(source)
+    parts = urlsplit(str(source))
+    if parts.password is None:
+        return str(source)
+    host = parts.hostname or ""
+    host = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=host))
+
+
 def parse_source(source: str | int) -> str | int:
-    """`"0"` -> camera 0; anything else is a file path (which must exist)."""
+    """`"0"` -> camera 0; a `rtsp://`, `rtmp://`, `http(s)://` URL as given; anything else is a file that must exist.
+
+    Raises:
+        VideoError: no such file, or a URL of another scheme.
+    """
     if isinstance(source, int):
         return source
     text = str(source).strip()
     if text.isdigit() and not os.path.exists(text):
         return int(text)
+    if is_stream(text):
+        return text
+    match = _URL.match(text)
+    if match and not os.path.exists(text):
+        raise VideoError(
+            f"video input {text}: {match.group(1)}:// is not a stream OpenCV opens here "
+            f"(give {', '.join(s + '://' for s in STREAM_SCHEMES)}, a file or a camera index)"
+        )
     if not os.path.isfile(text):
-        raise VideoError(f"video input not found: {text} (give a video file or a camera index like 0)")
+        raise VideoError(f"video input not found: {text} (give a video file, a stream URL or a camera index like 0)")
     return text
+
+
+def _fourcc_text(capture: cv2.VideoCapture) -> str:
+    code = int(capture.get(cv2.CAP_PROP_FOURCC)) & 0xFFFFFFFF
+    return code.to_bytes(4, "little").decode("latin-1").rstrip("\0 ")
+
+
+def open_capture(source: str | int) -> tuple[cv2.VideoCapture, np.ndarray]:
+    """Opens `source` (as `parse_source` reads it) and decodes its first frame.
+
+    Returns:
+        `(capture, first_frame)`: the open capture, the (H, W, 3) BGR frame.
+
+    Raises:
+        VideoError: not found, not a video (a text file, a still image), or
+            no frame decodes.
+    """
+    source = parse_source(source)
+    name = display_name(source)
+    if isinstance(source, str) and not is_stream(source) and source.lower().endswith(_STILL_IMAGE_EXTENSIONS):
+        raise VideoError(f"video input {name} is an image, not a video: detect it with --image {name}")
+    capture = cv2.VideoCapture(source)
+    if not capture.isOpened():
+        capture.release()
+        raise VideoError(f"cannot open video input {name}: not a video OpenCV can decode, or no such camera or stream")
+    codec = _fourcc_text(capture).lower()
+    if codec in _TEXT_CODECS:
+        capture.release()
+        raise VideoError(
+            f"video input {name} is a text file, not a video (FFmpeg would render its characters as frames, "
+            f"codec {codec!r})"
+        )
+    try:
+        ok, first = capture.read()
+    except cv2.error as error:
+        ok, first = False, None
+        logger.debug("reading the first frame of %s: %s", name, error)
+    if not ok or first is None:
+        capture.release()
+        raise VideoError(f"cannot read any frame from {name}: the file is empty or not a readable video")
+    return capture, first
+
+
+def check_video_input(source: str | int) -> None:
+    """Raises `VideoError` unless a video file decodes (`open_capture`); a camera or stream is only parsed.
+
+    Opening a camera or a stream twice costs seconds (or a second
+    connection), so they are tried once, by the reader.
+    """
+    source = parse_source(source)
+    if isinstance(source, str) and not is_stream(source):
+        capture, _ = open_capture(source)
+        capture.release()
 
 
 class _Worker(threading.Thread):
@@ -76,7 +188,7 @@ class _Worker(threading.Thread):
 
 
 class VideoReader:
-    """Frames of a video file or camera as RGB arrays, decoded on a thread.
+    """Frames of a video file, camera or network stream as RGB arrays, decoded on a thread.
 
     Iterating yields `(index, frame, extra)` where `frame` is RGB (OpenCV's
     BGR with `rgb=False`) and `extra` is `transform(frame)` (None without a
@@ -87,10 +199,16 @@ class VideoReader:
         fps: frames per second of the input (`DEFAULT_FPS` when the input
             does not say, e.g. many cameras).
         size: (width, height) of the frames.
-        frame_count: frames in a file, None for cameras or when unknown.
+        frame_count: frames in a file (as its header says), None for cameras,
+            live streams or when unknown.
+        input_ended: the input stopped giving frames (its end, a dropped
+            stream, an unplugged camera, a read error), as opposed to
+            `max_frames` or `close()` stopping the reader.
+        read_error: OpenCV's error when a frame failed to decode mid-stream
+            (the reader then ends there, keeping the frames before it).
 
     Raises:
-        VideoError: the input cannot be opened or yields no frame.
+        VideoError: the input cannot be opened, is not a video, or yields no frame.
     """
 
     def __init__(
@@ -103,15 +221,9 @@ class VideoReader:
         max_frames: int | None = None,
     ):
         self.source = parse_source(source)
-        self.name = f"camera {self.source}" if isinstance(self.source, int) else str(self.source)
-        self._capture = cv2.VideoCapture(self.source)
-        if not self._capture.isOpened():
-            self._capture.release()
-            raise VideoError(f"cannot open video input {self.name}: not a video OpenCV can decode, or no such camera")
-        ok, first = self._capture.read()
-        if not ok or first is None:
-            self._capture.release()
-            raise VideoError(f"cannot read any frame from {self.name}: the file is empty or not a readable video")
+        self.name = display_name(self.source)
+        self.is_stream = is_stream(self.source)
+        self._capture, first = open_capture(self.source)
         self._first = first
         fps = self._capture.get(cv2.CAP_PROP_FPS)
         self.fps = float(fps) if fps and np.isfinite(fps) and 0 < fps < 1000 else DEFAULT_FPS
@@ -127,6 +239,8 @@ class VideoReader:
         self._stop = threading.Event()
         self._worker = _Worker(self._read_loop, "video-reader")
         self._started = False
+        self.input_ended = False
+        self.read_error: str | None = None
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -150,11 +264,23 @@ class VideoReader:
                 if not self._put((index, frame, extra)):
                     break
                 index += 1
-                ok, frame = self._capture.read()
-                if not ok:
-                    frame = None  # end of stream (or a camera unplugged): a normal end
+                frame = self._read_next()
         finally:
             self._put(_END)
+
+    def _read_next(self) -> np.ndarray | None:
+        """The next BGR frame, or None at the end of the input."""
+        try:
+            ok, frame = self._capture.read()
+        except cv2.error as error:  # a corrupt packet OpenCV raises on: the frames before it stand
+            self.read_error = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+            ok, frame = False, None
+        if not ok or frame is None:
+            # OpenCV says the same False for the end of a file, a stream the
+            # server closed and a camera unplugged: all end the input here.
+            self.input_ended = True
+            return None
+        return frame
 
     def _start(self):
         if self._started:
@@ -207,37 +333,74 @@ class VideoReader:
         self.close()
 
 
-def open_video_writer(path: str | os.PathLike, fps: float, size: tuple[int, int]) -> tuple[cv2.VideoWriter, str, str]:
-    """Opens a writer with the first codec that works for `path`'s extension.
+def planned_video_path(path: str | os.PathLike) -> str:
+    """The file a `VideoWriter` for `path` writes unless its codec is missing.
+
+    `.mp4`, `.m4v`, `.mov`, `.mkv` and `.avi` as given; any other extension
+    gets `.mp4` appended (`out` -> `out.mp4`, `out.webm` -> `out.webm.mp4`).
+    """
+    path = os.fspath(path)
+    return path if os.path.splitext(path)[1].lower() in _CODECS else path + ".mp4"
+
+
+def _temporary_beside(path: Path) -> str:
+    # The real extension last: OpenCV picks the container from it.
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    os.close(fd)
+    return temporary
+
+
+def open_video_writer(
+    path: str | os.PathLike,
+    fps: float,
+    size: tuple[int, int],
+    *,
+    check: Callable[[str], None] | None = None,
+) -> tuple[cv2.VideoWriter, str, str, str]:
+    """Opens a writer, on a temporary file, with the first codec that works for `path`'s extension.
 
     Args:
         path: output file. `.mp4` (and `.m4v`, `.mov`, `.mkv`) use `mp4v`,
-            `.avi` uses `MJPG`; any other extension gets `.mp4` appended.
+            `.avi` uses `MJPG`; any other extension gets `.mp4` appended
+            (`planned_video_path`).
         fps: frames per second.
         size: (width, height).
+        check: called with the file the video will be renamed to, once the
+            codec is chosen, before any frame is written (the output rule,
+            `keras_yolo_mgpu.outputs.check_output`); what it raises closes
+            the writer and removes the temporary file.
 
     Returns:
-        `(writer, actual_path, fourcc)`; `actual_path` ends in `.avi` when
-        the fallback was needed.
+        `(writer, temporary_path, final_path, fourcc)`: the writer writes
+        `temporary_path` beside `final_path`; `final_path` ends in `.avi`
+        when the fallback was needed. Rename it when done (`VideoWriter`
+        does).
 
     Raises:
         VideoError: no codec could be opened.
     """
-    path = Path(path)
+    path = Path(planned_video_path(path))
     suffix = path.suffix.lower()
-    if suffix not in _CODECS:
-        path = path.with_name(path.name + ".mp4")
-        suffix = ".mp4"
     path.parent.mkdir(parents=True, exist_ok=True)
     tried = []
     for fourcc, extension in _CODECS[suffix]:
         candidate = path if extension == suffix else path.with_suffix(extension)
-        writer = cv2.VideoWriter(str(candidate), cv2.VideoWriter_fourcc(*fourcc), float(fps), tuple(size))
+        temporary = _temporary_beside(candidate)
+        writer = cv2.VideoWriter(temporary, cv2.VideoWriter_fourcc(*fourcc), float(fps), tuple(size))
         if writer.isOpened():
+            try:
+                if check is not None:
+                    check(str(candidate))
+            except BaseException:
+                writer.release()
+                os.remove(temporary)
+                raise
             if candidate != path:
                 logger.warning("codec for %s unavailable; writing %s with %s instead", path.name, candidate, fourcc)
-            return writer, str(candidate), fourcc
+            return writer, temporary, str(candidate), fourcc
         writer.release()
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
         tried.append(f"{fourcc} ({candidate.name})")
     raise VideoError(f"cannot write video {path}: OpenCV opened none of the codecs {', '.join(tried)}")
 
@@ -247,7 +410,17 @@ class VideoWriter:
 
     Frames keep the input's size and frame rate. An optional `transform`
     (e.g. drawing boxes) runs on the writer thread: `write(frame, *args)`
-    encodes `transform(frame, *args)`.
+    encodes `transform(frame, *args)`. Frames go to a temporary file beside
+    `path`; `close()` (also on an error or Ctrl-C, through `with`) finishes
+    it and renames it onto `path`, so whatever was written is kept as a
+    valid video and `path` never holds a half-written one. Nothing written:
+    `path` is left as it was and `saved` is False.
+
+    Attributes:
+        path: the file written (`.avi` when the codec fallback was needed).
+        fourcc: the codec.
+        frames_written: frames encoded so far.
+        saved: `close()` renamed the video onto `path`.
     """
 
     def __init__(
@@ -259,8 +432,9 @@ class VideoWriter:
         transform: Callable | None = None,
         rgb: bool = True,
         queue_size: int = 16,
+        check: Callable[[str], None] | None = None,
     ):
-        self._writer, self.path, self.fourcc = open_video_writer(path, fps, size)
+        self._writer, self._temporary, self.path, self.fourcc = open_video_writer(path, fps, size, check=check)
         self._rgb = rgb
         self.size = tuple(size)
         self._transform = transform
@@ -269,6 +443,7 @@ class VideoWriter:
         self._worker.start()
         self._closed = False
         self.frames_written = 0
+        self.saved = False
 
     def _write_loop(self):
         while True:
@@ -302,7 +477,7 @@ class VideoWriter:
         self._put((frame, args))
 
     def close(self) -> None:
-        """Finishes encoding every queued frame and closes the file."""
+        """Finishes encoding every queued frame, closes the file and renames it onto `path`."""
         if self._closed:
             return
         self._closed = True
@@ -311,8 +486,23 @@ class VideoWriter:
                 self._put(_END)
             self._worker.join()
         finally:
+            # Released first: the container's index is written here, which
+            # makes the frames so far a video that plays.
             self._writer.release()
+            self._finish()
         self._worker.raise_if_failed()
+
+    def _finish(self) -> None:
+        if not self.frames_written:
+            with contextlib.suppress(OSError):
+                os.remove(self._temporary)
+            return
+        # mkstemp creates the file 0600; give it what a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self._temporary, 0o666 & ~umask)
+        os.replace(self._temporary, self.path)
+        self.saved = True
 
     def __enter__(self):
         return self
