@@ -4,7 +4,8 @@ The file is converted exactly as `convert.py` converts it (`weights.convert`,
 default masks and batch-norm convention) into the run folder, and the run
 trains from the converted file. Its cfg is `--cfg`, else a `.cfg` of the
 same name beside the file, else, when the file's size is one of the four
-official nets', that net's cfg (`yolov3-tiny.cfg`, ...) beside the file.
+official nets', that net's cfg (`yolov3-tiny.cfg`, ...) beside the file,
+else the copy of that cfg shipped in `model_data/`.
 `start_weights.json` in the run folder records where the weights came from.
 """
 
@@ -14,6 +15,8 @@ import hashlib
 import json
 import logging
 import os
+
+from keras_yolo_mgpu.resources import model_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,10 @@ OFFICIAL_SIZES = {
 def find_cfg(weights_path: str, cfg_path: str | None = None) -> str:
     """The Darknet cfg of `weights_path`: `cfg_path`, a same-named `.cfg`, or the official net's by file size.
 
+    The official net's cfg is looked for beside the file first (a user's
+    edited copy wins), then in the shipped `model_data/`; the shipped one is
+    logged, as nothing on the command line named it.
+
     Raises:
         FileNotFoundError: no cfg found; the message says where it looked
             and which official net the size matches, if any.
@@ -48,6 +55,19 @@ def find_cfg(weights_path: str, cfg_path: str | None = None) -> str:
     for candidate in candidates:
         if os.path.isfile(candidate):
             return candidate
+    if official:
+        try:
+            shipped = model_data_path(official + ".cfg")
+        except FileNotFoundError as error:  # an install without the cfgs: say so with the rest
+            candidates.append(str(error))
+        else:
+            logger.info(
+                "%s: no cfg beside it; its size is the official %s's, so it takes the shipped %s",
+                weights_path,
+                official,
+                shipped,
+            )
+            return shipped
     recognised = f"; its size is the official {official}'s" if official else ""
     raise FileNotFoundError(
         f"{weights_path} is Darknet weights: its network needs a cfg{recognised}. Looked for "
