@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
 from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_keras_yolo3_folder
-from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
+from keras_yolo_mgpu.weights.download import resolve_weights
 
 logger = logging.getLogger("train")
 
@@ -474,14 +475,51 @@ def run(args, given: dict | None = None) -> int:
             ("--anchors", None if args.anchors == "auto" else args.anchors),
             ("--weights", args.weights),
         ):
+            if flag == "--weights" and path:
+                # An official net's name (`yolov3-tiny`) is downloaded once into the cache. Checked last, so a
+                # mistyped file above fails before a download starts.
+                path = resolve_weights(path)
+                if path != args.weights:
+                    logger.info("--weights %s: the official Darknet weights, cached at %s", args.weights, path)
+                    args.weights = path
             if path and not os.path.isfile(path):
                 raise UsageError(f"{flag}: file not found: {path}")
         if args.annotations and not args.classes:
             raise UsageError("--annotations needs --classes, the class names file of your dataset")
         config = config_from_args(args)
-    result = train(config)
+    try:
+        result = train(config)
+    except Exception as error:
+        paragraph = out_of_memory_paragraph(error, config)
+        if paragraph is None:
+            raise
+        raise CommandError(paragraph) from error
     logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)
     return 0
+
+
+def _gib(size: int | None) -> str:
+    return "an unstated amount" if size is None else f"{size / 2**30:.1f} GiB"
+
+
+def out_of_memory_paragraph(error: BaseException, config) -> str | None:
+    """What to tell a user whose run ran out of device memory, in one paragraph; None for any other error."""
+    from keras_yolo_mgpu.backend import distribution
+
+    found = distribution.out_of_memory(error)
+    if found is None:
+        return None
+    requested, limit = found
+    smaller = max(1, config.batch_size // 2)
+    if os.path.isdir(config.log_dir):
+        kept = f"The run folder {config.log_dir} keeps what it saved (--resume --log-dir {config.log_dir} goes on)."
+    else:
+        kept = "Nothing was saved before it, and no run folder is left."
+    return (
+        f"out of memory at global batch {config.batch_size} ({config.input_shape[0]}x{config.input_shape[1]} input): "
+        f"an allocation asked for {_gib(requested)} and the device has {_gib(limit)}. Try a smaller batch: "
+        f"--batch-size {smaller}, and halve again until it runs. {kept}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import resource
 
 import jax
 import keras
@@ -441,3 +443,26 @@ def commit_state_callback(devices: list):
                 variable.assign(jax.device_put(variable.value, device))
 
     return CommitState()
+
+
+_REQUESTED_BYTES = re.compile(r"(?:allocating|allocate) (\d+) bytes")
+
+
+def out_of_memory(error: BaseException) -> tuple[int | None, int | None] | None:
+    """(bytes the failed allocation asked for, bytes the first device has), each None when unknown; None when
+    `error` is not an out-of-memory error.
+
+    XLA says RESOURCE_EXHAUSTED and the bytes it tried to allocate; a GPU
+    states its limit in `memory_stats()`; the CPU's is the process's data
+    limit (`ulimit -d`) where one is set, else the machine's memory.
+    """
+    if not isinstance(error, jax.errors.JaxRuntimeError) or "RESOURCE_EXHAUSTED" not in str(error):
+        return None
+    found = _REQUESTED_BYTES.search(str(error))
+    device = jax.local_devices()[0]
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    if limit is None and device.platform == "cpu":
+        data_limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limit = memory if data_limit == resource.RLIM_INFINITY else min(data_limit, memory)
+    return (int(found.group(1)) if found else None), limit
