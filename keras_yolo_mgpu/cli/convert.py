@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+from keras_yolo_mgpu.resources import model_data_path
+from keras_yolo_mgpu.weights.download import resolve_weights
 
 logger = logging.getLogger("convert")
 
@@ -105,6 +107,9 @@ def run(args) -> int:
             f"--keras-yolo3-compat keeps keras-yolo3's batch norm; it contradicts --darknet-bn {args.darknet_bn}"
         )
     darknet_bn = "keras-yolo3" if args.keras_yolo3_compat else (args.darknet_bn or darknet.DEFAULT_DARKNET_BN)
+    args.config_path = _shipped_cfg_if_absent(args.config_path)
+    # keras-yolo3's README fetches yolov3.weights by hand first; an official name absent here is downloaded.
+    args.weights_path = resolve_weights(args.weights_path)
     for label, path in (("classes", args.classes), ("config", args.config_path), ("weights", args.weights_path)):
         if path is not None and not os.path.isfile(path):
             raise UsageError(f"{label} file not found: {path}")
@@ -162,6 +167,22 @@ def _plot(model, path: str) -> None:
         return
     record_written([path])
     print(f"Saved model plot to {path}")
+
+
+def _shipped_cfg_if_absent(config_path: str) -> str:
+    """`config_path`, or the shipped copy of an official cfg of that name (`yolov3.cfg`, ...) when it is absent.
+
+    keras-yolo3 keeps yolov3.cfg, yolov3-tiny.cfg and darknet53.cfg beside its
+    convert.py; this project ships them (and YOLOv4's) in model_data/.
+    """
+    if os.path.exists(config_path) or os.path.dirname(config_path):
+        return config_path
+    try:
+        shipped = model_data_path(config_path)
+    except FileNotFoundError:
+        return config_path
+    logger.info("%s is not in this folder: using the shipped official %s", config_path, shipped)
+    return shipped
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.weights.download import resolve_weights
 
 logger = logging.getLogger("yolo_video")
 
@@ -141,7 +142,8 @@ def run(args) -> int:
     from keras_yolo_mgpu.inference.video import check_video_input
 
     video, output = _video_and_output(args)
-    weights = args.weights or os.path.join("model_data", "yolo.h5")
+    # An official net's name (`--model yolov3-tiny`) is its Darknet file, downloaded once.
+    weights = resolve_weights(args.weights) or os.path.join("model_data", "yolo.h5")
     # Cheap checks first: a typo or a refused output fails before the model
     # is built, and an output is checked before any input is read.
     if not os.path.exists(weights):  # a SavedModel export is a folder
@@ -159,6 +161,9 @@ def run(args) -> int:
         check_video_input(video)
     quiet.import_tensorflow(args.verbose)
     from keras_yolo_mgpu.inference.export_formats import open_detector
+    from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
+
+    weights = darknet_as_keras(weights)
 
     yolo = open_detector(
         weights,

@@ -18,6 +18,7 @@ from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.outputs import check_output
 from keras_yolo_mgpu.training.run_folder import held_out_list
+from keras_yolo_mgpu.weights.download import resolve_weights
 
 logger = logging.getLogger("evaluate")
 
@@ -105,6 +106,9 @@ def run(args) -> int:
         )
     else:
         quiet.import_tensorflow(args.verbose)  # only a model needs TensorFlow
+        from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
+
+        args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
         params = cli.detector_params(args, args.weights)
         annotations = args.annotations
         if args.data:

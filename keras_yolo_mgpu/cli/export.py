@@ -84,9 +84,12 @@ def build_parser() -> cli.ArgumentParser:
 def run(args) -> int:
     from keras_yolo_mgpu.inference.export import export_model
     from keras_yolo_mgpu.inference.export_check import format_check
+    from keras_yolo_mgpu.weights.download import resolve_weights
+    from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
     if not args.weights:
         raise UsageError("--weights is required")
+    args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
     params = cli.detector_params(args, args.weights)
     result = export_model(
         args.weights,

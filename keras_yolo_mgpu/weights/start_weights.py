@@ -15,8 +15,11 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 
+from keras_yolo_mgpu.data.scan import cache_dir
 from keras_yolo_mgpu.resources import model_data_path
+from keras_yolo_mgpu.weights.convert import convert
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +98,6 @@ def resolve_start_weights(config, run_dir: str) -> None:
         return
     converted = os.path.join(run_dir, CONVERTED)
     if not (config.resume and os.path.isfile(converted)):
-        from keras_yolo_mgpu.weights.convert import convert
-
         cfg = find_cfg(config.weights, config.cfg)
         logger.info("--weights %s: Darknet weights, converting with %s (as convert.py)", config.weights, cfg)
         result = convert(cfg, config.weights, converted)
@@ -112,3 +113,29 @@ def resolve_start_weights(config, run_dir: str) -> None:
         with open(os.path.join(run_dir, SOURCE_RECORD), "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=2)
     config.weights = converted
+
+
+def darknet_as_keras(weights_path: str | None, cfg_path: str | None = None) -> str | None:
+    """A Darknet `.weights` file as a Keras weights file the detector loads; any other path as it is.
+
+    The conversion (`weights.convert`, as convert.py makes it) is made once and
+    kept in the cache folder (`data.scan.cache_dir()`/weights/converted),
+    named by the source file's path, size, time and cfg, so `yolo_video.py
+    --model yolov3-tiny` converts on its first run only. With the cache turned
+    off it goes to a temporary folder for this process.
+    """
+    if not weights_path or not weights_path.endswith(DARKNET_SUFFIX) or not os.path.isfile(weights_path):
+        return weights_path
+    cfg = find_cfg(weights_path, cfg_path)
+    stat = os.stat(weights_path)
+    key = f"{os.path.abspath(weights_path)}|{stat.st_size}|{stat.st_mtime_ns}|{os.path.abspath(cfg)}"
+    name = os.path.basename(weights_path)[: -len(DARKNET_SUFFIX)]
+    root = cache_dir()
+    folder = os.path.join(root, "weights", "converted") if root else tempfile.mkdtemp(prefix="converted_weights_")
+    converted = os.path.join(folder, f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.weights.h5")
+    if os.path.isfile(converted):
+        logger.info("%s: Darknet weights, converted earlier: %s", weights_path, converted)
+        return converted
+    logger.info("%s: Darknet weights, converting with %s (as convert.py) into %s", weights_path, cfg, converted)
+    convert(cfg, weights_path, converted)
+    return converted
