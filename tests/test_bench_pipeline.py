@@ -1,15 +1,18 @@
 """Pipeline benchmark: image generator script, the generators, rows and rounds, the CLI's JSON line."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 from keras_yolo3_generator import data_generator
 from PIL import Image
 
+from keras_yolo_mgpu.bench import cpu_time
 from keras_yolo_mgpu.bench.pipeline import GENERATORS, parse_rows, run_benchmark, run_rounds
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.check import check_annotations
@@ -160,3 +163,59 @@ def test_cli_times_the_pydataset_where_tensorflow_cannot_be_imported(bench_image
         env=env,
     )
     assert refused.returncode == 2 and "needs KERAS_BACKEND=jax" in refused.stderr
+
+
+# A child process that starts, says so, spins 0.3 s of its own CPU when told to, and waits to be closed.
+SPINNER = """
+import sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.process_time()
+while time.process_time() - start < 0.3:
+    pass
+print("done", flush=True)
+sys.stdin.read()
+"""
+
+
+def _hide_psutil(monkeypatch):
+    """As where psutil is not installed (`sys.modules["psutil"] = None` would break the suite's memory sampler)."""
+    monkeypatch.setattr(cpu_time, "_optional_module", lambda name: None)
+
+
+@pytest.mark.parametrize("source", ["proc", "psutil"])
+def test_tree_cpu_counts_a_busy_child_process_live_and_ended(monkeypatch, tmp_path, source):
+    if source == "proc":
+        _hide_psutil(monkeypatch)  # /proc alone
+    else:
+        pytest.importorskip("psutil")
+        monkeypatch.setattr(cpu_time, "PROC", str(tmp_path / "no-proc"))  # as on macOS
+    child = subprocess.Popen([sys.executable, "-c", SPINNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        before, own = cpu_time.tree_cpu_seconds(), time.process_time()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "done\n"
+        live, own = cpu_time.tree_cpu_seconds() - before, time.process_time() - own
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    ended = cpu_time.tree_cpu_seconds() - before
+    # This process waited, nearly idle; the child's 0.3 s (clock ticks of 10 ms) count while it runs...
+    assert own < 0.1 and 0.27 <= live <= 0.5, (own, live)
+    # ... and after it has ended and been waited for (its exit adds a little).
+    assert live - 0.02 <= ended <= 0.8, (live, ended)
+
+
+def test_without_proc_or_psutil_the_cpu_figure_is_not_measured(bench_images, monkeypatch, tmp_path, caplog):
+    _hide_psutil(monkeypatch)
+    monkeypatch.setattr(cpu_time, "PROC", str(tmp_path / "no-proc"))
+    assert cpu_time.tree_cpu_seconds() is None
+    annotations = read_annotations(str(bench_images))
+    anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
+    with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu.bench.pipeline"):
+        result = run_rounds([("reference", None)], 1, annotations, (64, 64), anchors, 20, 4, 1, warmup=1)
+    (row,) = result["rows"]
+    assert row["cpu_ms_per_image"] == [None] and row["median_cpu_ms_per_image"] is None
+    assert "reference: not measured CPU-ms/image" in caplog.text

@@ -8,6 +8,7 @@ and MirroredStrategy over logical CPU devices with synchronized
 BatchNormalization.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from isolation import jax_environment
 
 from keras_yolo_mgpu import create_model, get_anchors, model_data_path, preprocess_true_boxes, totalloss
 from keras_yolo_mgpu.backend.tensorflow.distribution import make_strategy
@@ -141,3 +143,74 @@ def test_train_py_mixed_precision_on_two_simulated_devices(tmp_path):
     body, _ = create_model(INPUT_SHAPE, ANCHORS, num_classes, freeze_body=0)
     body.load_weights(str(tmp_path / "run" / "trained_weights_final.weights.h5"))
     assert all(np.isfinite(w).all() for w in body.get_weights())
+
+
+# Two `fit` calls on one optimizer, as `bench train` times its rounds (`_Side.fit`), then the EMA swap of train.py,
+# on JAX under mixed_float16 (what T4 and V100 cards run: no native bfloat16). Keras wraps the EMA optimizer in a
+# LossScaleOptimizer there, whose own `use_ema` is False; the second `fit` crashed on the donated averages.
+JAX_FLOAT16_EMA = """
+import itertools, json
+import keras, numpy as np
+from keras_yolo_mgpu.bench.train import _our_optimizer, _Side
+from keras_yolo_mgpu.keras_compat import moving_averages
+from keras_yolo_mgpu.training.ema import average_swap_callbacks
+
+keras.mixed_precision.set_global_policy("mixed_float16")
+rng = np.random.default_rng(0)
+# Small values: the loss scale (2**15) then overflows no float16 gradient, so no step is skipped.
+x, y = ((0.1 * rng.normal(size=shape)).astype("float32") for shape in ((4, 3), (4, 1)))
+
+
+def tiny_model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1, dtype="float32")])
+    model.compile(optimizer=_our_optimizer({"ema": 0.5, "optimizer": "sgd"}), loss="mse")
+    return model
+
+
+model = tiny_model()
+side = _Side("ours", model, ((x, y) for _ in itertools.count()), keras.callbacks.Callback, 4)
+for _ in range(2):
+    side.fit(3)
+found = {"wrapper": type(model.optimizer).__name__, "steps": int(model.optimizer.iterations),
+         "finite": all(bool(np.isfinite(w).all()) for w in model.get_weights())}
+
+# What the end-of-epoch callbacks see: the averages between the two swap callbacks, the trained weights after.
+model = tiny_model()
+first, last = average_swap_callbacks()
+seen = {}
+
+
+def weights():
+    return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+
+
+def look_inside(epoch, logs):
+    seen.update(inside=weights(), averages=[
+        keras.ops.convert_to_numpy(a) for _, a in moving_averages(model.optimizer.inner_optimizer)])
+
+
+inside = keras.callbacks.LambdaCallback(on_epoch_end=look_inside)
+after = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.update(after=weights()))
+model.fit(x, y, batch_size=1, epochs=2, verbose=0, callbacks=[first, inside, last, after])
+found["swapped_in"] = all(np.array_equal(w, a) for w, a in zip(seen["inside"], seen["averages"]))
+found["swapped_out"] = any(not np.array_equal(w, a) for w, a in zip(seen["after"], seen["averages"]))
+print(json.dumps(found))
+"""
+
+
+def test_jax_float16_with_ema_trains_through_two_fits_and_swaps_in_the_averages():
+    run = subprocess.run(
+        [sys.executable, "-c", JAX_FLOAT16_EMA],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ, **jax_environment(1)),
+        cwd=REPO,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["wrapper"] == "LossScaleOptimizer"  # the float16 path, not the bfloat16 one
+    assert found["steps"] == 6 and found["finite"]  # both rounds trained
+    # The second epoch: the model holds the averages for the callbacks, and the trained weights (which
+    # differ from them) afterwards.
+    assert found["swapped_in"] and found["swapped_out"]

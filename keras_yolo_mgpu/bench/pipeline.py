@@ -12,9 +12,11 @@ load from other processes disturbs them alike. A row times `--batches`
 training batches after `--warmup` batches (at least one more than the
 parallel workers, whose first batches arrive at once); a row with a cache is timed
 warm: every image is decoded into the cache first (one full pass,
-`cache_seconds`). `cpu_ms_per_image` is the process's CPU time, all threads,
-per image: on a shared machine the robust figure; `main_cpu_ms_per_image`
-the training process's share of it (all of it but worker processes').
+`cache_seconds`). `cpu_ms_per_image` is the CPU time of the process, all
+threads, and of its worker processes (`bench.cpu_time`), per image: on a
+shared machine the robust figure; None ("not measured") where the workers
+cannot be found (no `/proc`, no psutil). `main_cpu_ms_per_image` is the
+training process's share of it (all of it but worker processes').
 
 - `tfdata-device`: `data.tf_dataset.make_dataset(training=True)`, what
   TensorFlow's training reads: the host's part (uint8 images, padded boxes,
@@ -48,6 +50,8 @@ import sys
 import time
 
 import numpy as np
+
+from keras_yolo_mgpu.bench.cpu_time import tree_cpu_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -159,17 +163,23 @@ def _trainer_placement():
 
 
 def _wait_until_idle(timeout: float = 10.0, interval: float = 0.1) -> None:
-    """Returns once this process uses (almost) no CPU, or after `timeout` seconds.
+    """Returns once this process and its workers use (almost) no CPU, or after `timeout` seconds.
 
-    A closed pipeline's threads may still be finishing the elements they had
-    started (tf.data's parallel map and prefetch, a pool's running tasks):
-    their CPU time would otherwise count in the next row's timed window.
+    A closed pipeline's threads and worker processes may still be finishing
+    the elements they had started (tf.data's parallel map and prefetch, a
+    pool's running tasks): their CPU time would otherwise count in the next
+    row's timed window.
     """
+
+    def cpu_seconds():
+        tree = tree_cpu_seconds()
+        return time.process_time() if tree is None else tree
+
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
-        before = time.process_time()
+        before = cpu_seconds()
         time.sleep(interval)
-        if time.process_time() - before < 0.05 * interval:
+        if cpu_seconds() - before < 0.05 * interval:
             return
 
 
@@ -211,14 +221,17 @@ def run_benchmark(
         for _ in range(warmup):
             next(row.iterator)
         warmup_seconds = time.perf_counter() - start
-        start, cpu_start, main_start = time.perf_counter(), _cpu_seconds(), time.process_time()
+        # The process's threads and its worker processes (None: the workers cannot be found).
+        start, cpu_start, main_start = time.perf_counter(), tree_cpu_seconds(), time.process_time()
         for _ in range(batches):
             next(row.iterator)
         seconds = time.perf_counter() - start
-        cpu_seconds = _cpu_seconds() - cpu_start  # all threads of the process and its worker processes
+        cpu_end = tree_cpu_seconds()
         main_seconds = time.process_time() - main_start  # this process's threads alone
     finally:
         row.close()
+    images = batches * batch_size
+    measured = cpu_start is not None and cpu_end is not None
     return {
         "benchmark": "pipeline",
         "generator": generator,
@@ -231,8 +244,8 @@ def run_benchmark(
         "warmup_seconds": round(warmup_seconds, 2),
         "cache_seconds": None if cache_seconds is None else round(cache_seconds, 2),
         "seconds": round(seconds, 3),
-        "cpu_ms_per_image": round(1000 * cpu_seconds / (batches * batch_size), 3),
-        "main_cpu_ms_per_image": round(1000 * main_seconds / (batches * batch_size), 3),
+        "cpu_ms_per_image": round(1000 * (cpu_end - cpu_start) / images, 3) if measured else None,
+        "main_cpu_ms_per_image": round(1000 * main_seconds / images, 3),
         "input_size": list(input_shape),
         "num_images": len(annotations),
         "augment": generator != "decode-only",
@@ -241,22 +254,6 @@ def run_benchmark(
         "tensorflow_loaded": "tensorflow" in sys.modules,
         "cpu_count": os.cpu_count(),
     }
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this process (all threads) and of its live child processes (the feed's workers)."""
-    seconds = time.process_time()
-    try:
-        import psutil
-    except ImportError:  # the workers' share then goes uncounted
-        return seconds
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-        except psutil.Error:  # ended meanwhile
-            continue
-        seconds += times.user + times.system
-    return seconds
 
 
 def run_rounds(rows: list[tuple[str, str | None]], rounds: int, annotations, *args, **kwargs) -> dict:
@@ -279,12 +276,13 @@ def run_rounds(rows: list[tuple[str, str | None]], rounds: int, annotations, *ar
         for generator, cache in rows:
             record = run_benchmark(generator, annotations, *args, cache=cache, **kwargs)
             records[(generator, cache)].append(record)
+            cpu = record["cpu_ms_per_image"]
             logger.info(
-                "round %d %s%s: %.3f CPU-ms/image, %.1f images/s",
+                "round %d %s%s: %s CPU-ms/image, %.1f images/s",
                 number + 1,
                 generator,
                 f"@{cache}" if cache else "",
-                record["cpu_ms_per_image"],
+                "not measured" if cpu is None else f"{cpu:.3f}",
                 record["images_per_sec"],
             )
     summary = []
@@ -297,7 +295,7 @@ def run_rounds(rows: list[tuple[str, str | None]], rounds: int, annotations, *ar
                 "cache": cache,
                 "cpu_ms_per_image": cpu,
                 "images_per_sec": speed,
-                "median_cpu_ms_per_image": round(statistics.median(cpu), 3),
+                "median_cpu_ms_per_image": None if None in cpu else round(statistics.median(cpu), 3),
                 "median_images_per_sec": round(statistics.median(speed), 2),
                 "build_seconds": [r["build_seconds"] for r in found],
                 "cache_seconds": [r["cache_seconds"] for r in found],
@@ -306,8 +304,9 @@ def run_rounds(rows: list[tuple[str, str | None]], rounds: int, annotations, *ar
     reference = next((row for row in summary if row["generator"] == "decode-only"), None)
     for row in summary:
         if reference is not None:
-            ratio = row["median_cpu_ms_per_image"] / reference["median_cpu_ms_per_image"]
-            row["cpu_ratio_to_decode_only"] = round(ratio, 3)
+            cpu, reference_cpu = row["median_cpu_ms_per_image"], reference["median_cpu_ms_per_image"]
+            measured = cpu is not None and reference_cpu
+            row["cpu_ratio_to_decode_only"] = round(cpu / reference_cpu, 3) if measured else None
     first = next(iter(records.values()))[0]
     keys = ("batch_size", "batches", "warmup_batches", "input_size", "num_images", "cpu_count", "tensorflow_loaded")
     return {"benchmark": "pipeline", "rounds": rounds, **{key: first[key] for key in keys}, "rows": summary}

@@ -174,8 +174,7 @@ class _Side:
                 callbacks=[*self.callbacks, timer],
                 shuffle=False,
             )
-            if getattr(self.model.optimizer, "use_ema", False):
-                untie_averages(self.model)  # the next round's fit on the same optimizer
+            untie_averages(self.model)  # with an EMA: the next round's fit on the same optimizer
         self.cpu_times.append(timer.cpu_seconds / steps)
         return [timer.wall_seconds / steps]
 

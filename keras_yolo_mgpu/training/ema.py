@@ -10,6 +10,11 @@ and restored with the optimizer in the run state (`training.run_state`:
 (`finalize_variable_values`), so a stage ends, and the final weights are
 saved, with the averaged weights.
 
+Under `mixed_float16` Keras's `compile` wraps the optimizer in a
+`LossScaleOptimizer`, whose own `use_ema` is False: the averages are its
+`inner_optimizer`'s (`averaging_optimizer` looks through the wrapper), and
+its `finalize_variable_values` is the inner one's.
+
 During training the averaged weights are what is validated and saved:
 `SwapInAverages` (placed first) writes the averages into the model at the end
 of each epoch and around the validation pass, and `SwapOutAverages` (after
@@ -34,6 +39,18 @@ def make_ema_kwargs(decay: float | None) -> dict:
     return {"use_ema": True, "ema_momentum": float(decay)}
 
 
+def averaging_optimizer(optimizer) -> keras.optimizers.Optimizer | None:
+    """The optimizer that keeps the moving averages: `optimizer` or the one a `LossScaleOptimizer` wraps; else None.
+
+    Asking the model's optimizer for `use_ema` is not enough: under
+    `mixed_float16` it is the wrapper, which keeps no averages itself, and
+    the EMA code then took a float16 run for one without averages.
+    """
+    while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer if getattr(optimizer, "use_ema", False) else None
+
+
 class _AverageSwap:
     """Shared state of the two swap callbacks: the trained values set aside."""
 
@@ -44,8 +61,8 @@ class _AverageSwap:
         if self.saved is not None:
             return
         # [(trainable variable, its average)] of an optimizer that keeps an EMA.
-        keeps_averages = optimizer is not None and getattr(optimizer, "use_ema", False) and optimizer.built
-        pairs = moving_averages(optimizer) if keeps_averages else []
+        averaging = averaging_optimizer(optimizer)
+        pairs = moving_averages(averaging) if averaging is not None and averaging.built else []
         self.saved = [(variable, keras.ops.convert_to_numpy(variable)) for variable, _ in pairs]
         for variable, average in pairs:
             # A copy, not the average's own buffer: on JAX the next compiled
@@ -105,7 +122,11 @@ def untie_averages(model) -> None:
     (`finalize_variable_values`); on JAX the weights then hold the very
     buffers the optimizer keeps its averages in, and the next `fit` on the
     same optimizer, whose compiled step donates the weights' buffers, would
-    delete the averages with them.
+    delete the averages with them ("Attempt to donate the same buffer
+    twice", then "'NoneType' object is not callable" from the emptied
+    variables). Does nothing where `model`'s optimizer keeps no averages.
     """
+    if averaging_optimizer(model.optimizer) is None:
+        return
     for variable in model.trainable_variables:
         variable.assign(keras.ops.copy(variable))
