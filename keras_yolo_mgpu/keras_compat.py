@@ -47,7 +47,7 @@ import keras
 logger = logging.getLogger(__name__)
 
 # Keras versions (major, minor) on which the multi-worker bugs were measured
-# and the patches verified (NOTES.md; tests/test_train.py runs two workers).
+# and the patches verified (tests/test_train.py runs two workers).
 PATCHED_KERAS = ((3, 15),)
 
 # ModelCheckpoint's private methods TemplateModelCheckpoint relies on, with

@@ -3,7 +3,7 @@
 keras-yolo3 summed its loss over the batch and divided by the batch size,
 returning a scalar. A scalar loss is what broke Keras 2 `multi_gpu_model`
 ("Can't concatenate scalars") and, under `tf.distribute`, it skips Keras's
-1/replicas scaling so gradients are summed over replicas (NOTES.md). Here the
+1/replicas scaling so gradients are summed over replicas (docs/multi-gpu.md). Here the
 loss is per sample, shape (N, 1): its batch mean equals the original scalar.
 """
 

@@ -12,7 +12,7 @@ the N-replica step the same computation as the one-device step, so
   per-replica BatchNormalization statistics, a layer missing from the
   gradient reduction) is many orders of magnitude larger;
 - in float32 rounding differs between a batch of 8 and N batches of 8/N, and
-  training amplifies it (NOTES.md): the differences are judged relative to
+  training amplifies it (docs/multi-gpu.md): the differences are judged relative to
   how far the weights moved (`FLOAT32_RELATIVE_THRESHOLD`). Layer by layer
   that ratio is noisy in float32 (a flipped max-pool tie moves one layer's
   gradient), so the verdict uses the largest difference over the largest
