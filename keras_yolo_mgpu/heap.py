@@ -50,11 +50,11 @@ def reuse_freed_memory() -> None:
 
     A fresh worker process's glibc maps every decoded image (0.9 MB for
     640x480) anew and gives the heap's top back as soon as it is freed, so
-    each image faulted its pages in again (not so in the threads'
-    long-running process, whose frees had raised glibc's thresholds). With
-    the thresholds that process reaches, 2 workers spent 2.26 CPU-ms per
-    image at 416 px instead of 2.44, the threads 2.23 (the 2-core CPU
-    machine, 2026-11-27, `scripts/feed_ceiling.py --workers 2 --batches 96`).
+    each image faults its pages in again (not so in the threads'
+    long-running process, whose frees have raised glibc's thresholds). With
+    the thresholds that process reaches, 2 workers spend less CPU per image,
+    about what the threads spend (`scripts/feed_ceiling.py --workers 2
+    --batches 96`; BENCHMARKS.md, "The feed past one interpreter lock").
     """
     libc = _glibc()
     if libc is None or not hasattr(libc, "mallopt"):
@@ -72,11 +72,11 @@ def limit_arenas() -> int | None:
     Two per core are one for each feed worker (one per core by default) and
     one for each of XLA's or TensorFlow's compute threads: the threads that
     allocate in every step keep arenas of their own, the others share.
-    Cores are counted as the feed counts them (`os.cpu_count()`). On the
-    2-core CPU machine (2026-11-28) 2 worker threads made the same images/s
-    with 4 arenas as with 16 (628 and 616 against 625 and 607,
-    `scripts/feed_ceiling.py --workers 1,2`); BENCHMARKS.md has the start's
-    memory with the cap. A cap the user set (`MALLOC_ARENA_MAX`) stands.
+    Cores are counted as the feed counts them (`os.cpu_count()`). Measured:
+    worker threads make the same images/s with the cap as with glibc's
+    default (`scripts/feed_ceiling.py --workers 1,2`; BENCHMARKS.md, "A
+    COCO-size dataset: start-up time and memory", which also has the start's
+    memory with the cap). A cap the user set (`MALLOC_ARENA_MAX`) stands.
     Arenas made before the call stay.
     """
     libc = _glibc()

@@ -230,10 +230,11 @@ def set_random_seed(seed: int) -> None:
 
     Keras seeds Python, NumPy and its global `SeedGenerator`, and, wherever
     TensorFlow is installed, TensorFlow, which it imports to do so. On the
-    JAX engine nothing draws from TensorFlow's seed, and that import cost
-    every start about 0.5 GB of memory and seconds (train.py on a COCO-size
-    set, the 2-core CPU machine, 2026-11-27). On TensorFlow it is imported,
-    and seeded as before. A Keras without the lazy module: its own function.
+    JAX engine nothing draws from TensorFlow's seed, and that import costs
+    every start hundreds of MB of memory and seconds (docs/measurements.md,
+    "Figures moved from the code's comments"). On TensorFlow it is imported,
+    and seeded as Keras seeds it. A Keras without the lazy module: its own
+    function.
     """
     from keras.src.utils import module_utils
 

@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 GENERATORS = ("tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only")
 NEEDS_TENSORFLOW = ("tfdata-device", "decode-only")
 # Rows no longer made, and the row to time instead: `tfdata` timed the host
-# building the dense targets, which only the device does since 2026-11-26.
+# building the dense targets, which only the device builds.
 RETIRED = {"tfdata": "tfdata-device"}
 
 

@@ -82,11 +82,11 @@ def distort_hsv(images, hsv):
     H in degrees from the largest channel, S = (max - min) / max, V = max;
     the hue is shifted by `hue` of a turn (wrapped), S and V are scaled and
     clipped at 1, and the sextant formula goes back to RGB.
-    Against OpenCV on all 256^3 colours with four draws (JAX, 2026-11-26):
-    within 1.4e-6, mean 2.5e-8 (tests/test_device_side.py checks random
-    pixels within 2e-6). A quadrant whose draw is
-    `data.host.NEUTRAL_HSV` (0, 1, 1) comes out as `to_float(images)`
-    exactly.
+    Against OpenCV on all 256^3 colours with four draws it stays within
+    2e-6, the bound tests/test_device_side.py checks random pixels against
+    (docs/measurements.md, "Figures moved from the code's comments"). A
+    quadrant whose draw is `data.host.NEUTRAL_HSV` (0, 1, 1) comes out as
+    `to_float(images)` exactly.
 
     Args:
         images: (B, H, W, 3) uint8 RGB (H, W even).
@@ -174,13 +174,14 @@ def _quotients(centres, size: int):
 def _exact_quotient(values, size: int):
     """`values / size`, correctly rounded (as numpy's float32 division) whatever the device's division.
 
-    A GPU's float32 division may be off by an ulp or two (measured on an
-    H100 under XLA, 2026-11-26: 4,719 of 16,896 centre quotients). One
-    correction step makes it exact: with `size = 2**p * k` (k < 2**11, odd
-    or not), `y = values / 2**p` is exact, the device's `q0 = y / k` is
-    within a few ulps, and the residual `y - q0 * k` is computed exactly
-    from `q0` split into three parts of at most 13 significant bits (each
-    product with `k` exact in float32; an FMA contraction changes nothing).
+    A GPU's float32 division may be off by an ulp or two (under XLA, in over
+    a quarter of the centre quotients measured: BENCHMARKS.md, "The JAX
+    trainer on one GPU"). One correction step makes it exact: with
+    `size = 2**p * k` (k < 2**11, odd or not), `y = values / 2**p` is exact,
+    the device's `q0 = y / k` is within a few ulps, and the residual
+    `y - q0 * k` is computed exactly from `q0` split into three parts of at
+    most 13 significant bits (each product with `k` exact in float32; an FMA
+    contraction changes nothing).
     `q0 + residual / k` then rounds to the correctly rounded quotient: the
     quotient of a float32 by an integer below 2**11 lies at least 2**-12 ulp
     from a rounding boundary unless exact, far more than the error of

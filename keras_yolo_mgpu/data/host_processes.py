@@ -1,9 +1,9 @@
 """Worker processes that make the host's batches: the feed past one interpreter lock.
 
-One JAX process drives every GPU of a host, and its batches came from worker
-threads, which share its interpreter lock: on one H100 (2026-11-26, 16 CPU
-cores) 16 threads decoded and augmented about 880 images/s of YOLOv3-416
-(`bench e2e` 873, `train.py --quiet` 882), less than one GPU's step (990).
+One JAX process drives every GPU of a host, and its worker threads share its
+interpreter lock: on a 16-core GPU host they decode and augment fewer
+YOLOv3-416 images per second than one GPU's step trains (BENCHMARKS.md, "The
+feed past one interpreter lock" and "The JAX trainer on one GPU").
 Processes have a lock each. This module is what runs in them: it imports
 numpy, OpenCV and Pillow through `data.host`, and neither Keras nor JAX nor
 TensorFlow, so a worker starts in about a second and holds no accelerator.
@@ -63,9 +63,9 @@ def start_worker(host, parent: int, logs=None, level: int = logging.WARNING) -> 
         root = logging.getLogger()
         root.handlers[:] = [logging.handlers.QueueHandler(logs)]
         root.setLevel(level)
-    # One worker, one core: OpenCV's own threads in each of N workers only oversubscribe the cores (the 2-core
-    # CPU machine, 2026-11-26: 2.19 CPU-ms per image with one worker instead of 2.63, 1.92x from 2 workers
-    # instead of 1.68x). Rows are resized alike in any number of threads: the pixels are the same (tested).
+    # One worker, one core: OpenCV's own threads in each of N workers only oversubscribe the cores (measured:
+    # less CPU per image, and 2 workers scale better; BENCHMARKS.md, "The feed past one interpreter lock").
+    # Rows are resized alike in any number of threads: the pixels are the same (tested).
     cv2.setNumThreads(1)
     reuse_freed_memory()
 
@@ -194,9 +194,9 @@ class _Block(shared_memory.SharedMemory):
 class BatchSlots:
     """Shared blocks of the parent's that workers write batches into, made once and reused.
 
-    A fresh block per batch cost 0.55 CPU-ms per image at 416 px (the pages
-    of 16.6 MB faulted in and zeroed on both sides) against 0.05 for a block
-    reused (the 2-core CPU machine, 2026-11-26). `take` lends a block's name
+    A fresh block per batch costs over ten times the CPU per image of a block
+    reused (its pages faulted in and zeroed on both sides; BENCHMARKS.md,
+    "The feed past one interpreter lock"). `take` lends a block's name
     for one batch; `give_back` returns it once the batch is dropped, or once
     the last array `take_batch` lent from it is gone. Blocks are made as they
     are needed: `count` at most while batches are only made ahead, more while
@@ -299,9 +299,9 @@ def take_batch(handed, slots: BatchSlots, slot: str | None):
 
     The arrays are views of the block the worker wrote, not copies: the
     block is lent with them, and goes back to `slots` (for another batch)
-    once the last of them, and every view of them, is gone. Copying out cost
-    the training process 0.07-0.09 CPU-ms per image at 416 px (the 2-core
-    CPU machine, 2026-11-27), nearly all of its share of the feed. Placed on
+    once the last of them, and every view of them, is gone. Copying out
+    would be nearly all of the training process's share of the feed's CPU
+    (docs/measurements.md, "Figures moved from the code's comments"). Placed on
     a GPU, the transfer reads the block itself; on the CPU, JAX keeps the
     views as the device arrays (their starts are 64-byte aligned), and the
     block returns when the step's arrays are freed. A block the worker made

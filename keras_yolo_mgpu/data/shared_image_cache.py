@@ -2,11 +2,11 @@
 
 `--cache ram` keeps each decoded image, resized to its letterbox size
 (`data.host.ImageSource`), in a dict of the process. Worker processes
-(`--feed processes`, `data.host_processes`) each kept a dict of their own:
-N workers held up to N copies of the dataset, and each decoded an image
-again the first time it met it (on the 2-core CPU machine, 2026-11-26, the
-process feed spent 1.8-2.0 CPU-ms per image from the "RAM cache" against
-the threads' 0.6-0.8). This block holds every image once, for the training
+(`--feed processes`, `data.host_processes`) with a dict each would hold up
+to N copies of the dataset for N workers, and each would decode an image
+again the first time it met it: measured, several times the threads' CPU
+per image from the "RAM cache" (BENCHMARKS.md, "The feed past one
+interpreter lock"). This block holds every image once, for the training
 process and its workers alike.
 
 Layout: a table of `(num_images, 7)` int64 rows (state, file mtime_ns, file

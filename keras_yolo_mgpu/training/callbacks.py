@@ -18,11 +18,11 @@ class StopOnInterrupt(keras.callbacks.Callback):
 
     Python ignores an exception raised while it runs a garbage-collection
     callback ("Exception ignored in: <function _xla_gc_callback ...>"): a
-    Ctrl-C that lands in JAX's callback was lost, and the run trained on
-    (seen on the 2-core CPU machine under load, 2026-11-26). The handler
-    remembers the interrupt, and the next training or validation step raises
-    it again in the main thread, where Keras's batch hooks begin. Only
-    Python's default handler is replaced.
+    Ctrl-C that lands in JAX's callback is lost, and the run trains on (seen
+    under load: docs/measurements.md, "Figures moved from the code's
+    comments"). The handler remembers the interrupt, and the next training
+    or validation step raises it again in the main thread, where Keras's
+    batch hooks begin. Only Python's default handler is replaced.
     """
 
     async_safe = True
@@ -138,8 +138,9 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
 
     def on_train_begin(self, logs=None):
         # Keras's opens the training writer here for per-batch summaries, which epoch curves never write; opening
-        # it imported TensorFlow before the first step of a JAX run (train.py on a COCO-size set, the 2-core CPU
-        # machine, 2026-11-27: 0.5 GB and 4 s of its start). The writers open when the first curves are written.
+        # it imports TensorFlow before the first step of a JAX run, hundreds of MB and seconds of its start
+        # (docs/measurements.md, "Figures moved from the code's comments"). The writers open when the first
+        # curves are written.
         if self.update_freq != "epoch":
             super().on_train_begin(logs)
 

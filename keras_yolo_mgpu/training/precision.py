@@ -10,9 +10,10 @@ On JAX every step is compiled by XLA, on every device count and on the CPU
 too (JAX without `jit` runs op by op); mixed precision on GPUs is
 `mixed_bfloat16` where the GPU computes bfloat16 natively (NVIDIA Ampere
 and later: same exponent range as float32, no loss scaling), else
-`mixed_float16` with Keras's loss-scaling optimizer. One H200, YOLOv3-416,
-batch 32, the bare jitted step (2026-11-26): 636 images/s in float32, 1,117
-in mixed_bfloat16.
+`mixed_float16` with Keras's loss-scaling optimizer. Measured: the bare
+jitted YOLOv3-416 step on one GPU runs nearly twice as fast in
+mixed_bfloat16 as in float32 (docs/measurements.md, "Figures moved from the
+code's comments").
 
 Neither is taken on trust. Before the first epoch:
 
@@ -108,9 +109,9 @@ def plan_settings(
     replica's `train_step` and the reduction) as one XLA computation on one
     device, which then cannot reach the other replicas' variables
     ("Trying to access resource ... located in device CPU:1 from device
-    CPU:0", measured with 2 and 4 logical devices, 2026-11-25). A default that
-    turns a setting on is checked at start-up (`run_checks`); one asked for
-    explicitly is used as asked.
+    CPU:0"; measured with 2 and 4 logical devices: docs/gpu.md, "Defaults
+    and checks"). A default that turns a setting on is checked at start-up
+    (`run_checks`); one asked for explicitly is used as asked.
 
     On JAX (`backend="jax"`) XLA is the default everywhere and is not
     checked (it is the only compiled path), and mixed precision means

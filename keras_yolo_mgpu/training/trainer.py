@@ -130,8 +130,9 @@ def _first_error_reported():
     (Ctrl-C while it compiles, an error in its first batch) there is none, and
     its `finally` (`finalize_variable_values` with --ema) fails on the empty
     variables with "TypeError: 'NoneType' object is not callable", hiding the
-    cause: a Ctrl-C ended the run with that traceback and status 1 instead of
-    "interrupted" and 130 (the 2-core CPU machine, 2026-11-27, 3 of 4 tries).
+    cause: without this, a Ctrl-C mostly ends the run with that traceback and
+    status 1 instead of "interrupted" and 130 (docs/measurements.md, "Figures
+    moved from the code's comments").
     """
     try:
         yield

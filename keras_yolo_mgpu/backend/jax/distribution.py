@@ -287,11 +287,11 @@ class DispatchLimit(keras.callbacks.Callback):
     With every callback `async_safe`, Keras's JAX `fit` dispatches a step
     without waiting for the one before, and nothing else bounds how far it
     runs ahead but the feed and XLA's queue (32 programs per device on the
-    CPU). The steps queued there held their batches in memory, and a Ctrl-C
-    waited for all of them: on the 2-core CPU machine (tiny YOLOv3 at 416 on
-    a COCO-size set, 2026-11-28, `scripts/start_report.py`), 43.6-44.9 s
-    from Ctrl-C to the end of the run and a peak of 1.60-1.75 GB, against
-    3.6-5.0 s and 1.42-1.61 GB with the bound. Before dispatching a step,
+    CPU). Unbounded, the steps queued there hold their batches in memory,
+    and a Ctrl-C waits for all of them: tens of seconds from Ctrl-C to the
+    end of a run on a COCO-size set, against a few with the bound, and a
+    higher peak of memory (`scripts/start_report.py`; BENCHMARKS.md, "A
+    COCO-size dataset: start-up time and memory"). Before dispatching a step,
     this waits for the step `ahead` before it, outside any C call, so the
     interrupt is raised then (tests/test_feed_processes.py: 32 steps ran
     after a Ctrl-C without the bound).
@@ -343,10 +343,10 @@ def use_compilation_cache(folder: str | None) -> None:
     machine a tiny YOLOv3 step compiles in several seconds at every start
     otherwise. Every program is kept, not only those that took JAX's default
     1 s to compile: building the models runs Keras's initialisers eagerly,
-    one small program per weight shape, 1-3 s of each start (COCO-size
-    start on JAX, 2-core CPU, 2026-11-27: 10.4-11.0 s to the first step,
-    7.2-9.4 s with them kept; 72 programs, 0.9 MB on disk). `folder`: the user's cache folder
-    (`--scan-cache`), None to keep nothing.
+    one small program per weight shape, seconds of each start, which kept
+    take little disk (BENCHMARKS.md, "A COCO-size dataset: start-up time and
+    memory"). `folder`: the user's cache folder (`--scan-cache`), None to
+    keep nothing.
     """
     if folder is None or jax.config.jax_compilation_cache_dir:
         return  # off, or already chosen by whoever started this process
@@ -370,12 +370,12 @@ def return_memory_after_compiles() -> None:
     """After each long XLA compile, gives what the compiler freed back to the system, before the program runs.
 
     The compiler's scratch stays in glibc's heap otherwise, under the step's
-    own buffers: a first start on a COCO-size set (tiny YOLOv3 at 416, the
-    2-core CPU machine, `scripts/start_report.py`) peaked at 2.04 GB
-    (2026-11-28), 0.35 GB above the next starts, whose step came compiled
-    from the cache folder; 1.75 GB with this and `heap.limit_arenas`. JAX
-    reports each backend compile to its monitoring listeners when it ends;
-    registered once per process.
+    own buffers: a first start, which compiles the step, peaks well above
+    the next starts, whose step comes compiled from the cache folder, and
+    this and `heap.limit_arenas` take most of that back
+    (`scripts/start_report.py`; BENCHMARKS.md, "A COCO-size dataset:
+    start-up time and memory"). JAX reports each backend compile to its
+    monitoring listeners when it ends; registered once per process.
     """
     global _returning_memory
     if _returning_memory:
@@ -422,12 +422,12 @@ def commit_state_callback(devices: list):
     backups, reset metrics, the EMA swap) uncommitted when the mesh has one
     device: the variable's layout is then "equivalent" to any single-device
     placement. JAX compiles a step for uncommitted arguments apart from the
-    committed ones the step itself returns, so the first steps of every run
-    compiled the training step three times (measured: tiny YOLOv3 at 64 px on
-    the CPU, 2026-11-26, 3 compiles of 12-17 s in the first epoch; YOLOv3-416
-    compiles for 26-55 s on a GPU). Committed from the start, the step
-    compiles once. On several devices Keras lays every variable out over the
-    mesh, committed already.
+    committed ones the step itself returns, so without this the first steps
+    of every run compile the training step three times, each compile taking
+    many seconds (measured: BENCHMARKS.md, "The JAX trainer on one GPU";
+    docs/measurements.md, "Figures moved from the code's comments").
+    Committed from the start, the step compiles once. On several devices
+    Keras lays every variable out over the mesh, committed already.
     """
     if len(devices) != 1:
         return None

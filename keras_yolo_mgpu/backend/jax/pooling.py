@@ -4,10 +4,10 @@ The TensorFlow side: `backend/tensorflow/pooling.py`, the same function.
 
 Keras's `max_pool` is a `lax.reduce_window`, whose gradient XLA's CPU
 compiler expands into a variadic reduce-window over the input and four int32
-index arrays of the input's size, then a scatter. For tiny YOLOv3 at 416 px,
-batch 8, the training step's scratch memory was 1.22 GB, and the four index
-arrays of each pooling layer were about half of it (the 2-core CPU machine,
-2026-11-27; `scripts/pool_memory.py` measures both ways). The windows of
+index arrays of the input's size, then a scatter. In tiny YOLOv3's training
+step on the CPU those index arrays are a large part of the step's scratch
+memory (BENCHMARKS.md, "Max pooling on JAX: memory and time of the CPU
+step"; `scripts/pool_memory.py` measures both ways). The windows of
 tiny YOLOv3's and YOLOv4-tiny's downsampling pools do not overlap, so the
 maximum is a reshape and a `max`, and its gradient four masks, one per
 position of the window: elementwise work that XLA fuses, with no index

@@ -123,10 +123,11 @@ def written_gradient_training_call(layer, inputs):
     proofs). Keras's own path would compute float64 inputs in float32, and
     its synchronized statistics go through `ReplicaContext.all_reduce`,
     whose `tf.custom_gradient` walks every replica's graph for each
-    BatchNormalization layer (`_all_reduce_sum`): 39 % of the time to trace
-    a 4-replica tiny YOLOv3 step in float64 (py-spy, 2026-11-26). Here the
-    statistics are `_global_moments`' sums in the input's dtype, on one
-    replica or over all of them, and the gradient is written out
+    BatchNormalization layer (`_all_reduce_sum`): measured, a large share of
+    the time to trace a replicated float64 step (docs/measurements.md,
+    "Fused BatchNormalization"). Here the statistics are `_global_moments`'
+    sums in the input's dtype, on one replica or over all of them, and the
+    gradient is written out
     (`_normalize_with_written_gradient`): the same arithmetic on one device
     and on N replicas.
     """
@@ -181,9 +182,10 @@ def _all_reduce_sum(values: tf.Tensor) -> tf.Tensor:
     `tf.custom_gradient` (the gradient of a sum being a sum). In a traced
     function that wrapper walks the graph back from the reduced tensor to
     find the variables it depends on, and a cross-replica sum depends on
-    every replica's graph: each call walked the whole replicated graph, so
-    tracing grew with the square of the network's BatchNormalization layers
-    (a 4-replica tiny YOLOv4 step: 42 s to trace in float32, 2026-11-25).
+    every replica's graph: each call walks the whole replicated graph, so
+    tracing grows with the square of the network's BatchNormalization layers
+    (measured: BENCHMARKS.md, "Tracing the replicated step";
+    docs/measurements.md, "Figures moved from the code's comments").
     Neither caller differentiates the sum (the statistics are computed from
     `tf.stop_gradient` inputs; the backward pass's sums are part of a
     written-out gradient), so the reduction is called without the wrapper.
