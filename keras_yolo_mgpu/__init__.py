@@ -1,8 +1,10 @@
 """keras-yolo-mgpu: YOLOv3 for Keras 3 with multi-GPU training that equals one GPU.
 
-The public names follow keras-yolo3 so its users find their way. They are
-imported lazily, so tools that need no TensorFlow (annotation converters,
-k-means, the dataset checker's help) start instantly.
+The public names follow keras-yolo3 so its users find their way, and the
+commands are functions with the same flags and defaults (`train`, `evaluate`,
+`detect`; `api.export`, `api.check_dataset`). They are imported lazily, so
+tools that need no TensorFlow (annotation converters, k-means, the dataset
+checker's help) start instantly.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ _EXPORTS = {
     "load_weights": "weights.loading",
     "YOLO": "inference.detector",
     "Detections": "inference.detector",
+    # The commands as functions (api.py); `api.export` and `api.check_dataset` keep the names of the
+    # `python -m keras_yolo_mgpu.export` / `.check_dataset` modules free.
+    "train": "api",
+    "evaluate": "api",
+    "detect": "api",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,13 +29,15 @@ LAYERS = (
     # files written atomically, the C heap, get_config, Keras internals, model_data/, the backend switch
     ("base", ("__init__", "fileio", "heap", "serialization", "keras_compat", "resources", "backend")),
     ("model", ("model",)),  # networks, loss, boxes, BatchNormalization, in keras.ops
-    ("data, weights", ("data", "weights")),  # annotation formats, the input pipeline; Darknet conversion, weight files
+    # annotation formats, the input pipeline; Darknet conversion, weight files; which outputs may be replaced
+    ("data, weights", ("data", "weights", "outputs")),
     ("parallel", ("parallel",)),  # engines: how N devices run the model
     ("inference, plots", ("inference", "plots")),  # detector, video, export, exported formats; pictures
     ("evaluation", ("evaluation",)),  # mAP of weights or of an export
     ("training", ("training",)),  # the recipe, callbacks, checkpoints, the run folder
     ("bench, cli", ("bench", "cli")),  # benchmarks; the commands
-    ("entry points", ("align", "check_dataset", "demo", "export", "bench.__main__")),  # python -m keras_yolo_mgpu.NAME
+    # python -m keras_yolo_mgpu.NAME; the commands as Python functions
+    ("entry points", ("align", "check_dataset", "demo", "export", "bench.__main__", "api")),
 )
 
 

@@ -57,6 +57,7 @@ WORK_UNITS = [
     # Module-scoped runs shared by the module's tests: one training run in a keras-yolo3 folder; three conversions.
     (r"test_keras_yolo3_train\.py::", "keras-yolo3-train", 90),
     (r"test_keras_yolo3_tools\.py::", "keras-yolo3-tools", 25),
+    (r"test_api\.py::test_train_function", None, 40),
 ]
 # Units measured longer than their pattern's figure above.
 UNIT_SECONDS = {

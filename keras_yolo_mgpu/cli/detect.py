@@ -136,6 +136,15 @@ def _typed_names() -> Iterator[str]:
 
 
 def run(args) -> int:
+    stats = detection(args)
+    # At the prompt a name that fails was answered "Try again!" and the
+    # session goes on: its end is a clean end. Named up front, a failed
+    # image fails the command.
+    return 1 if stats.get("failed") and args.image else 0
+
+
+def detection(args) -> dict:
+    """What the command does, returning its counts (images or frames, boxes, where the output went)."""
     # Imported here, not at the top: `--help` and flag errors stay instant.
     from keras_yolo_mgpu.cli import quiet
     from keras_yolo_mgpu.inference import media
@@ -188,10 +197,7 @@ def run(args) -> int:
             stats["output_dir"],
             f"; {stats['failed']} unreadable or refused" if stats["failed"] else "",
         )
-        # At the prompt a name that fails was answered "Try again!" and the
-        # session goes on: its end is a clean end. Named up front, a failed
-        # image fails the command.
-        return 1 if stats["failed"] and args.image else 0
+        return stats
     if not output and not args.save_json and not args.show:
         logger.warning("no output path, --save-json or --show: detections are counted but not saved")
     stats = media.process_video(
@@ -213,7 +219,7 @@ def run(args) -> int:
         stats["detections"],
         f", video written to {stats['output']}" if stats["output"] else "",
     )
-    return 0
+    return stats
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -67,7 +67,17 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights, format_report
+    from keras_yolo_mgpu.evaluation.mean_ap import format_report
+
+    result = evaluation(args)
+    print(format_report(result))
+    print(json.dumps(result))
+    return 0
+
+
+def evaluation(args) -> dict:
+    """What the command does, returning its report (the JSON it prints last)."""
+    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights
     from keras_yolo_mgpu.resources import resolve_resource
 
     if bool(args.weights) == bool(args.detections):
@@ -124,9 +134,7 @@ def run(args) -> int:
             save_detections=args.save_detections,
             progress=not args.no_progress,
         )
-    print(format_report(result))
-    print(json.dumps(result))
-    return 0
+    return result
 
 
 def _use_held_out_when_data_has_no_val(args) -> None:

@@ -82,8 +82,20 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.inference.export import export_model
     from keras_yolo_mgpu.inference.export_check import format_check
+
+    result = exported(args)
+    if result["check"]:
+        print(format_check(result["check"]))
+    print(f"exported {result['format']} ({result['precision']}, {result['size'] / 1e6:.2f} MB): {result['path']}")
+    if args.validation:
+        _compare_map(args, result["path"], result["settings"])
+    return 0
+
+
+def exported(args) -> dict:
+    """What the command does, returning `inference.export.export_model`'s result and the model's `settings`."""
+    from keras_yolo_mgpu.inference.export import export_model
     from keras_yolo_mgpu.weights.download import resolve_weights
     from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
@@ -104,12 +116,7 @@ def run(args) -> int:
         images=args.images,
         calibration_images=args.calibration_images,
     )
-    if result["check"]:
-        print(format_check(result["check"]))
-    print(f"exported {result['format']} ({result['precision']}, {result['size'] / 1e6:.2f} MB): {result['path']}")
-    if args.validation:
-        _compare_map(args, result["path"], params["settings"])
-    return 0
+    return {**result, "settings": params["settings"]}
 
 
 def _compare_map(args, exported: str, settings) -> None:

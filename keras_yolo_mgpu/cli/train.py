@@ -11,6 +11,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -381,14 +382,14 @@ def given_flags(argv=None) -> dict:
     return vars(parser.parse_args(argv))
 
 
-def apply_resume_flags(config, args, given: dict) -> list[str]:
-    """Checks flags given with --resume against the saved run; returns the contradictions.
+def apply_resume_flags(config, args, given: dict) -> tuple:
+    """Checks flags given with --resume against the saved run; returns (the config to run, the contradictions).
 
-    Flags in `RESUME_OVERRIDES` are applied to `config` (logged); every other
-    flag that agrees with the saved setting is accepted (logged), one that
-    differs is returned as a contradiction, naming both values.
+    Flags in `RESUME_OVERRIDES` apply to the returned config (logged); every
+    other flag that agrees with the saved setting is accepted (logged), one
+    that differs is returned as a contradiction, naming both values.
     """
-    problems = []
+    problems, overrides = [], {}
     for dest, value in sorted(given.items()):
         if dest in _RUN_FLAGS:
             continue
@@ -402,7 +403,7 @@ def apply_resume_flags(config, args, given: dict) -> list[str]:
                     field,
                     getattr(config, field),
                 )
-                setattr(config, field, new)
+                overrides[field] = new
             continue
         if not hasattr(config, field):
             problems.append(f"--{dest.replace('_', '-')} has no meaning for a resumed run")
@@ -416,7 +417,7 @@ def apply_resume_flags(config, args, given: dict) -> list[str]:
             logger.info("--resume: --%s agrees with the saved run", dest.replace("_", "-"))
         else:
             problems.append(f"--{dest.replace('_', '-')} {value} (the run has {field}={saved!r})")
-    return problems
+    return dataclasses.replace(config, **overrides), problems
 
 
 def run(args, given: dict | None = None) -> int:
@@ -425,77 +426,107 @@ def run(args, given: dict | None = None) -> int:
         from keras_yolo_mgpu.cli.demo import main as demo_main
 
         return demo_main(["--verbose"] if args.verbose else [])
-    from keras_yolo_mgpu.training.trainer import TrainConfig, train
+    config = config_for(args, given)
+    if config is None:
+        print(START_HELP)
+        return 2
+    result = run_training(config)
+    logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)
+    return 0
 
+
+def config_for(args, given: dict | None = None):
+    """The run's `TrainConfig`, resolved once from the parsed flags: a new run's, or the saved run's (--resume).
+
+    `given`: the flags present on the command line (for --resume). None when
+    no dataset is named and the folder is no keras-yolo3 folder.
+
+    Raises:
+        UsageError: flags that do not fit together, or contradict a resumed run.
+    """
     if args.resume:
-        if not args.log_dir:
-            raise UsageError("--resume needs --log-dir of the run to continue")
-        args_json = os.path.join(args.log_dir, "args.json")
-        if not os.path.isfile(args_json):
-            raise UsageError(f"--resume: {args_json} not found; nothing to resume in {args.log_dir}")
-        with open(args_json, encoding="utf-8") as handle:
-            config = TrainConfig.from_json(handle.read())
-        config.resume = True
-        if os.path.abspath(config.log_dir) != os.path.abspath(args.log_dir):
-            # A run folder is the run: a copied or moved folder continues where it is, never its original.
+        return _resumed_config(args, given or {})
+    if not args.annotations and not args.data:
+        if not is_keras_yolo3_folder():
+            return None
+        apply_keras_yolo3_paths(args)
+        if args.recipe is None:
             logger.info(
-                "--resume continues %s (its args.json names %s: the folder was moved or copied)",
-                args.log_dir,
-                config.log_dir,
+                "recipe: this project's default (one stage, nothing frozen, EMA, best weights by validation "
+                "mAP: docs/training.md); --recipe keras-yolo3 trains keras-yolo3's two stages exactly"
             )
-            config.log_dir = args.log_dir
-        problems = apply_resume_flags(config, args, given or {})
-        if problems:
-            raise UsageError(
-                "--resume continues the run as it was started (its settings are in "
-                f"{args_json}); these flags contradict it: " + "; ".join(problems) + ". Drop them, or start a "
-                "new run (--weights of this run's checkpoint to start from it)."
-            )
-    else:
-        if not args.annotations and not args.data:
-            if not is_keras_yolo3_folder():
-                print(START_HELP)
-                return 2
-            apply_keras_yolo3_paths(args)
-            if args.recipe is None:
-                logger.info(
-                    "recipe: this project's default (one stage, nothing frozen, EMA, best weights by validation "
-                    "mAP: docs/training.md); --recipe keras-yolo3 trains keras-yolo3's two stages exactly"
-                )
-        if args.annotations and args.data:
-            raise UsageError("give --data or --annotations, not both (--data reads keras-yolo3 files too)")
-        if args.simulate_devices and args.gpus is None:
-            raise UsageError("--simulate-devices needs --gpus N (the number of devices to simulate)")
-        if args.data and not os.path.exists(args.data):
-            raise UsageError(f"--data: not found: {args.data}")
-        for flag, path in (
-            ("--annotations", args.annotations),
-            ("--val-annotations", args.val_annotations),
-            ("--classes", args.classes),
-            ("--anchors", None if args.anchors == "auto" else args.anchors),
-            ("--weights", args.weights),
-        ):
-            if flag == "--weights" and path:
-                # An official net's name (`yolov3-tiny`) is downloaded once into the cache. Checked last, so a
-                # mistyped file above fails before a download starts.
-                path = resolve_weights(path)
-                if path != args.weights:
-                    logger.info("--weights %s: the official Darknet weights, cached at %s", args.weights, path)
-                    args.weights = path
-            if path and not os.path.isfile(path):
-                raise UsageError(f"{flag}: file not found: {path}")
-        if args.annotations and not args.classes:
-            raise UsageError("--annotations needs --classes, the class names file of your dataset")
-        config = config_from_args(args)
+    _check_new_run_flags(args)
+    return config_from_args(args)
+
+
+def _resumed_config(args, given: dict):
+    """The saved run's config in --log-dir, with the flags that apply to a resumed process."""
+    from keras_yolo_mgpu.training.config import TrainConfig
+
+    if not args.log_dir:
+        raise UsageError("--resume needs --log-dir of the run to continue")
+    args_json = os.path.join(args.log_dir, "args.json")
+    if not os.path.isfile(args_json):
+        raise UsageError(f"--resume: {args_json} not found; nothing to resume in {args.log_dir}")
+    with open(args_json, encoding="utf-8") as handle:
+        config = TrainConfig.from_json(handle.read())
+    if os.path.abspath(config.log_dir) != os.path.abspath(args.log_dir):
+        # A run folder is the run: a copied or moved folder continues where it is, never its original.
+        logger.info(
+            "--resume continues %s (its args.json names %s: the folder was moved or copied)",
+            args.log_dir,
+            config.log_dir,
+        )
+    config = dataclasses.replace(config, resume=True, log_dir=args.log_dir)
+    config, problems = apply_resume_flags(config, args, given)
+    if problems:
+        raise UsageError(
+            "--resume continues the run as it was started (its settings are in "
+            f"{args_json}); these flags contradict it: " + "; ".join(problems) + ". Drop them, or start a "
+            "new run (--weights of this run's checkpoint to start from it)."
+        )
+    return config
+
+
+def _check_new_run_flags(args) -> None:
+    """Refuses a new run's flags that do not fit together or name missing files; resolves --weights by name."""
+    if args.annotations and args.data:
+        raise UsageError("give --data or --annotations, not both (--data reads keras-yolo3 files too)")
+    if args.simulate_devices and args.gpus is None:
+        raise UsageError("--simulate-devices needs --gpus N (the number of devices to simulate)")
+    if args.data and not os.path.exists(args.data):
+        raise UsageError(f"--data: not found: {args.data}")
+    for flag, path in (
+        ("--annotations", args.annotations),
+        ("--val-annotations", args.val_annotations),
+        ("--classes", args.classes),
+        ("--anchors", None if args.anchors == "auto" else args.anchors),
+        ("--weights", args.weights),
+    ):
+        if flag == "--weights" and path:
+            # An official net's name (`yolov3-tiny`) is downloaded once into the cache. Checked last, so a
+            # mistyped file above fails before a download starts.
+            path = resolve_weights(path)
+            if path != args.weights:
+                logger.info("--weights %s: the official Darknet weights, cached at %s", args.weights, path)
+                args.weights = path
+        if path and not os.path.isfile(path):
+            raise UsageError(f"{flag}: file not found: {path}")
+    if args.annotations and not args.classes:
+        raise UsageError("--annotations needs --classes, the class names file of your dataset")
+
+
+def run_training(config):
+    """`training.trainer.train(config)`, an out-of-memory error said in one paragraph (a CommandError)."""
+    from keras_yolo_mgpu.training.trainer import train
+
     try:
-        result = train(config)
+        return train(config)
     except Exception as error:
         paragraph = out_of_memory_paragraph(error, config)
         if paragraph is None:
             raise
         raise CommandError(paragraph) from error
-    logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)
-    return 0
 
 
 def _gib(size: int | None) -> str:

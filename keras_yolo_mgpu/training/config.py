@@ -16,9 +16,15 @@ from dataclasses import dataclass, field
 FEEDS = ("threads", "processes")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Everything a training run needs; `train.py` flags map onto these 1:1."""
+    """Everything a training run needs; `train.py` flags map onto these 1:1.
+
+    Frozen: a run's settings are resolved once (`cli.train.config_for`) and
+    no part of the run changes them. What the run itself settles (a drawn
+    seed, the backend, the start-up precision checks) makes a new config
+    (`dataclasses.replace`), which args.json records.
+    """
 
     # A keras-yolo3 annotation file, or (`data`) a dataset of any kind
     # data.dataset_source reads; `classes` may be left out when it names them.

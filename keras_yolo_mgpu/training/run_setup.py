@@ -75,7 +75,7 @@ class RunSetup:
         # args.json names the weights as given (a Darknet file stays one, for --resume);
         # the run itself starts from their conversion.
         self.weights_as_given = config.weights
-        resolve_start_weights(config, self.run_dir)
+        config = self.config = dataclasses.replace(config, weights=resolve_start_weights(config, self.run_dir))
         # Several processes scan once: the chief reads and scans the dataset and writes the records
         # (data/scan.py); the others wait for it, then read the records instead of the files.
         if not self.chief:
@@ -126,7 +126,8 @@ class RunSetup:
                 logger.info(reason)
             # bfloat16 by default is checked on the run's first step (precision.first_step_check).
             self.first_step_policy = plan.mixed_policy if plan.check_mixed_precision else None
-            config.mixed_precision, config.jit = precision.run_checks(plan, self.check_model, self.first_inputs)
+            mixed_precision, jit = precision.run_checks(plan, self.check_model, self.first_inputs)
+            config = self.config = dataclasses.replace(config, mixed_precision=mixed_precision, jit=jit)
             mixed_policy = plan.mixed_policy
         if config.resume and config.dtype_policy and config.dtype_policy.startswith("mixed_"):
             mixed_policy = config.dtype_policy  # as the run started
@@ -134,7 +135,8 @@ class RunSetup:
         if planned:
             import keras
 
-            config.dtype_policy = keras.config.dtype_policy().name  # what the run trains under
+            # What the run trains under.
+            config = self.config = dataclasses.replace(config, dtype_policy=keras.config.dtype_policy().name)
             if self.chief:
                 _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
 

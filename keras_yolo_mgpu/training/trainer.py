@@ -56,10 +56,10 @@ def train(config: TrainConfig) -> TrainResult:
     from keras_yolo_mgpu.heap import limit_arenas
 
     config.validate()
-    _check_backend(config)
+    config = _check_backend(config)
     limit_arenas()  # before the feed's and the engine's threads first allocate
     if config.seed is None:
-        config.seed = draw_seed()
+        config = dataclasses.replace(config, seed=draw_seed())
         logger.info(
             "seed %d (drawn; recorded in args.json: pass --seed %d to repeat the run)", config.seed, config.seed
         )
@@ -100,19 +100,20 @@ def train(config: TrainConfig) -> TrainResult:
         restore_global_dtype_policy(previous_policy)
 
 
-def _check_backend(config: TrainConfig) -> None:
-    """Records Keras's backend in a new run; refuses to resume a run on another backend than it started on."""
+def _check_backend(config: TrainConfig) -> TrainConfig:
+    """`config` with Keras's backend recorded (a new run); refuses to resume a run on another backend."""
     from keras_yolo_mgpu.backend import NAME, distribution
 
     distribution.check_feed(config.feed)
     if not config.resume or config.backend is None:
-        config.backend = NAME
-    elif config.backend != NAME:
+        return dataclasses.replace(config, backend=NAME)
+    if config.backend != NAME:
         raise ValueError(
             f"the run in {config.log_dir} trained on the {config.backend} backend; this process runs {NAME}. "
             f"Resume it with KERAS_BACKEND={config.backend} (its optimizer state and data stream continue there), or "
             f"start a new run from its weights: --weights {os.path.join(config.log_dir, 'last.weights.h5')}"
         )
+    return config
 
 
 def _per_replica(batch: int, replicas: int) -> str:

@@ -86,8 +86,8 @@ def _md5(path: str) -> str:
     return digest.hexdigest()
 
 
-def resolve_start_weights(config, run_dir: str) -> None:
-    """Points `config.weights` at a Keras file: Darknet weights are converted into `run_dir` first.
+def resolve_start_weights(config, run_dir: str) -> str | None:
+    """The Keras file a run starts from: `config.weights`, Darknet weights converted into `run_dir` first.
 
     A resumed run reuses its converted file. Leaves a `.weights.h5` /
     `.keras` / `.h5` path as it is. `args.json` keeps the Darknet path
@@ -95,7 +95,7 @@ def resolve_start_weights(config, run_dir: str) -> None:
     source file, its cfg, size and md5.
     """
     if not (config.weights or "").endswith(DARKNET_SUFFIX):  # a Keras `.weights.h5` does not
-        return
+        return config.weights
     converted = os.path.join(run_dir, CONVERTED)
     if not (config.resume and os.path.isfile(converted)):
         cfg = find_cfg(config.weights, config.cfg)
@@ -112,7 +112,7 @@ def resolve_start_weights(config, run_dir: str) -> None:
         }
         with open(os.path.join(run_dir, SOURCE_RECORD), "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=2)
-    config.weights = converted
+    return converted
 
 
 def darknet_as_keras(weights_path: str | None, cfg_path: str | None = None) -> str | None:

@@ -1,0 +1,180 @@
+"""The commands as Python functions: their flags as keywords, their defaults, their checks.
+
+    import keras_yolo_mgpu as kym
+    run = kym.train(data="my_dataset/data.yaml", weights="yolov3-tiny", epochs=50)
+    report = kym.evaluate(weights=run.final_weights)
+    kym.detect(model=run.final_weights, image=["photos/"], output="annotated")
+    kym.export(weights=run.final_weights, format="onnx")
+
+Each function takes its command's flags as keywords, dashes as underscores
+(`input_size=416`, `batch_size=16`, `no_augment=True`), and turns them into
+the command line the command itself parses: the defaults, the conversions
+and the refusals are the command's own, so `train(**flags)` and `python
+train.py --flags` resolve the same run (the same args.json). A keyword the
+command does not know is a TypeError that names the closest one. Values:
+True turns a switch on; a list gives a flag that takes several values
+(`image=["a.jpg", "b.jpg"]`); a tuple gives one value of several parts
+(`input_size=(320, 416)`, `multi_scale=(320, 608)`); None leaves the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+
+from keras_yolo_mgpu.cli import check_dataset as check_dataset_command
+from keras_yolo_mgpu.cli import detect as detect_command
+from keras_yolo_mgpu.cli import evaluate as evaluate_command
+from keras_yolo_mgpu.cli import export as export_command
+from keras_yolo_mgpu.cli import train as train_command
+from keras_yolo_mgpu.cli.runner import CommandError, UsageError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_dataset", "command_line", "detect", "evaluate", "export", "train"]
+
+_SWITCHES = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction)
+
+
+def _by_keyword(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
+    """Keyword -> the parser's actions it names: the flags' own names first, then the `dest`s no flag spells.
+
+    Flags win: yolo_video.py's `--model` is keras-yolo3's weights file (its
+    dest `weights`), so `model=` means that flag, not `--architecture`'s dest.
+    """
+    table: dict[str, list[argparse.Action]] = {}
+    actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction) and a.dest != "verbose"]
+    for action in actions:
+        for option in action.option_strings:
+            if option.startswith("--"):
+                table.setdefault(option[2:].replace("-", "_"), []).append(action)
+    spelled = set(table)
+    for action in actions:
+        if action.dest not in spelled and action not in table.get(action.dest, []):
+            table.setdefault(action.dest, []).append(action)
+    return table
+
+
+def _tokens(value) -> list[str]:
+    """One flag's value as command-line words: a list gives several, a tuple one of several parts."""
+    if isinstance(value, list):
+        return [_token(item) for item in value]
+    return [_token(value)]
+
+
+def _token(value) -> str:
+    if isinstance(value, tuple):
+        parts = [",".join(map(str, part)) if isinstance(part, (list, tuple)) else str(part) for part in value]
+        return " ".join(parts) if any(isinstance(part, (list, tuple)) for part in value) else ",".join(parts)
+    return str(value)
+
+
+def command_line(parser: argparse.ArgumentParser, flags: dict) -> list[str]:
+    """The command line (argv) that `flags` (keywords as in the module docstring) stand for.
+
+    Raises:
+        TypeError: a keyword the command does not take, or a switch given a value it cannot have.
+    """
+    table = _by_keyword(parser)
+    options, positionals = [], {}
+    for key, value in flags.items():
+        if key not in table:
+            close = difflib.get_close_matches(key, table, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{parser.prog}: unknown keyword {key!r}{hint}")
+        if value is None:
+            continue
+        actions = table[key]
+        if not actions[0].option_strings:
+            positionals[actions[0].dest] = _tokens(value)
+            continue
+        # `jit=False` names --jit's dest: its other switch, --no-jit, says it.
+        dests = {a.dest for a in actions}
+        switches = [a for a in parser._actions if a.dest in dests and isinstance(a, _SWITCHES)]
+        if switches:
+            chosen = [a for a in switches if a.const == value]
+            if not chosen:
+                if value is False and all(a.const is True for a in switches):
+                    continue  # a switch left off
+                raise TypeError(f"{parser.prog}: {key}={value!r} is not one of {[a.const for a in switches]}")
+            options.append(_option(chosen[0], key))
+            continue
+        action = actions[0]
+        options += [_option(action, key), *_tokens(value)]
+    ordered = [word for a in parser._actions if not a.option_strings for word in positionals.get(a.dest, [])]
+    return [*ordered, *options]
+
+
+def _option(action: argparse.Action, key: str) -> str:
+    """The option string of `action` that `key` spells (`lr` -> `--lr`), else its last (the long one)."""
+    spelled = "--" + key.replace("_", "-")
+    return spelled if spelled in action.option_strings else action.option_strings[-1]
+
+
+class _Refused(Exception):
+    """What argparse would have printed before exiting."""
+
+
+def _parse(build_parser, flags: dict) -> tuple[argparse.Namespace, list[str]]:
+    parser = build_parser()
+
+    def refuse(message):
+        raise _Refused(f"{parser.prog}: {message}")
+
+    parser.error = refuse  # an exception for the caller, never sys.exit
+    argv = command_line(parser, flags)
+    try:
+        return parser.parse_args(argv), argv
+    except _Refused as error:
+        raise ValueError(str(error)) from None
+
+
+def _refusals_as_value_errors(function, *args):
+    """`function(*args)`, a command's refusal (what it prints as `error: ...`) raised as a ValueError."""
+    try:
+        return function(*args)
+    except (UsageError, CommandError) as error:
+        raise ValueError(str(error)) from None
+
+
+def _train(args, argv):
+    config = train_command.config_for(args, train_command.given_flags(argv) if args.resume else None)
+    if config is None:
+        raise UsageError(train_command.START_HELP)
+    return train_command.run_training(config)
+
+
+def train(**flags):
+    """`python train.py` as a function; returns the run's `training.config.TrainResult`.
+
+    Raises:
+        ValueError: no dataset given and no keras-yolo3 folder here, or what
+            train.py refuses (as its `error:` line says it).
+    """
+    args, argv = _parse(train_command.build_parser, flags)
+    return _refusals_as_value_errors(_train, args, argv)
+
+
+def evaluate(**flags) -> dict:
+    """`python evaluate.py` as a function; returns its report (what the command prints as JSON last)."""
+    args, _ = _parse(evaluate_command.build_parser, flags)
+    return _refusals_as_value_errors(evaluate_command.evaluation, args)
+
+
+def detect(**flags) -> dict:
+    """`python yolo_video.py` as a function (`model=`, `image=[...]` or `input=`); returns its counts."""
+    args, _ = _parse(detect_command.build_parser, flags)
+    return _refusals_as_value_errors(detect_command.detection, args)
+
+
+def export(**flags) -> dict:
+    """`python -m keras_yolo_mgpu.export` as a function; returns what it wrote and its check."""
+    args, _ = _parse(export_command.build_parser, flags)
+    return _refusals_as_value_errors(export_command.exported, args)
+
+
+def check_dataset(**flags) -> bool:
+    """`python -m keras_yolo_mgpu.check_dataset` as a function; True when it found no problem."""
+    args, _ = _parse(check_dataset_command.build_parser, flags)
+    return _refusals_as_value_errors(check_dataset_command.run, args) == 0

@@ -1,0 +1,107 @@
+"""The commands as Python functions: the same flags, the same defaults, the same run."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from keras_yolo_mgpu.api import command_line
+from keras_yolo_mgpu.cli import detect, train
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.training.config import TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_keywords_become_the_command_line_the_command_parses():
+    parser = train.build_parser()
+    argv = command_line(
+        parser,
+        {"data": "d.yaml", "input_size": (320, 416), "multi_scale": (320, 608), "no_augment": True, "jit": False,
+         "masks": ([3, 4, 5], [1, 2, 3]), "lr": 0.01, "seed": None, "quiet": False},
+    )  # fmt: skip
+    assert argv == [
+        "--data", "d.yaml", "--input-size", "320,416", "--multi-scale", "320,608", "--no-augment", "--no-jit",
+        "--masks", "3,4,5 1,2,3", "--lr", "0.01",
+    ]  # fmt: skip
+    args = parser.parse_args(argv)
+    assert args.input_size == (320, 416) and args.multi_scale == (320, 608) and args.jit is False
+    assert args.masks == [[3, 4, 5], [1, 2, 3]] and args.no_augment and args.lr1 == 0.01
+    # yolo_video.py's --model is keras-yolo3's weights file (dest `weights`), not --architecture (dest `model`).
+    argv = command_line(detect.build_parser(), {"model": "w.h5", "image": ["a.jpg", "b.jpg"]})
+    assert argv == ["--model", "w.h5", "--image", "a.jpg", "b.jpg"]
+    assert detect.build_parser().parse_args(argv).weights == "w.h5"
+
+
+def test_an_unknown_keyword_names_the_closest_one():
+    with pytest.raises(TypeError, match="unknown keyword 'epoch'; did you mean 'epochs'"):
+        command_line(train.build_parser(), {"epoch": 3})
+
+
+def test_a_resolved_run_cannot_be_changed():
+    config = TrainConfig(annotations="a.txt", classes="c.txt")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.epochs = 3
+    assert dataclasses.replace(config, epochs=3).epochs == 3 and config.epochs == 100
+
+
+def _weights(path):
+    arrays = {}
+    with h5py.File(path, "r") as handle:
+        handle.visititems(
+            lambda name, obj: arrays.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None
+        )
+    return arrays
+
+
+@pytest.mark.slow
+def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
+    paths = make_synthetic_dataset(tmp_path / "data", num_train=8, num_val=0, image_size=64, seed=0)
+    home = tmp_path / "keras_home"
+    home.mkdir()
+    (home / "keras.json").write_text(json.dumps({"floatx": "float64", "backend": "tensorflow"}))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_HOME=str(home))
+    flags = {
+        "annotations": paths.train, "classes": paths.classes, "tiny": True, "input_size": 64, "batch_size": 4,
+        "epochs": 2, "val_split": 0.25, "seed": 3, "quiet": True, "no_pictures": True,
+    }  # fmt: skip
+    argv = command_line(train.build_parser(), flags)
+    by_command = subprocess.run(
+        [sys.executable, os.path.join(REPO, "train.py"), *argv, "--log-dir", str(tmp_path / "command")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert by_command.returncode == 0, by_command.stderr[-3000:]
+    script = (
+        "import json, sys, keras_yolo_mgpu as kym\n"
+        "result = kym.train(**json.loads(sys.argv[1]))\n"
+        "print(result.final_weights)\n"
+    )
+    by_function = subprocess.run(
+        [sys.executable, "-c", script, json.dumps({**flags, "log_dir": str(tmp_path / "function")})],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert by_function.returncode == 0, by_function.stderr[-3000:]
+    command_args = json.loads((tmp_path / "command" / "args.json").read_text())
+    function_args = json.loads((tmp_path / "function" / "args.json").read_text())
+    assert command_args.pop("log_dir") != function_args.pop("log_dir")
+    assert command_args == function_args and command_args["recipe"] == "default"  # the command's own defaults
+    final = "trained_weights_final.weights.h5"
+    assert by_function.stdout.strip().endswith(final)
+    ours, theirs = _weights(tmp_path / "function" / final), _weights(tmp_path / "command" / final)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+
+
+def test_what_the_command_refuses_is_a_value_error(tmp_path):
+    from keras_yolo_mgpu import api
+
+    with pytest.raises(ValueError, match="--annotations: file not found: .*missing.txt"):
+        api.train(annotations=str(tmp_path / "missing.txt"), classes=str(tmp_path / "classes.txt"))
+    with pytest.raises(ValueError, match="train.py: argument --batch-size: expected a positive integer"):
+        api.train(data=str(tmp_path), batch_size=0)
