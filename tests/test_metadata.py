@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import h5py
+import keras
 import numpy as np
 import pytest
 from darknet_files import random_weights, write_weights
@@ -234,3 +235,19 @@ def test_legacy_file_uses_flags_and_defaults(tmp_path):
     settings = settings_for(legacy, classes_path=str(classes), tiny=True, masks=[[3, 4, 5], [0, 1, 2]])
     assert settings == make_metadata(TINY_ANCHORS, CLASSES, (416, 416), [[3, 4, 5], [0, 1, 2]])
     assert settings_for(legacy).kind == "yolov3" and settings_for(legacy).num_classes == 80  # keras-yolo3's defaults
+
+
+def test_a_cut_or_foreign_weights_file_is_named_in_the_error(tmp_path):
+    from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body
+    from keras_yolo_mgpu.weights.loading import load_weights
+
+    body = tiny_yolo_body(keras.Input((None, None, 3)), 3, 2)
+    body.save_weights(str(tmp_path / "whole.weights.h5"))
+    (tmp_path / "cut.h5").write_bytes((tmp_path / "whole.weights.h5").read_bytes()[:5000])
+    (tmp_path / "text.h5").write_text("not weights")
+    for name, problem in (("cut.h5", "truncated file"), ("text.h5", "file signature not found")):
+        path = str(tmp_path / name)
+        with pytest.raises(OSError, match=rf"{path}: unreadable HDF5 weights file \(.*{problem}"):
+            read_metadata(path)
+        with pytest.raises((OSError, ValueError), match=rf"{path}: unreadable HDF5 weights file \(.*{problem}"):
+            load_weights(body, path)

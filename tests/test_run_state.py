@@ -1,5 +1,6 @@
 """The pieces of an exact resume: callback counters, the commit file, stale files, the history."""
 
+import dataclasses
 import math
 import os
 
@@ -87,3 +88,24 @@ def test_a_second_process_cannot_take_a_locked_run_folder(tmp_path):
     finally:
         os.close(first)
     os.close(lock_run_folder(str(tmp_path)))  # free again once the holder lets go
+
+
+def test_a_file_as_the_run_folder_is_named(tmp_path):
+    from keras_yolo_mgpu.training.config import TrainConfig
+    from keras_yolo_mgpu.training.run_folder import _prepare_log_dir
+
+    (tmp_path / "notes.txt").write_text("mine")
+    config = TrainConfig(annotations="a.txt", classes="c.txt", log_dir=str(tmp_path / "notes.txt"))
+    with pytest.raises(FileExistsError, match=r"--log-dir .*notes.txt is a file, not a folder"):
+        _prepare_log_dir(config)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_no_validation_images_with_a_recipe_that_scores_them_says_which_flags_the_recipe_set():
+    from keras_yolo_mgpu.training.config import TrainConfig
+    from keras_yolo_mgpu.training.recipe_options import monitor_and_mode
+
+    config = TrainConfig(annotations="a.txt", classes="c.txt", val_split=0.0, eval_every=1, monitor="val_mAP50")
+    config = dataclasses.replace(config, recipe="default")
+    with pytest.raises(ValueError, match=r"--val-split 0, .* the default recipe scores validation mAP every 1 epoch"):
+        monitor_and_mode(config, has_validation=False)

@@ -74,7 +74,12 @@ def monitor_and_mode(config, has_validation: bool) -> tuple[str, str]:
     """What checkpoints, ReduceLROnPlateau and EarlyStopping follow, and its direction."""
     if not has_validation:
         if config.eval_every:
-            raise ValueError("--eval-every needs validation images (--val-annotations or --val-split > 0)")
+            raise ValueError(
+                f"no validation images (--val-split {config.val_split:g}, no --val-annotations), but the "
+                f"{config.recipe} recipe scores validation mAP every {config.eval_every} epoch(s) (--eval-every) "
+                f"and keeps best.weights.h5 by {config.monitor}: keep images for validation (--val-split 0.1, "
+                "--val-annotations FILE), or train without: --eval-every 0 --monitor val_loss"
+            )
         return "loss", "min"
     return config.monitor, ("max" if config.monitor in MAP_MONITORS else "min")
 

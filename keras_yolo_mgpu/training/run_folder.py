@@ -50,6 +50,8 @@ def _prepare_log_dir(config: TrainConfig) -> None:
         if not os.path.isfile(args_path):
             raise FileNotFoundError(f"--resume: {args_path} not found; nothing to resume in {config.log_dir}")
         return
+    if os.path.lexists(config.log_dir) and not os.path.isdir(config.log_dir):
+        raise FileExistsError(f"--log-dir {config.log_dir} is a file, not a folder: give a folder for the run")
     if os.path.isdir(config.log_dir) and os.listdir(config.log_dir):
         raise FileExistsError(
             f"log dir {config.log_dir} already holds a run. Pass --resume to continue it, "

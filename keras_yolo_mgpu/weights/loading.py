@@ -167,7 +167,11 @@ def _load_any_format(model: keras.Model, path: str, skip_mismatch: bool, allow_n
         if path.endswith(".weights") and not path.endswith(_WEIGHTS_SUFFIX):
             hint = " It looks like a Darknet .weights file: convert it with convert.py first."
         raise ValueError(f"{path} is neither an HDF5 weights file nor a .keras archive.{hint}")
-    with h5py.File(path, "r") as handle:
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as error:  # h5py's message ("truncated file", "file signature not found") omits the path
+        raise ValueError(f"{path}: unreadable HDF5 weights file ({error}); was it cut short or damaged?") from None
+    with handle:
         if _attr_list(handle, "layer_names"):
             return _load_keras2(targets, handle, path, "keras2-weights", policy)
         if "model_weights" in handle and _attr_list(handle["model_weights"], "layer_names"):

@@ -198,8 +198,11 @@ def read_metadata(path: str | os.PathLike) -> ModelMetadata | None:
     elif os.path.isfile(path) and path.endswith(".h5"):
         import h5py
 
-        with h5py.File(path, "r") as handle:
-            value = handle.attrs.get(ATTRIBUTE)
+        try:
+            with h5py.File(path, "r") as handle:
+                value = handle.attrs.get(ATTRIBUTE)
+        except OSError as error:  # h5py's message omits the path
+            raise OSError(f"{path}: unreadable HDF5 weights file ({error}); was it cut short or damaged?") from None
         if value is not None:
             text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
     if text is None and os.path.isfile(sidecar_path(path)):
