@@ -48,23 +48,12 @@ def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 
     return body
 
 
-def make_forward(body, input_shape):
-    """A compiled bare forward pass: float32 [0, 1] frames -> raw outputs."""
-    import tensorflow as tf
-
-    height, width = input_shape
-    return tf.function(
-        lambda x: body(x, training=False), input_signature=[tf.TensorSpec([None, height, width, 3], tf.float32)]
-    )
-
-
 def time_forward(forward, batches: list[np.ndarray]) -> float:
     """Frames per second of one pass of `forward` over `batches`."""
     start = time.perf_counter()
     frames = 0
     for batch in batches:
-        for out in forward(batch):
-            out.numpy()  # wait for the result
+        forward(batch)  # returns numpy arrays: the result is there
         frames += len(batch)
     return frames / (time.perf_counter() - start)
 
@@ -132,8 +121,8 @@ def run_infer_benchmark(
 # they are timed the same way.
 def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) -> dict:
     """Both measurements on a generated video in `folder`; `yolo` sets the input size, batch and classes."""
-    import tensorflow as tf
-
+    from keras_yolo_mgpu.backend import NAME
+    from keras_yolo_mgpu.backend import inference as backend_inference
     from keras_yolo_mgpu.data.synthetic import make_synthetic_video
     from keras_yolo_mgpu.inference.detector import letterbox_array
     from keras_yolo_mgpu.inference.media import process_video
@@ -149,10 +138,10 @@ def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) 
     logger.info(
         f"{model_name} {input_size[0]}x{input_size[1]}, {len(class_names)} classes; {len(frames)} frames "
         f"{frame_size[0]}x{frame_size[1]}; batch {batch_size}; "
-        f"{os.cpu_count()} CPUs, GPUs: {len(tf.config.list_physical_devices('GPU'))}",
+        f"{os.cpu_count()} CPUs, GPUs: {len(backend_inference.local_devices()[0])}; {NAME}",
     )
 
-    forward = make_forward(body, input_size)
+    forward = backend_inference.compile_forward(body, input_size)
     batches = [frames[i : i + batch_size].astype(np.float32) / 255.0 for i in range(0, len(frames), batch_size)]
     output = os.path.join(folder, "output.mp4")
     # Warm-up: tracing and first-shape setup are not timed.
@@ -203,7 +192,8 @@ def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) 
         "full_cpu_ms_per_frame": round(1000 * min(cpu_full), 2),
         "cpu_ratio": round(min(cpu_forward) / min(cpu_full), 4),
         "cpus": os.cpu_count(),
-        "gpus": len(tf.config.list_physical_devices("GPU")),
+        "gpus": len(backend_inference.local_devices()[0]),
+        "backend": NAME,
         "machine": platform.machine(),
         "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }

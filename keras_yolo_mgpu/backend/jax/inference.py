@@ -105,3 +105,17 @@ class DetectionRunner:
             images, image_shapes = jax.device_put((images, image_shapes), self._split)
             out = self._forward(*state, images, image_shapes)
         return {key: np.asarray(value)[:size] for key, value in out.items()}
+
+
+def compile_forward(body, input_shape: tuple[int, int]):
+    """The bare network as one jitted program: (N, H, W, 3) float32 [0, 1] -> raw outputs (numpy).
+
+    `input_shape` is TensorFlow's signature; JAX compiles per shape as it meets it.
+    """
+    state = ([v.value for v in body.trainable_variables], [v.value for v in body.non_trainable_variables])
+
+    def forward(trainable, non_trainable, images):
+        return body.stateless_call(trainable, non_trainable, images, training=False)[0]
+
+    compiled = jax.jit(forward)
+    return lambda images: [np.asarray(output) for output in compiled(*state, images)]

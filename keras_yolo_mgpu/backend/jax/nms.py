@@ -11,7 +11,7 @@ from __future__ import annotations
 from keras import ops
 
 # Candidates of every class that `greedy_nms` examines at a time, best first.
-NMS_BLOCK = 256
+NMS_BLOCK = 64
 
 
 def non_max_suppression(boxes, scores, *, method: str = "combined", **options):
@@ -72,33 +72,35 @@ def greedy_nms(
     block = max(1, min(int(block_size), num_boxes))
     num_blocks = -(-num_boxes // block)
 
-    # Each class's boxes, best first: (N, C, K) scores and box indices. top_k
-    # puts equal scores in index order, the kernels' order.
-    sorted_scores, order = ops.top_k(ops.transpose(scores, (0, 2, 1)), k=num_boxes, sorted=True)
-    order = ops.cast(order, "int32")
-    if num_blocks * block > num_boxes:  # whole blocks; a score of -1 is never a candidate
-        padding = [[0, 0], [0, 0], [0, num_blocks * block - num_boxes]]
-        sorted_scores = ops.pad(sorted_scores, padding, constant_values=-1.0)
-        order = ops.pad(order, padding)
+    # Each block is the next `block` candidates of every class, best first, taken by a top_k of the scores
+    # not yet visited (visited ones set to -1, below any threshold): XLA's CPU top_k of a few hundred is a
+    # partial sort, a fraction of the full sort of all K boxes, and usually one block is all that is read.
+    # top_k puts equal scores in index order, the kernels' order; -1 keeps the order of the rest.
+    remaining = ops.transpose(scores, (0, 2, 1))  # (N, C, K)
+    visited_rows = ops.reshape(
+        ops.stack(
+            ops.meshgrid(ops.arange(batch, dtype="int32"), ops.arange(num_classes, dtype="int32"), indexing="ij"),
+            axis=-1,
+        ),
+        (batch, num_classes, 1, 2),
+    )  # (N, C, 1, 2): the (image, class) of each row, to mark a block's boxes visited
     flat_boxes = ops.reshape(boxes, (-1, 4))
     first_box = ops.reshape(ops.arange(batch, dtype="int32") * num_boxes, (-1, 1, 1))  # (N, 1, 1) in flat_boxes
     slots = ops.arange(per_class, dtype="int32")  # (P,)
     positions = ops.arange(block, dtype="int32")  # (B,)
 
-    def can_keep_more(start, count):
-        """(N, C): the class keeps fewer than P boxes and its candidate at `start` scores above the threshold."""
-        # Start indices of one dtype: with 64-bit types on (a float64 model), JAX would take 0 as int64.
-        zero = start * 0
-        best_left = ops.slice(sorted_scores, (zero, zero, start), (batch, num_classes, 1))[..., 0]
-        return (count < per_class) & (best_left > score_threshold)
+    def can_keep_more(remaining, count):
+        """(N, C): the class keeps fewer than P boxes and its best candidate left scores above the threshold."""
+        return (count < per_class) & (ops.max(remaining, axis=-1) > score_threshold)
 
-    def take_block(b, more, count, kept_index, kept_score, kept_boxes):
-        """Resolves block `b` of every class's candidates."""
-        start = b * block
-        zero = start * 0
-        block_scores = ops.slice(sorted_scores, (zero, zero, start), (batch, num_classes, block))  # (N, C, B)
-        block_index = ops.slice(order, (zero, zero, start), (batch, num_classes, block))
+    def take_block(b, more, remaining, count, kept_index, kept_score, kept_boxes):
+        """Resolves block `b` of every class's candidates: the best `block` of those not yet visited."""
+        block_scores, block_index = ops.top_k(remaining, k=block, sorted=True)  # (N, C, B)
+        block_index = ops.cast(block_index, "int32")
         block_boxes = ops.take(flat_boxes, block_index + first_box, axis=0)  # (N, C, B, 4)
+        rows = ops.broadcast_to(visited_rows, (batch, num_classes, block, 2))
+        visited = ops.reshape(ops.concatenate([rows, block_index[..., None]], axis=-1), (-1, 3))
+        remaining = ops.scatter_update(remaining, visited, ops.full((batch * num_classes * block,), -1.0))
 
         def pick(alive, count, kept_index, kept_score, kept_boxes):
             """Keeps each class's best candidate left in the block (if any) and drops what it overlaps."""
@@ -125,16 +127,16 @@ def greedy_nms(
             lambda alive, *_: ops.any(alive), pick, (alive, count, kept_index, kept_score, kept_boxes)
         )
         b = b + 1
-        more = (b < num_blocks) & ops.any(can_keep_more(ops.minimum(b, num_blocks - 1) * block, count))
-        return b, more, count, kept_index, kept_score, kept_boxes
+        more = (b < num_blocks) & ops.any(can_keep_more(remaining, count))
+        return b, more, remaining, count, kept_index, kept_score, kept_boxes
 
     count = ops.zeros((batch, num_classes), "int32")
     kept_index = ops.zeros((batch, num_classes, per_class), "int32")
     kept_score = ops.zeros((batch, num_classes, per_class), "float32")
     kept_boxes = ops.zeros((batch, num_classes, per_class, 4), "float32")
-    state = (ops.convert_to_tensor(0, "int32"), ops.any(can_keep_more(0, count)))  # (block, more to do)
-    state += (count, kept_index, kept_score, kept_boxes)
-    _, _, count, kept_index, kept_score, _ = ops.while_loop(lambda b, more, *_: more, take_block, state)
+    state = (ops.convert_to_tensor(0, "int32"), ops.any(can_keep_more(remaining, count)))  # (block, more to do)
+    state += (remaining, count, kept_index, kept_score, kept_boxes)
+    _, _, _, count, kept_index, kept_score, _ = ops.while_loop(lambda b, more, *_: more, take_block, state)
 
     # Every class's kept boxes, class-major, best first overall.
     kept_score = ops.where(slots < count[..., None], kept_score, -1.0)  # empty slots sort last

@@ -80,3 +80,12 @@ class DetectionRunner:
         parts = min(len(self._devices), len(images))
         out = self._function(parts)(tuple(np.array_split(images, parts)), tuple(np.array_split(image_shapes, parts)))
         return {key: value.numpy() for key, value in out.items()}
+
+
+def compile_forward(body, input_shape: tuple[int, int]):
+    """The bare network as one compiled function: (N, H, W, 3) float32 [0, 1] -> raw outputs (numpy)."""
+    height, width = input_shape
+    forward = tf.function(
+        lambda x: body(x, training=False), input_signature=[tf.TensorSpec([None, height, width, 3], tf.float32)]
+    )
+    return lambda images: [output.numpy() for output in forward(images)]
