@@ -38,7 +38,7 @@ Engines (`--engine`):
   compiling each replica's step would give.
 - `jax`: one SPMD program compiled by XLA at every N (backend/jax/distribution.py),
   mixed_bfloat16; the one-GPU step is the bare jitted step measured on one
-  H200 (NOTES.md, 2026-11-26: 28.6 ms at batch 32), a cross-card figure next
+  H200 (docs/gpu.md, 2026-11-26: 28.6 ms at batch 32), a cross-card figure next
   to the H100's. The same all-reduce and BatchNormalization collective
   costs are charged, with no overlap (XLA may overlap them on GPUs: the
   model then errs low).
@@ -61,7 +61,8 @@ H100_STEP_MS = {
     ("yolov3-tiny", "mixed"): 48.0,
     ("yolov3-tiny", "float32"): 48.5,
 }
-# One H200, global batch 32, the whole train step jax.jit-compiled (Keras 3.15.1 on JAX 0.11.2, NOTES.md, 2026-11-26).
+# One H200, global batch 32, the whole train step jax.jit-compiled (Keras 3.15.1 on JAX 0.11.2, 2026-11-26;
+# docs/measurements.md).
 H200_JAX_STEP_MS = {("yolov3", "bf16+xla"): 28.6, ("yolov3", "float32+xla"): 50.3}
 LINKS = {"NVLink": {"gbytes_per_s": 350.0, "latency_us": 15.0}, "PCIe": {"gbytes_per_s": 22.0, "latency_us": 30.0}}
 BATCH = 32

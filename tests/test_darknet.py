@@ -502,7 +502,7 @@ def test_bn_flags_conflict():
 
 
 def test_parameter_counts_of_real_cfgs():
-    # keras-yolo3's numbers for 80 classes (NOTES.md).
+    # keras-yolo3's parameter counts for 80 classes (its yolo_body and tiny_yolo_body, model.count_params()).
     for name, expected in (("yolov3.cfg", 62_001_757), ("yolov3-tiny.cfg", 8_858_734)):
         convs, _ = darknet.infer_layers(darknet.parse_cfg(shared_cfg(name)))
         assert sum(c.num_floats for c in convs) == expected
@@ -702,7 +702,7 @@ def _convert_v4(tmp_path, name, expected_bytes, seed):
     cfg = shared_cfg(name)
     weights = str(tmp_path / f"{name}.weights")
     random_weights_file(cfg, weights, seed=seed)
-    assert os.path.getsize(weights) == expected_bytes  # the official release's size (NOTES.md)
+    assert os.path.getsize(weights) == expected_bytes  # the official release's size (docs/training.md)
     return convert(cfg, weights, tmp_path / "out.weights.h5"), cfg, weights
 
 
