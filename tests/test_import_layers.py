@@ -85,7 +85,6 @@ BACKEND_SPECIFIC_FILES = {
     "inference/quantize.py": "TFLite's converter quantizes",
     "cli/quiet.py": "silences TensorFlow's C++ log lines before its import",
     "bench/train.py": "times TensorFlow's kernels and the keras-yolo3 reference, which it refuses on JAX",
-    "bench/infer.py": "times TensorFlow's exported formats",
     "bench/pipeline.py": "times the tf.data pipeline beside the JAX feed",
     "bench/step_parts.py": "times the parts of TensorFlow's step",
 }
