@@ -6,9 +6,13 @@
   anchor into a Markdown page to one of its headings.
 * Every command line in their fenced code blocks that runs one of the
   project's commands (`python train.py ...`, `python -m keras_yolo_mgpu.X ...`,
-  `yolo-train ...`, `python scripts/x.py ...`, `make target`) names flags the
-  command has: the flags go through the command's own argparse parser, so a
-  renamed or removed flag, or a value of the wrong type, fails here.
+  `yolo-train ...`, `python scripts/<name>.py ...`, `python tools/<name>.py
+  [subcommand] ...`, `make target`) names flags the command has: the flags go
+  through the command's own argparse parser (a script's or tool's: its source,
+  or its subcommand's section of it), so a renamed or removed flag or
+  subcommand, or a value of the wrong type, fails here.
+* Every script or tool they, the Makefile, the tests, scripts/ and tools/
+  name (`scripts/<name>.py`, `tools/<name>.py`) is in the repository.
 
 `DOCUMENTED_AHEAD` lists the few flags and pages the README shows before the
 code that provides them is merged; each is tied to the page that documents
@@ -327,7 +331,7 @@ def project_command(tokens: list[str]) -> Command | None:
         if Path(script).name in SCRIPTS and "/" not in script:
             module = f"keras_yolo_mgpu.cli.{SCRIPTS[script]}"
             return Command(script, rest[1:], module=module)
-        if script.startswith("scripts/") and script.endswith(".py"):
+        if script.startswith(("scripts/", "tools/")) and script.endswith(".py"):
             return Command(script, rest[1:], source=ROOT / script)
     if program == "make":
         return Command("make", rest, source=ROOT / "Makefile")
@@ -360,6 +364,28 @@ def _flags(arguments: list[str]) -> list[str]:
     return [token.split("=", 1)[0] for token in arguments if re.match(r"^--?[A-Za-z]", token)]
 
 
+def subcommands(source: Path) -> list[str]:
+    """The subcommands of a tool (its `SUBCOMMANDS` table), or [] for a script without any."""
+    table = re.search(r"^SUBCOMMANDS = \{(.*?)^\}", source.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    return re.findall(r'^\s*"([\w-]+)":', table.group(1), re.MULTILINE) if table else []
+
+
+def _defining_text(source: Path, arguments: list[str]) -> tuple[str, str | None]:
+    """The source text that must define the flags, and what is wrong with the subcommand, if anything.
+
+    A tool with subcommands keeps each in its own section (`# -- <name> ---`, up to the next one).
+    """
+    text = source.read_text(encoding="utf-8")
+    names = subcommands(source)
+    if not names or arguments[:1] in (["-h"], ["--help"]):
+        return text, None
+    if arguments[:1] and arguments[0] in names:
+        end = r"(?=^# -- |^SUBCOMMANDS = )"
+        section = re.search(rf"^# -- {re.escape(arguments[0])} -+\n(.*?){end}", text, re.MULTILINE | re.DOTALL)
+        return (section.group(1) if section else text), None
+    return "", f"no subcommand {arguments[:1]} in {source.relative_to(ROOT)}: {names}"
+
+
 def check_command(command: Command) -> str | None:
     """None when the documented arguments fit the command, else what is wrong."""
     flags = _flags(command.arguments)
@@ -374,12 +400,9 @@ def check_command(command: Command) -> str | None:
             return f"no Makefile target {missing}" if missing else None
         if not command.source.exists():
             return f"{command.source.relative_to(ROOT)} does not exist"
-        text = command.source.read_text(encoding="utf-8")
-        # A script's flags may come from a helper beside it (`import recipe_table_real`).
-        for helper in re.findall(r"^import (\w+)", text, re.MULTILINE):
-            beside = command.source.parent / f"{helper}.py"
-            if command.source.parent.name == "scripts" and beside.exists():
-                text += beside.read_text(encoding="utf-8")
+        text, problem = _defining_text(command.source, command.arguments)
+        if problem:
+            return problem
         missing = [flag for flag in flags if f'"{flag}"' not in text and not _pending(flag)]
         return f"flags not defined in {command.source.relative_to(ROOT)}: {missing}" if missing else None
     known = {option for action in parser._actions for option in action.option_strings}
@@ -427,7 +450,9 @@ def test_documented_command_parses(doc, line, command):
         "python train.py --batch-size eight",  # wrong type
         "python -m keras_yolo_mgpu.bench train --no-such-flag",
         "python -m keras_yolo_mgpu.align diff a.h5 b.h5 --thresold 1e-3",
-        "nice -n 19 .venv/bin/python scripts/recipe_table.py --no-such-flag x",
+        "nice -n 19 .venv/bin/python tools/reports.py recipe-table --no-such-flag x",
+        "python tools/reports.py no-such-report --out x",
+        "python tools/replicas.py seed --steps 5",  # a flag of another of the tool's subcommands (align-float32)
         "make no-such-target",
         "python -m keras_yolo_mgpu.train --epochs 3",  # no such module: train.py or keras_yolo_mgpu.cli.train
         "python -m keras_yolo_mgpu.bench no-such-benchmark",
@@ -450,3 +475,24 @@ def test_a_good_command_passes_and_others_are_ignored():
     assert project_command(["python", "-m", "pytest", "-q"]) is None
     for tokens in (["yolo-train", "--epochs", "3"], ["python3", "-m", "keras_yolo_mgpu.cli.train", "--epochs", "3"]):
         assert check_command(project_command(tokens)) is None
+
+
+# -- scripts and tools ------------------------------------------------------------
+
+SCRIPT_PATH = re.compile(r"(?<![\w./-])((?:scripts|tools)/\w+\.py)(?: ([a-z][\w-]*))?")
+NAMING_FILES = sorted(
+    {*DOC_FILES, ROOT / "Makefile", *ROOT.glob("tests/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("tools/*.py")}
+)
+
+
+@pytest.mark.parametrize("path", NAMING_FILES, ids=_doc_id)
+def test_named_scripts_and_tools_exist(path):
+    """Each `scripts/<name>.py` and `tools/<name>.py` in the text, prose too, is a file; in docs, with a subcommand."""
+    missing = []
+    for match in SCRIPT_PATH.finditer(path.read_text(encoding="utf-8")):
+        name, word = match.groups()
+        if not (ROOT / name).is_file():
+            missing.append(name)
+        elif path.suffix == ".md" and word and subcommands(ROOT / name) and word not in subcommands(ROOT / name):
+            missing.append(f"{name} {word}")
+    assert not missing, f"{_doc_id(path)} names what the repository does not have: {sorted(set(missing))}"

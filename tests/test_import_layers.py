@@ -1,8 +1,8 @@
 """The package's imports point down its layers: no circle between modules, no import from a lower layer up.
 
 Static: every module of keras_yolo_mgpu/ is parsed (`ast`), none imported.
-The layers and the graph are `scripts/import_graph.py`'s (`LAYERS`, one
-entry per package folder); `python scripts/import_graph.py` prints the same
+The layers and the graph are `tools/import_graph.py`'s (`LAYERS`, one
+entry per package folder); `python tools/import_graph.py` prints the same
 findings with the edge counts between layers.
 """
 
@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def import_graph():
-    spec = importlib.util.spec_from_file_location("import_graph", os.path.join(REPO, "scripts", "import_graph.py"))
+    spec = importlib.util.spec_from_file_location("import_graph", os.path.join(REPO, "tools", "import_graph.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -31,7 +31,7 @@ def test_every_module_is_in_a_layer(import_graph, graph):
     modules, _ = graph
     assert len(modules) > 100
     outside = import_graph.modules_without_layer(modules)
-    assert not outside, f"add these to scripts/import_graph.py's LAYERS: {outside}"
+    assert not outside, f"add these to tools/import_graph.py's LAYERS: {outside}"
 
 
 def test_no_circle_between_modules(import_graph, graph):
@@ -43,7 +43,7 @@ def test_no_circle_between_modules(import_graph, graph):
 
 def test_no_import_from_a_lower_layer_up(import_graph, graph):
     upward = import_graph.upward_imports(graph[1])
-    assert not upward, "imports from a lower layer to a higher one (scripts/import_graph.py, LAYERS):\n" + "\n".join(
+    assert not upward, "imports from a lower layer to a higher one (tools/import_graph.py, LAYERS):\n" + "\n".join(
         f"{item} ({import_graph.layer_name(import_graph.layer_of(item.source))} -> "
         f"{import_graph.layer_name(import_graph.layer_of(item.target))})"
         for item in upward

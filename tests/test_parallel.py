@@ -107,7 +107,7 @@ def _run_group(freeze_body, model):
     replicas (batch 8/N) round convolutions differently by ~1e-7; that is
     harmless except that now and then it flips a near-tied max-pool window
     and sends one pixel's gradient elsewhere, a ~1e-5 local change after one
-    step (`scripts/equivalence_report.py --floatx float32` shows both). In
+    step (`tools/replicas.py equivalence --floatx float32` shows both). In
     float64 the same steps agree to ~1e-16.
 
     Returns a dict: `forced[(engine, n)]`, per step the pair (step size of the

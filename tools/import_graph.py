@@ -1,6 +1,6 @@
 """The package's import graph: circles, imports from a lower layer up, and the edges between layers.
 
-    python scripts/import_graph.py [ROOT]
+    python tools/import_graph.py [ROOT]
 
 reads every module of ROOT/keras_yolo_mgpu/ (default: this checkout) with
 `ast`, nothing imported, and takes every import of a package module: at the

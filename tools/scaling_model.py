@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A model of N-GPU training throughput from measured parts, with its assumptions stated.
 
-    python scripts/scaling_model.py --model yolov3 --markdown
+    python tools/scaling_model.py --model yolov3 --markdown
 
 No multi-GPU machine has been available, so this predicts data-parallel
 throughput at 2, 4 and 8 GPUs from parts measured elsewhere or here:
