@@ -29,6 +29,10 @@ training process's share of it (all of it but worker processes').
 - `pyprocesses`: `pydataset` with worker processes (`--feed processes` of
   `train.py`, `data.host_processes`): the same batches, made past the
   training process's interpreter lock; its CPU time adds the workers';
+- `grain`: the same batches made by google/grain's worker processes
+  (`data.grain_feed`, `mp_prefetch`; needs `pip install grain`), placed on
+  the first device in a thread of grain's as the trainer would place them;
+  its CPU time adds the workers';
 - `reference`: keras-yolo3's single-threaded generator (see
   `tests/keras_yolo3_generator.py`; from a checkout only, `bench.baseline`), the baseline;
 - `decode-only`: the same files read, decoded and resized (bilinear) to the
@@ -55,7 +59,9 @@ from keras_yolo_mgpu.bench.cpu_time import tree_cpu_seconds
 
 logger = logging.getLogger(__name__)
 
-GENERATORS = ("tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only")
+GENERATORS = ("tfdata-device", "pydataset", "pyprocesses", "grain", "reference", "decode-only")
+# Rows whose workers are `--workers`.
+FEEDS = ("pydataset", "pyprocesses", "grain")
 NEEDS_TENSORFLOW = ("tfdata-device", "decode-only")
 # Rows no longer made, and the row to time instead: `tfdata` timed the host
 # building the dense targets, which only the device builds.
@@ -99,7 +105,7 @@ class _Row:
     """One row's batches: `iterator`, the `host` (for the cache) or None, `close()`."""
 
     def __init__(self, generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache, workers):
-        self.host, self._adapter, self._dataset = None, None, None
+        self.host, self._adapter, self._dataset, self._feed = None, None, None, None
         if generator == "reference":
             from keras_yolo_mgpu.bench.baseline import load_reference
 
@@ -123,6 +129,16 @@ class _Row:
             self._adapter.on_epoch_begin()
             placed = options["to_device"] is not None
             self.iterator = iter(self._adapter.get_jax_iterator() if placed else self._adapter.get_numpy_iterator())
+        elif generator == "grain":
+            from keras_yolo_mgpu.data.grain_feed import GrainFeed  # grain is optional
+            from keras_yolo_mgpu.data.host import HostBatches
+
+            self.host = HostBatches(
+                annotations, input_shape, num_classes, batch_size, training=True, seed=seed, cache=cache
+            )
+            # Its workers start at the first batch: after `run_benchmark` has warmed the cache they share.
+            self._feed = GrainFeed(self.host, workers=workers, to_device=_trainer_placement())
+            self.iterator = iter(self._feed)
         else:
             from keras_yolo_mgpu.data.tf_dataset import DatasetBuilder
 
@@ -138,6 +154,9 @@ class _Row:
             # The batches made ahead that are still being made would otherwise
             # run on into the next row's timed window (its CPU time).
             self._dataset.close(wait=True)
+        if self._feed is not None:
+            self.iterator.close()  # ends grain's worker processes
+            self._feed.close()
         # tf.data worker threads calling back into Python can hang interpreter
         # shutdown while an iterator is alive: end it now.
         self.iterator = None
@@ -250,7 +269,7 @@ def run_benchmark(
         "num_images": len(annotations),
         "augment": generator != "decode-only",
         "cache": cache,
-        "workers": workers if generator in ("pydataset", "pyprocesses") else None,
+        "workers": workers if generator in FEEDS else None,
         "tensorflow_loaded": "tensorflow" in sys.modules,
         "cpu_count": os.cpu_count(),
     }

@@ -45,11 +45,16 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--cache", default=None, help="cache of rows without their own: 'ram' or a directory (warmed before timing)"
     )
-    parser.add_argument("--workers", type=positive_int, default=None, help="pydataset: worker threads (default: cores)")
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="pydataset: worker threads; pyprocesses, grain: worker processes (default: cores)",
+    )
     parser.add_argument(
         "--without-tensorflow",
         action="store_true",
-        help="make `import tensorflow` fail in this process (needs KERAS_BACKEND=jax; pydataset and reference rows)",
+        help="make `import tensorflow` fail in this process (KERAS_BACKEND=jax; pydataset, grain, reference rows)",
     )
     parser.add_argument("--root", default=None, help="folder for relative image paths (default: the annotation file's)")
     return parser
@@ -62,7 +67,7 @@ def run(args) -> int:
         if needing or quiet.keras_backend_name() == "tensorflow" or "tensorflow" in sys.modules:
             raise UsageError(
                 "--without-tensorflow needs KERAS_BACKEND=jax and rows that do not use TensorFlow "
-                f"(pydataset, reference). Received rows needing it: {needing or 'none'}"
+                f"(pydataset, pyprocesses, grain, reference). Received rows needing it: {needing or 'none'}"
             )
         block_tensorflow("bench pipeline --without-tensorflow")
 
