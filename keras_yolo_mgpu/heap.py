@@ -53,7 +53,7 @@ def reuse_freed_memory() -> None:
     each image faults its pages in again (not so in the threads'
     long-running process, whose frees have raised glibc's thresholds). With
     the thresholds that process reaches, 2 workers spend less CPU per image,
-    about what the threads spend (`scripts/feed_ceiling.py --workers 2
+    about what the threads spend (`tools/feed_probes.py ceiling --workers 2
     --batches 96`; BENCHMARKS.md, "The feed past one interpreter lock").
     """
     libc = _glibc()
@@ -74,7 +74,7 @@ def limit_arenas() -> int | None:
     allocate in every step keep arenas of their own, the others share.
     Cores are counted as the feed counts them (`os.cpu_count()`). Measured:
     worker threads make the same images/s with the cap as with glibc's
-    default (`scripts/feed_ceiling.py --workers 1,2`; BENCHMARKS.md, "A
+    default (`tools/feed_probes.py ceiling --workers 1,2`; BENCHMARKS.md, "A
     COCO-size dataset: start-up time and memory", which also has the start's
     memory with the cap). A cap the user set (`MALLOC_ARENA_MAX`) stands.
     Arenas made before the call stay.

@@ -58,6 +58,8 @@ WORK_UNITS = [
     (r"test_keras_yolo3_train\.py::", "keras-yolo3-train", 90),
     (r"test_keras_yolo3_tools\.py::", "keras-yolo3-tools", 25),
     (r"test_api\.py::test_train_function", None, 40),
+    # Two JAX runs (--batch-size auto, then the batch it chose) and one TensorFlow run on one dataset.
+    (r"test_batch_fit\.py::test_(jax|tensorflow)_", "batch-auto", 150),
 ]
 # Units measured longer than their pattern's figure above.
 UNIT_SECONDS = {

@@ -62,7 +62,7 @@ def test_other_generators_run(bench_images, generator):
     assert result["batch_size"] == 4 and result["batches"] == 2
     with pytest.raises(ValueError, match="generator"):
         run_benchmark("nope", annotations, (64, 64), anchors, 20, batch_size=4, batches=1)
-    assert set(GENERATORS) == {"tfdata-device", "pydataset", "pyprocesses", "reference", "decode-only"}
+    assert set(GENERATORS) == {"tfdata-device", "pydataset", "pyprocesses", "grain", "reference", "decode-only"}
     # The host-built dense targets' row is gone with them; its name says what to time instead.
     with pytest.raises(ValueError, match="'tfdata' was retired: time 'tfdata-device'"):
         run_benchmark("tfdata", annotations, (64, 64), anchors, 20, batch_size=4, batches=1)

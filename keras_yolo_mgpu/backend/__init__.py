@@ -17,6 +17,8 @@ To list the differences, open the two folders side by side.
 * `inference`: a detector's model over its devices (one `tf.function` with a
   replica per device; one jitted program over a mesh), its devices, and
   training's distribution set aside while it runs.
+* `memory`: what a device has, what one training step needs (XLA's account
+  of the compiled step; a measured trial), what an out-of-memory error says.
 * `nms`: per-class non-max suppression (TensorFlow's kernels; the same
   selection in `keras.ops`).
 * `optimizer`: the Adam update (TensorFlow's fused kernel; Keras's, which XLA
@@ -48,6 +50,7 @@ if NAME == "jax":
         distribution,
         gradients,
         inference,
+        memory,
         nms,
         optimizer,
         pooling,
@@ -58,6 +61,7 @@ elif NAME == "tensorflow":
         distribution,
         gradients,
         inference,
+        memory,
         nms,
         optimizer,
         pooling,
@@ -68,4 +72,4 @@ else:
         "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax"
     )
 
-__all__ = ["NAME", "batch_norm", "distribution", "gradients", "inference", "nms", "optimizer", "pooling"]
+__all__ = ["NAME", "batch_norm", "distribution", "gradients", "inference", "memory", "nms", "optimizer", "pooling"]

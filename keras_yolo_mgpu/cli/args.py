@@ -55,6 +55,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+def batch_size_or_auto(text: str) -> int | str:
+    """A positive integer, or "auto" (`training.batch_fit`: the largest batch that fits the devices)."""
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def unit_float(text: str) -> float:
     try:
         value = float(text)

@@ -61,7 +61,7 @@ DEFAULTS = dict(
     max_objects=4,
 )
 # The training recipe of `make demo` (TrainConfig's recipe fields): the best
-# row of BENCHMARKS.md's recipe table (`scripts/recipe_table.py`, same data,
+# row of BENCHMARKS.md's recipe table (`tools/reports.py recipe-table`, same data,
 # epochs and seed): validation mAP every epoch, best.weights.h5 by val_mAP,
 # EMA 0.99, the objectness prior 0.01, one stage (`no_drop`, `lr3`), and
 # Darknet's `iou_thresh` 0.213 (yolov4.cfg's: every anchor with IoU > 0.213

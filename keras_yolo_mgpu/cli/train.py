@@ -127,7 +127,19 @@ def build_parser() -> cli.ArgumentParser:
         "half of --epochs for keras-yolo3)",
     )
     recipe.add_argument(
-        "--batch-size", type=cli.positive_int, default=32, help="GLOBAL batch size of stage 1 (split over the replicas)"
+        "--batch-size",
+        type=cli.batch_size_or_auto,
+        default=32,
+        help="GLOBAL batch size of stage 1 (split over the replicas), or 'auto': the largest whose training step "
+        "fits each device's memory, measured before the first step (JAX: the compiled step's own figures; "
+        "TensorFlow: a trial step) and recorded in args.json",
+    )
+    recipe.add_argument(
+        "--memory-budget",
+        metavar="GIB",
+        type=cli.positive_float,
+        default=None,
+        help="--batch-size auto: GiB per device to fit into (default: 90%% of the device's memory)",
     )
     recipe.add_argument(
         "--batch-size2",
@@ -535,9 +547,9 @@ def _gib(size: int | None) -> str:
 
 def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     """What to tell a user whose run ran out of device memory, in one paragraph; None for any other error."""
-    from keras_yolo_mgpu.backend import distribution
+    from keras_yolo_mgpu.backend import memory
 
-    found = distribution.out_of_memory(error)
+    found = memory.out_of_memory(error)
     if found is None:
         return None
     requested, limit = found
@@ -548,8 +560,9 @@ def out_of_memory_paragraph(error: BaseException, config) -> str | None:
         kept = "Nothing was saved before it, and no run folder is left."
     return (
         f"out of memory at global batch {config.batch_size} ({config.input_shape[0]}x{config.input_shape[1]} input): "
-        f"an allocation asked for {_gib(requested)} and the device has {_gib(limit)}. Try a smaller batch: "
-        f"--batch-size {smaller}, and halve again until it runs. {kept}"
+        f"an allocation asked for {_gib(requested)} and the device has {_gib(limit)}. Try --batch-size auto (the "
+        f"largest batch that fits, measured before the first step) or a smaller batch: --batch-size {smaller}, and "
+        f"halve again until it runs. {kept}"
     )
 
 

@@ -47,7 +47,11 @@ class TrainConfig:
     weights_partial: bool = False
     val_annotations: str | None = None
     val_split: float = 0.1
-    batch_size: int = 32
+    # The global batch, or "auto": the largest that fits each device's memory (`training.batch_fit`), resolved
+    # before the first step and recorded in args.json as the number chosen.
+    batch_size: int | str = 32
+    # GiB per device `batch_size="auto"` fits into; None: `batch_fit.DEFAULT_MARGIN` of the device's memory.
+    memory_budget: float | None = None
     batch_size2: int | None = None
     freeze_epochs: int = 50
     epochs: int = 100
@@ -135,8 +139,15 @@ class TrainConfig:
             )
         if self.patience is not None and self.patience < 0:
             raise ValueError(f"patience must be >= 0 (0: never stop early). Received: patience={self.patience}")
+        if self.memory_budget is not None and not self.memory_budget > 0:
+            raise ValueError(f"memory_budget must be > 0 GiB. Received: memory_budget={self.memory_budget}")
         for name in ("batch_size", "batch_size2", "steps_per_epoch", "gpus"):
             value = getattr(self, name)
+            if name == "batch_size" and value == "auto":
+                continue
+            if isinstance(value, str):
+                allowed = "a positive integer or 'auto'" if name == "batch_size" else "a positive integer"
+                raise ValueError(f"{name} must be {allowed}. Received: {name}={value!r}")
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1. Received: {name}={value}")
         if self.feed not in FEEDS:

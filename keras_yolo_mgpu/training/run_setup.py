@@ -9,7 +9,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from functools import partial
+
+import numpy as np
 
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.training.model_settings import _initial_weights, _model_settings, _target_cells_bound
@@ -140,6 +143,48 @@ class RunSetup:
             if self.chief:
                 _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
 
+    def choose_batch_size(self) -> None:
+        """`--batch-size auto`: the largest global batch whose step fits each device (`training.batch_fit`).
+
+        Measured on the start-up check model with every layer trainable (the
+        stage that needs the most) under the run's precision; args.json then
+        records the batch chosen, so a resumed run continues with it.
+        """
+        from keras_yolo_mgpu.backend import memory
+        from keras_yolo_mgpu.model.loss import totalloss
+        from keras_yolo_mgpu.training import batch_fit
+        from keras_yolo_mgpu.training.recipe_options import make_optimizer
+
+        config = self.config
+        if config.batch_size != "auto":
+            return
+        replicas = self.engine.replicas
+        budget_given = config.memory_budget is not None
+        budget = int(
+            config.memory_budget * 2**30 if budget_given else memory.device_memory_bytes() * batch_fit.DEFAULT_MARGIN
+        )
+        model = self.check_model()
+        model.compile(optimizer=make_optimizer(config, config.lr1, 0, 1), loss=totalloss, jit_compile=bool(config.jit))
+        one_image = self.first_inputs(per_device=1, largest=True)
+        started = time.perf_counter()
+        fit = batch_fit.largest_fitting_batch(
+            lambda size: memory.training_step_bytes(model, _repeated(one_image, size)),
+            budget,
+            most=max(1, len(self.train_annotations) // replicas),
+        )
+        logger.info(
+            "%s (%d sizes measured in %.1f s)",
+            batch_fit.describe(fit, replicas, budget_given),
+            len(fit.measured),
+            time.perf_counter() - started,
+        )
+        logger.debug("--batch-size auto: step bytes by images per device: %s", fit.measured)
+        batch = fit.per_device * replicas
+        config = self.config = dataclasses.replace(config, batch_size=batch)
+        self.batch_sizes = [batch, config.batch_size2 or batch]
+        if self.chief:
+            _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
+
     def precision_callbacks(self) -> list:
         """The first-step check of a run on bfloat16 by default (`precision.first_step_check`), else nothing."""
         from keras_yolo_mgpu.training import precision
@@ -202,10 +247,20 @@ class RunSetup:
             mosaic=config.mosaic,
         )
 
-    def first_inputs(self):
-        """One replica's first training batch as model inputs, for the start-up checks (`data.streams.first_batch`)."""
-        batch = self.host_batches(max(1, self.batch_sizes[0] // self.engine.replicas)).batch(0)
-        return {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype("float32")}
+    def first_inputs(self, per_device: int | None = None, largest: bool = False):
+        """One replica's first training batch as model inputs, for the start-up checks (`data.streams.first_batch`).
+
+        `per_device`: its images (default: the run's; one while the batch is
+        still "auto"); `largest`: at the largest training size (multi-scale's top).
+        """
+        if per_device is None:
+            per_device = max(1, (self.batch_sizes[0] or self.engine.replicas) // self.engine.replicas)
+        batch = self.host_batches(per_device).batch(0)
+        inputs = {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype("float32")}
+        if largest and self.config.multi_scale:
+            top = max(self.config.multi_scale)
+            inputs["image"] = np.zeros((per_device, top, top, inputs["image"].shape[-1]), inputs["image"].dtype)
+        return inputs
 
     def build_models(self, freeze_body: int) -> None:
         """The template body and its training model under the strategy, with the run's start weights.
@@ -259,6 +314,11 @@ class RunSetup:
             *_tensorboard(run_dir),
             *epoch_checkpoints(self),
         ]
+
+
+def _repeated(inputs: dict, size: int) -> dict:
+    """`inputs` (one image's) repeated to `size` images: a batch of the shapes a step of `size` takes."""
+    return {name: np.repeat(array, size, axis=0) for name, array in inputs.items()}
 
 
 def _tensorboard(run_dir: str) -> list:

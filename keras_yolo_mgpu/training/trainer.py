@@ -166,12 +166,16 @@ class _TrainingRun(RunSetup):
 
         self.config = config
         self.engine = engine
-        # Global batch of stage 1 and of stage 2.
-        self.batch_sizes = [config.batch_size, config.batch_size2 or config.batch_size]
+        # Global batch of stage 1 and of stage 2 (None: "auto", measured by `choose_batch_size`).
+        auto = config.batch_size == "auto"
+        self.batch_sizes = [
+            None if auto else config.batch_size,
+            config.batch_size2 or (None if auto else config.batch_size),
+        ]
         replicas = engine.replicas
         # Under a strategy every replica must get the same batch (the replica model slices unevenly).
         for batch in self.batch_sizes:
-            if engine.parallel == "strategy" and batch % replicas:
+            if batch is not None and engine.parallel == "strategy" and batch % replicas:
                 raise ValueError(
                     f"global batch size {batch} does not divide over {replicas} replicas; every replica must get "
                     f"the same batch. Use a multiple of {replicas}, e.g. {max(replicas, batch - batch % replicas)} or "
@@ -189,6 +193,7 @@ class _TrainingRun(RunSetup):
         self.state = self.open_log_dir()
         self.read_settings_and_data()
         self.choose_precision_and_jit()
+        self.choose_batch_size()
         # Whether stage 1 (frozen body) still has epochs to run.
         stage1_left = self.config.freeze_epochs > 0 and (self.state is None or self.state.stage == 1)
         self.build_models(freeze_body=self.config.freeze_body if stage1_left else 0)

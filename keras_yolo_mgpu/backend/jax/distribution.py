@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import resource
 
 import jax
 import keras
@@ -290,7 +288,7 @@ class DispatchLimit(keras.callbacks.Callback):
     CPU). Unbounded, the steps queued there hold their batches in memory,
     and a Ctrl-C waits for all of them: tens of seconds from Ctrl-C to the
     end of a run on a COCO-size set, against a few with the bound, and a
-    higher peak of memory (`scripts/start_report.py`; BENCHMARKS.md, "A
+    higher peak of memory (`tools/feed_probes.py start`; BENCHMARKS.md, "A
     COCO-size dataset: start-up time and memory"). Before dispatching a step,
     this waits for the step `ahead` before it, outside any C call, so the
     interrupt is raised then (tests/test_feed_processes.py: 32 steps ran
@@ -373,7 +371,7 @@ def return_memory_after_compiles() -> None:
     own buffers: a first start, which compiles the step, peaks well above
     the next starts, whose step comes compiled from the cache folder, and
     this and `heap.limit_arenas` take most of that back
-    (`scripts/start_report.py`; BENCHMARKS.md, "A COCO-size dataset:
+    (`tools/feed_probes.py start`; BENCHMARKS.md, "A COCO-size dataset:
     start-up time and memory"). JAX reports each backend compile to its
     monitoring listeners when it ends; registered once per process.
     """
@@ -443,26 +441,3 @@ def commit_state_callback(devices: list):
                 variable.assign(jax.device_put(variable.value, device))
 
     return CommitState()
-
-
-_REQUESTED_BYTES = re.compile(r"(?:allocating|allocate) (\d+) bytes")
-
-
-def out_of_memory(error: BaseException) -> tuple[int | None, int | None] | None:
-    """(bytes the failed allocation asked for, bytes the first device has), each None when unknown; None when
-    `error` is not an out-of-memory error.
-
-    XLA says RESOURCE_EXHAUSTED and the bytes it tried to allocate; a GPU
-    states its limit in `memory_stats()`; the CPU's is the process's data
-    limit (`ulimit -d`) where one is set, else the machine's memory.
-    """
-    if not isinstance(error, jax.errors.JaxRuntimeError) or "RESOURCE_EXHAUSTED" not in str(error):
-        return None
-    found = _REQUESTED_BYTES.search(str(error))
-    device = jax.local_devices()[0]
-    limit = (device.memory_stats() or {}).get("bytes_limit")
-    if limit is None and device.platform == "cpu":
-        data_limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        limit = memory if data_limit == resource.RLIM_INFINITY else min(data_limit, memory)
-    return (int(found.group(1)) if found else None), limit

@@ -7,7 +7,7 @@ compiler expands into a variadic reduce-window over the input and four int32
 index arrays of the input's size, then a scatter. In tiny YOLOv3's training
 step on the CPU those index arrays are a large part of the step's scratch
 memory (BENCHMARKS.md, "Max pooling on JAX: memory and time of the CPU
-step"; `scripts/pool_memory.py` measures both ways). The windows of
+step"; `tools/feed_probes.py pool-memory` measures both ways). The windows of
 tiny YOLOv3's and YOLOv4-tiny's downsampling pools do not overlap, so the
 maximum is a reshape and a `max`, and its gradient four masks, one per
 position of the window: elementwise work that XLA fuses, with no index

@@ -22,11 +22,9 @@ import itertools
 import json
 import logging
 import os
-import re
 from collections.abc import Sequence
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 logger = logging.getLogger(__name__)
@@ -289,33 +287,3 @@ def mirrored_strategy(devices: Sequence[str], cross_device_ops=None) -> tf.distr
             physical GPUs).
     """
     return _MirroredStrategyWithOwnKeys(list(devices), cross_device_ops)
-
-
-_TENSOR_SHAPE = re.compile(r"OOM when allocating tensor with shape\[([\d,]+)\] and type (\w+)")
-_ALLOCATOR_LIMIT = re.compile(r"Limit:\s+([\d.]+)([KMGT]i)?B")
-
-
-def out_of_memory(error: BaseException) -> tuple[int | None, int | None] | None:
-    """(bytes the failed allocation asked for, bytes the device's allocator had), each None when unsaid; None
-    when `error` is not an out-of-memory error.
-
-    TensorFlow says both in its message: "OOM when allocating tensor with
-    shape[32,4096,4096,16] and type float ..." and its allocator's "Limit:".
-    """
-    if not isinstance(error, tf.errors.ResourceExhaustedError):
-        return None
-    text = str(error)
-    requested = limit = None
-    shape = _TENSOR_SHAPE.search(text)
-    if shape:
-        dims = [int(d) for d in shape.group(1).split(",") if d]
-        try:
-            itemsize = tf.as_dtype(shape.group(2)).size
-        except TypeError:
-            itemsize = 4
-        requested = int(np.prod(dims, dtype=np.int64)) * itemsize
-    found = _ALLOCATOR_LIMIT.search(text)
-    if found:
-        scale = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[found.group(2)]
-        limit = int(float(found.group(1)) * scale)
-    return requested, limit
