@@ -102,6 +102,8 @@ def test_jax_batch_auto_fits_the_budget_over_two_devices_and_trains_as_that_batc
     assert 2 < per_device < 18  # the budget lies inside the range, not at an end of it
     args = json.loads((dataset / "auto" / "args.json").read_text())
     assert args["batch_size"] == 2 * per_device and args["memory_budget"] == 0.2
+    # The default feed, chosen and said: the steps of this run compute on the CPU.
+    assert "feed: worker threads (auto: the step runs on the CPU" in log and args["feed"] == "threads"
     _train(dataset, "jax", "given", "--gpus", "2", "--simulate-devices", "--batch-size", str(2 * per_device))
     auto = (dataset / "auto" / "trained_weights_final.weights.h5").read_bytes()
     given = (dataset / "given" / "trained_weights_final.weights.h5").read_bytes()

@@ -24,6 +24,7 @@ from isolation import jax_environment
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.py_dataset import make_py_dataset
 from keras_yolo_mgpu.data.shared_image_cache import READY, SharedImageCache
+from keras_yolo_mgpu.data.streams import choose_feed
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,3 +195,18 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     # The worker's warning, said by the trainer in its format, once.
     assert messages.count(warned) == 1 and messages.count(f"{truncated} is truncated") == 1, messages[-3000:]
     assert _workers_end(workers) == []
+
+
+@pytest.mark.parametrize(
+    "feed, workers, on_accelerators, cores, chosen",
+    [
+        ("auto", None, True, 16, "processes"),  # a GPU host: one process per core
+        ("auto", 2, True, 1, "processes"),  # two workers asked for
+        ("auto", None, True, 1, "threads"),  # one core: one worker, no process to start
+        ("auto", None, False, 16, "threads"),  # the step computes on the cores the workers would share
+        ("threads", None, True, 16, "threads"),  # a feed given is kept
+        ("processes", None, False, 1, "processes"),
+    ],
+)
+def test_the_default_feed_is_chosen_by_devices_and_cores(feed, workers, on_accelerators, cores, chosen):
+    assert choose_feed(feed, workers, on_accelerators, cores)[0] == chosen

@@ -83,10 +83,11 @@ def build_parser() -> cli.ArgumentParser:
     data.add_argument("--scan-cache", metavar="DIR", default=None, help=SCAN_CACHE_HELP)
     data.add_argument(
         "--feed",
-        choices=("threads", "processes"),
-        default="threads",
+        choices=("auto", "threads", "processes"),
+        default="auto",
         help="JAX: make batches in worker threads of the training process, or in worker processes (each with "
-        "its own interpreter lock: for hosts that feed several GPUs; the same batches) (default: threads)",
+        "its own interpreter lock; the same batches). auto (default): processes where two workers or more feed "
+        "GPUs, threads on one core or a CPU-only run; the log says which",
     )
     data.add_argument(
         "--workers", type=cli.positive_int, default=None, help="JAX: feed workers (default: one per CPU core)"

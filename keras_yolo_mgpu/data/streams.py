@@ -20,10 +20,34 @@ engine is TensorFlow's.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from keras_yolo_mgpu.backend import distribution
 from keras_yolo_mgpu.data.annotations import Annotation
+
+
+def choose_feed(feed: str, workers: int | None, on_accelerators: bool, cores: int | None = None) -> tuple[str, str]:
+    """The JAX feed a run uses, and why, for the log: `feed` unless it is "auto".
+
+    "auto" takes worker processes where the steps run on accelerators and
+    two workers or more feed them: each process has its own interpreter
+    lock, so neither the progress bar and callbacks nor the step's dispatch
+    wait on the feed's Python, and two workers made more images per second
+    at less CPU per image than two threads (BENCHMARKS.md, "grain's worker processes
+    against the hand-written feeds"). On one core, or where the step computes on the CPU
+    (whose cores the workers share with it), worker threads: no process to
+    start, the same batches.
+    """
+    if feed != "auto":
+        return feed, f"--feed {feed}"
+    cores = cores or os.cpu_count() or 1
+    count = workers or cores
+    if on_accelerators and count >= 2:
+        return "processes", f"auto: {count} workers feeding accelerators; --feed threads keeps them in this process"
+    where = "the step runs on the CPU" if not on_accelerators else "one worker"
+    return "threads", f"auto: {where}; --feed processes gives each worker its own process"
 
 
 def training_stream(

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 # JAX input feeds (TrainConfig.feed).
-FEEDS = ("threads", "processes")
+FEEDS = ("auto", "threads", "processes")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class TrainConfig:
     cache: str | None = None
     # JAX's input feed (data/py_dataset.py): worker "threads" of the training process, or "processes"
     # (data/host_processes.py: each with its interpreter lock); `workers` of them (None: one per core).
-    feed: str = "threads"
+    # "auto": chosen by the run from its devices and cores (`data.streams.choose_feed`), recorded as chosen.
+    feed: str = "auto"
     workers: int | None = None
     # The folder of the records of what was read and scanned (data/scan.py); None: the user's cache folder.
     scan_cache: str | None = None

@@ -75,6 +75,7 @@ def train(config: TrainConfig) -> TrainResult:
     from keras_yolo_mgpu.backend import distribution
     from keras_yolo_mgpu.data.scan import cache_dir
 
+    config = _choose_feed(config, engine)
     distribution.use_compilation_cache(cache_dir(config.scan_cache))
     distribution.return_memory_after_compiles()
     from keras_yolo_mgpu.keras_compat import global_dtype_policy_setting, restore_global_dtype_policy
@@ -114,6 +115,19 @@ def _check_backend(config: TrainConfig) -> TrainConfig:
             f"start a new run from its weights: --weights {os.path.join(config.log_dir, 'last.weights.h5')}"
         )
     return config
+
+
+def _choose_feed(config: TrainConfig, engine) -> TrainConfig:
+    """`config` with JAX's feed chosen (`data.streams.choose_feed`) and said; TensorFlow's is tf.data."""
+    from keras_yolo_mgpu.backend import distribution
+    from keras_yolo_mgpu.data.streams import choose_feed
+    from keras_yolo_mgpu.training.precision import training_device_kind
+
+    if distribution.INPUT_PIPELINE == "tf.data":
+        return config
+    feed, why = choose_feed(config.feed, config.workers, training_device_kind(engine.devices) == "GPU")
+    logger.info("feed: worker %s (%s)", feed, why)
+    return dataclasses.replace(config, feed=feed)
 
 
 def _per_replica(batch: int, replicas: int) -> str:
