@@ -27,7 +27,7 @@ PACKAGE = "keras_yolo_mgpu"
 # never from a layer above. One entry per package folder (or top-level module), relative to the package.
 LAYERS = (
     # files written atomically, the C heap, get_config, Keras internals, model_data/, the backend switch
-    ("base", ("__init__", "fileio", "heap", "serialization", "keras_compat", "resources", "backend")),
+    ("base", ("__init__", "optional", "fileio", "heap", "serialization", "keras_compat", "resources", "backend")),
     ("model", ("model",)),  # networks, loss, boxes, BatchNormalization, in keras.ops
     # annotation formats, the input pipeline; Darknet conversion, weight files; which outputs may be replaced
     ("data, weights", ("data", "weights", "outputs")),
