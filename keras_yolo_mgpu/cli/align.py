@@ -18,8 +18,15 @@ import logging
 import os
 import sys
 
+import numpy as np
+
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import run_command
+from keras_yolo_mgpu.data.check import check_annotations
+from keras_yolo_mgpu.data.host import HostBatches
+from keras_yolo_mgpu.model.architectures import get_architecture, model_name, resolve_iou_thresh
+from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
+from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata, settings_for
 
 logger = logging.getLogger("align")
 
@@ -101,6 +108,7 @@ def build_diff_parser() -> cli.ArgumentParser:
 
 
 def _make_optimizer(name: str, learning_rate: float):
+    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     import keras
 
     from keras_yolo_mgpu.training.fused_adam import FusedAdam
@@ -120,13 +128,10 @@ def _load_batches(args, anchors, num_classes, kind):
     here once so that every engine of the comparison trains on the same
     dense arrays: `({"image": (B, H, W, 3), "y_true_0": ..., ...}, (B, 1) zeros)`.
     """
+    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     import keras
-    import numpy as np
 
-    from keras_yolo_mgpu.data.check import check_annotations
     from keras_yolo_mgpu.data.device_side import DeviceInputs
-    from keras_yolo_mgpu.data.host import HostBatches
-    from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
 
     report = check_annotations(args.annotations, num_classes)
     if report.problems:
@@ -161,10 +166,6 @@ def _classes_anchors_and_kind(args):
 
     With a weights file that carries metadata, `args.masks` is set to its masks unless given.
     """
-    from keras_yolo_mgpu.model.architectures import model_name
-    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
-    from keras_yolo_mgpu.weights.metadata import read_metadata
-
     weights = getattr(args, "weights", None)
     if weights and os.path.isfile(weights) and read_metadata(weights) is not None:
         settings = cli.resolve_model_settings(args, weights)
@@ -182,7 +183,7 @@ def _classes_anchors_and_kind(args):
 
 def run_alignment(args, devices):
     """Runs `parallel.align.align` as the parsed flags say, on `devices`; returns its report."""
-    from keras_yolo_mgpu.model.architectures import get_architecture
+    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     from keras_yolo_mgpu.parallel import align
     from keras_yolo_mgpu.training.training_model import create_model
 
@@ -234,6 +235,7 @@ def print_report(report, top: int) -> None:
 
 
 def run(args) -> int:
+    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     from keras_yolo_mgpu.parallel.engine import select_devices
 
     for flag, path in (("--classes", args.classes), ("--anchors", args.anchors), ("--weights", args.weights)):
@@ -252,7 +254,6 @@ def run(args) -> int:
 
 def _diff_settings(args):
     """The network both files hold: their metadata (which must agree), else the flags and defaults."""
-    from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata, settings_for
 
     def settings(path):
         return settings_for(
@@ -274,6 +275,7 @@ def _diff_settings(args):
 
 
 def diff(args) -> int:
+    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.parallel.align import tensor_differences
     from keras_yolo_mgpu.weights.loading import load_weights

@@ -12,6 +12,7 @@ import inspect
 
 from keras_yolo_mgpu.cli.runner import ArgumentParser  # noqa: F401 (the commands' parser, from here with the flags)
 from keras_yolo_mgpu.model.architectures import MODEL_NAMES
+from keras_yolo_mgpu.weights.metadata import settings_for
 
 
 def flag_values(target, args: argparse.Namespace, **converted) -> dict:
@@ -145,8 +146,6 @@ def resolve_model_settings(args: argparse.Namespace, weights: str | None):
     Raises:
         weights.metadata.MetadataError (a ValueError): a flag contradicts the file.
     """
-    from keras_yolo_mgpu.weights.metadata import settings_for
-
     return settings_for(
         weights,
         classes_path=args.classes,

@@ -13,6 +13,11 @@ import json
 import sys
 from collections.abc import Sequence
 
+from keras_yolo_mgpu.cli.args import input_size, positive_int
+from keras_yolo_mgpu.cli.runner import CommandError
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
+
 BENCHMARKS = {
     "pipeline": "input pipeline images/sec with augmentation (and the reference generator)",
     "train": "training images/sec on N (simulated) devices",
@@ -25,8 +30,6 @@ USAGE = "usage: python -m keras_yolo_mgpu.bench {" + ",".join(BENCHMARKS) + "} [
 
 def add_data_args(parser) -> None:
     """--annotations, --classes, --anchors, --input-size, --batch-size: what `bench pipeline` and `bench e2e` read."""
-    from keras_yolo_mgpu.cli.args import input_size, positive_int
-
     parser.add_argument("--annotations", required=True, help="keras-yolo3 annotation file (the JPEGs to read)")
     parser.add_argument("--classes", required=True, help="class names file, one per line")
     parser.add_argument(
@@ -40,10 +43,6 @@ def add_data_args(parser) -> None:
 
 def read_data(args, *, tiny: bool, root: str | None = None) -> tuple[list, object, int]:
     """(annotations, anchors (N, 2), number of classes) of the `add_data_args` flags; refuses an empty file."""
-    from keras_yolo_mgpu.cli.runner import CommandError
-    from keras_yolo_mgpu.data.annotations import read_annotations
-    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
-
     num_classes = len(get_classes(args.classes))
     anchors = get_anchors(resolve_resource(args.anchors, "anchors", tiny=tiny))
     annotations = read_annotations(args.annotations, root=root)

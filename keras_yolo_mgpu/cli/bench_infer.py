@@ -66,6 +66,7 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args) -> int:
+    # Here: the benchmark's part (Keras, TensorFlow) loads once the command has set TensorFlow's logging.
     from keras_yolo_mgpu.bench.infer import run_infer_benchmark
 
     result = run_infer_benchmark(**flag_values(run_infer_benchmark, args))

@@ -16,7 +16,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from keras_yolo_mgpu.bench.pipeline import GENERATORS, NEEDS_TENSORFLOW, parse_rows  # light: TensorFlow loads later
+from keras_yolo_mgpu.bench.pipeline import (  # light: TensorFlow loads later
+    GENERATORS,
+    NEEDS_TENSORFLOW,
+    parse_rows,
+    run_benchmark,
+    run_rounds,
+)
 from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.bench import add_data_args, print_result, read_data
@@ -70,8 +76,6 @@ def run(args) -> int:
                 f"(pydataset, pyprocesses, grain, reference). Received rows needing it: {needing or 'none'}"
             )
         block_tensorflow("bench pipeline --without-tensorflow")
-
-    from keras_yolo_mgpu.bench.pipeline import run_benchmark, run_rounds
 
     annotations, anchors, num_classes = read_data(args, tiny=args.tiny, root=args.root)
     logger.info(

@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from keras_yolo_mgpu.bench.backend_rounds import BACKENDS, compare_backends
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
 
 
 def _variant_list(text: str) -> list[str]:
+    # Here: bench/train.py imports Keras; this module stays free of it (the command sets TensorFlow's logging first).
     from keras_yolo_mgpu.bench.train import VARIANTS
 
     names = [name for name in text.split(",") if name]
@@ -35,8 +37,6 @@ def _variant_list(text: str) -> list[str]:
 
 
 def _backend_pair(text: str) -> list[str]:
-    from keras_yolo_mgpu.bench.backend_rounds import BACKENDS
-
     names = [name for name in text.split(",") if name]
     if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(BACKENDS):
         raise argparse.ArgumentTypeError(f"expected two of {', '.join(BACKENDS)}, e.g. tensorflow,jax")
@@ -44,6 +44,7 @@ def _backend_pair(text: str) -> list[str]:
 
 
 def build_parser() -> cli.ArgumentParser:
+    # Here: bench/train.py imports Keras; this module stays free of it (the command sets TensorFlow's logging first).
     from keras_yolo_mgpu.bench.train import INPUTS, OPTIMIZERS, REFERENCES, VARIANTS
 
     parser = cli.ArgumentParser(
@@ -113,6 +114,7 @@ def _print_breakdown(breakdown):
 
 
 def run(args) -> int:
+    # Here: the benchmark's part (Keras, TensorFlow) loads once the command has set TensorFlow's logging.
     from keras_yolo_mgpu.bench.train import run_train_benchmark
 
     settings = cli.flag_values(
@@ -126,8 +128,6 @@ def run(args) -> int:
         on_round=_print_round,
     )
     if args.backends:
-        from keras_yolo_mgpu.bench.backend_rounds import compare_backends
-
         if args.variants or args.reference or args.breakdown:
             raise ValueError("--backends times our step only: drop --variants, --reference and --breakdown")
         for unused in ("variants", "reference", "breakdown"):

@@ -21,6 +21,7 @@ from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
 from keras_yolo_mgpu.data.overlap import find_overlap
+from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
 
 def build_parser() -> ArgumentParser:
@@ -61,8 +62,6 @@ def build_parser() -> ArgumentParser:
 
 def _reports(path: str, args):
     """(split name, CheckReport) for each split of the dataset at `path`."""
-    from keras_yolo_mgpu.resources import get_classes, resolve_resource
-
     classes = get_classes(args.classes) if args.classes else None
     dataset = open_data(args, classes, path=path)
     if dataset.class_names is not None and classes is not None and classes != dataset.class_names:

@@ -16,6 +16,16 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+from keras_yolo_mgpu.data.coco import (
+    COCO_CATEGORY_IDS,
+    category_mapping,
+    check_class_order,
+    coco_lines,
+    keras_yolo3_coco_lines,
+)
+from keras_yolo_mgpu.fileio import write_lines_atomic
+from keras_yolo_mgpu.outputs import check_output, record_written
+from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
 logger = logging.getLogger("coco_annotation")
 
@@ -60,11 +70,6 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.data.coco import category_mapping, check_class_order, coco_lines, keras_yolo3_coco_lines
-    from keras_yolo_mgpu.fileio import write_lines_atomic
-    from keras_yolo_mgpu.outputs import check_output, record_written
-    from keras_yolo_mgpu.resources import get_classes, resolve_resource
-
     defaulted = _take_keras_yolo3_defaults(args)
     if args.keras_yolo3_compat and args.keep_empty:
         raise UsageError("--keep-empty: keras-yolo3's lines (--keras-yolo3-compat) never list images without boxes")
@@ -134,8 +139,6 @@ def _take_keras_yolo3_defaults(args) -> bool:
 
 def _check_fixed_classes(instances: dict, classes_output: str | None) -> None:
     """--classes-output names the classes in the JSON's order; keras-yolo3's table is COCO's: they must agree."""
-    from keras_yolo_mgpu.data.coco import COCO_CATEGORY_IDS
-
     ids = sorted(int(c["id"]) for c in instances.get("categories", []))
     if classes_output and ids != list(COCO_CATEGORY_IDS):
         raise ValueError(

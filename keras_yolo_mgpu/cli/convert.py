@@ -15,9 +15,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
-from keras_yolo_mgpu.resources import model_data_path
+from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
+from keras_yolo_mgpu.outputs import check_output, record_written
+from keras_yolo_mgpu.resources import format_anchors, get_classes, model_data_path
+from keras_yolo_mgpu.weights import darknet
+from keras_yolo_mgpu.weights.convert import check_output_path, convert, parse_masks
 from keras_yolo_mgpu.weights.download import resolve_weights
 
 logger = logging.getLogger("convert")
@@ -51,6 +56,13 @@ def build_parser() -> ArgumentParser:
         help="plot the model to <output without extension>.png (keras-yolo3's flag; needs pydot and graphviz, "
         "else a warning)",
     )
+    add_conversion_args(parser)
+    add_overwrite_arg(parser)
+    return parser
+
+
+def add_conversion_args(parser) -> None:
+    """How the Darknet file is read and what the output holds: --generic, --darknet-bn, --masks, ..."""
     parser.add_argument(
         "--generic",
         action="store_true",
@@ -85,18 +97,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--anchors-output", default=None, help="also write the cfg's anchors to this file (model_data format)"
     )
-    add_overwrite_arg(parser)
-    return parser
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.cli import quiet
-    from keras_yolo_mgpu.fileio import write_text_atomic
-    from keras_yolo_mgpu.outputs import check_output, record_written
-    from keras_yolo_mgpu.resources import format_anchors, get_classes
-    from keras_yolo_mgpu.weights import darknet
-    from keras_yolo_mgpu.weights.convert import check_output_path, convert, parse_masks
-
     try:
         check_output_path(args.output_path, args.weights_only)
         masks = parse_masks(args.masks)
@@ -151,10 +154,7 @@ def run(args) -> int:
 
 def _plot(model, path: str) -> None:
     """keras-yolo3's `-p`: `keras.utils.plot_model` to `path`; a warning, not an error, without pydot/graphviz."""
-    import keras
-
-    from keras_yolo_mgpu.fileio import atomic_write
-    from keras_yolo_mgpu.outputs import record_written
+    import keras  # here: the command starts without Keras (TensorFlow is imported quietly first)
 
     try:
         atomic_write(path, lambda temporary: keras.utils.plot_model(model, to_file=temporary, show_shapes=True))

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 
+from keras_yolo_mgpu.data.dataset_source import open_dataset
+from keras_yolo_mgpu.data.scan import cache_dir
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["SCAN_CACHE_HELP", "add_data_args", "checked_records", "open_data"]
@@ -46,9 +49,6 @@ def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val",
 
 def open_data(args, class_names: list[str] | None = None, *, path: str | None = None):
     """The `Dataset` at `path` (default: `args.data`) (VOC reads `class_names` when given)."""
-    from keras_yolo_mgpu.data.dataset_source import open_dataset
-    from keras_yolo_mgpu.data.scan import cache_dir
-
     return open_dataset(
         path or args.data,
         image_dir=args.image_dir,

@@ -34,7 +34,14 @@ import numpy as np
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.data.kmeans import box_sizes_from_annotations, kmeans_anchors
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset, make_synthetic_video
+from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights, format_report
+from keras_yolo_mgpu.inference.media import process_video
+from keras_yolo_mgpu.resources import format_anchors
+from keras_yolo_mgpu.training.config import TrainConfig
 from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPES
+from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +94,6 @@ _OUTPUTS = ("data", "anchors.txt", "train", "eval", "video", "summary.json")
 
 def _fit_anchors(annotation_path: str, out_path: Path) -> np.ndarray:
     """6 tiny-YOLOv3 anchors: k-means (k=5) on the boxes plus an unused anchor 0."""
-    from keras_yolo_mgpu.data.kmeans import box_sizes_from_annotations, kmeans_anchors
-    from keras_yolo_mgpu.resources import format_anchors
-
     sizes = box_sizes_from_annotations(annotation_path)
     fitted, mean_iou = kmeans_anchors(sizes, 5, seed=0)
     smallest = np.maximum(np.floor(sizes.min(axis=0) * _UNUSED_ANCHOR_FRACTION), 1)
@@ -105,6 +109,7 @@ def _devices_plan(gpus: int | None) -> tuple[int | None, bool, str]:
     Reads the physical device list only: the logical layout (the simulated
     split) is still free to be set by `train()`.
     """
+    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
     from keras_yolo_mgpu.backend import distribution
 
     visible = len(distribution.visible_accelerators(cpu_devices=gpus or 2))
@@ -135,8 +140,6 @@ def _timed(seconds: dict[str, float], name: str):
 def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = None, video_frames: int = 60) -> dict:
     """Runs the whole demo; returns the summary (also written to summary.json).
 
-    Long for the summary's fields: each step is one `_timed` block calling a helper.
-
     Args:
         out_dir: folder for every output; the previous demo's outputs in it
             are replaced.
@@ -155,6 +158,7 @@ def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = N
             simulated devices).
         video_frames: length of the generated clip.
     """
+    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
     from keras_yolo_mgpu.training.trainer import train
 
     s = settings
@@ -185,7 +189,15 @@ def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = N
             weights, data, anchors_path, s["image_size"], out / "video", video_frames, s["seed"]
         )
 
-    summary = {
+    outputs = _demo_outputs(out, data, anchors_path, result, weights, metrics, clip, video)
+    summary = _summary(settings, config, result, metrics, video, outputs, device_text, seconds, start)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _summary(settings, config, result, metrics, video, outputs, device_text, seconds, start) -> dict:
+    """summary.json: the headline mAPs, the time of each step (since `start`), the devices, settings and outputs."""
+    return {
         "mAP50": metrics["mAP50"],
         "mAP": metrics["mAP"],
         "wall_seconds": round(time.perf_counter() - start, 1),
@@ -194,11 +206,9 @@ def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = N
         "replicas": result.replicas,
         "epochs_run": result.epochs_run,
         "settings": {**settings, "batch_size": config.batch_size, "recipe": RECIPE},
-        "outputs": _demo_outputs(out, data, anchors_path, result, weights, metrics, clip, video),
+        "outputs": outputs,
         "video": {k: video[k] for k in ("frames", "fps", "detections")},
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return summary
 
 
 def _planned_train_config(data, anchors_path, log_dir, *, gpus: int | None, batch_size: int, **options):
@@ -220,8 +230,6 @@ def _planned_train_config(data, anchors_path, log_dir, *, gpus: int | None, batc
 
 def _evaluate_demo(weights: str, data, anchors_path: Path, image_size: int, eval_dir: Path) -> dict:
     """mAP of `weights` on the validation split, logged; writes metrics.json, the PR curve and the detections."""
-    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights, format_report
-
     eval_dir.mkdir()
     metrics = evaluate_weights(
         weights,
@@ -242,9 +250,8 @@ def _detect_demo_video(
     weights: str, data, anchors_path: Path, image_size: int, video_dir: Path, num_frames: int, seed: int
 ) -> tuple[str, dict]:
     """Generates a 320x240 clip and runs the detector on it; returns (clip path, `process_video`'s stats)."""
-    from keras_yolo_mgpu.data.synthetic import make_synthetic_video
+    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
     from keras_yolo_mgpu.inference.detector import YOLO
-    from keras_yolo_mgpu.inference.media import process_video
 
     frame_size = (240, 320)
     clip = make_synthetic_video(
@@ -283,8 +290,6 @@ def _demo_outputs(out: Path, data, anchors_path: Path, result, weights: str, met
 
 def make_demo_data(out: Path, num_train: int, num_val: int, image_size: int, max_objects: int, seed: int):
     """The synthetic dataset under `out/data` and its anchors file: (DatasetPaths, anchors path)."""
-    from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
-
     # Half square, half 4:3 or 3:4 images: training sees letterbox bars as
     # it will on the video's 320x240 frames.
     short = image_size * 3 // 4
@@ -312,8 +317,6 @@ def demo_train_config(
     verbose: int,
 ):
     """The demo's TrainConfig: tiny YOLOv3 from scratch with `recipe`'s options."""
-    from keras_yolo_mgpu.training.trainer import TrainConfig
-
     if recipe.get("lr_schedule") == "cosine":
         drop_epoch = None  # the cosine decays the rate itself, in one stage
     return TrainConfig(
@@ -346,8 +349,6 @@ def demo_train_config(
 
 def weights_to_evaluate(result, config) -> str:
     """The run's best-by-mAP weights when it monitored val_mAP, else its final weights."""
-    from keras_yolo_mgpu.training.recipe_options import BEST_WEIGHTS
-
     best = Path(result.log_dir) / BEST_WEIGHTS
     if config.monitor in ("val_mAP", "val_mAP50") and best.is_file():
         return str(best)

@@ -15,8 +15,12 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.inference import media
+from keras_yolo_mgpu.inference.video import check_video_input
 from keras_yolo_mgpu.weights.download import resolve_weights
+from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
 logger = logging.getLogger("yolo_video")
 
@@ -145,16 +149,32 @@ def run(args) -> int:
 
 def detection(args) -> dict:
     """What the command does, returning its counts (images or frames, boxes, where the output went)."""
-    # Imported here, not at the top: `--help` and flag errors stay instant.
-    from keras_yolo_mgpu.cli import quiet
-    from keras_yolo_mgpu.inference import media
-    from keras_yolo_mgpu.inference.video import check_video_input
-
     video, output = _video_and_output(args)
     # An official net's name (`--model yolov3-tiny`) is its Darknet file, downloaded once.
     weights = resolve_weights(args.weights) or os.path.join("model_data", "yolo.h5")
-    # Cheap checks first: a typo or a refused output fails before the model
-    # is built, and an output is checked before any input is read.
+    rule, image_folder = _checked_outputs(args, weights, video, output)
+    quiet.import_tensorflow(args.verbose)
+    # Here: the command starts without Keras, and TensorFlow is imported quietly just above.
+    from keras_yolo_mgpu.inference.export_formats import open_detector
+
+    weights = darknet_as_keras(weights)
+
+    yolo = open_detector(
+        weights,
+        **cli.detector_params(args, weights),
+        gpu_num=args.gpu_num,
+        batch_size=args.batch_size,
+    )
+    if args.image is not None:
+        return _detect_images(yolo, args, image_folder, rule)
+    return _detect_video(yolo, args, video, output, rule)
+
+
+def _checked_outputs(args, weights: str, video: str | None, output: str | None):
+    """`(the output rule, the folder for annotated images)`, every output checked before any input is read.
+
+    Cheap checks first: a typo or a refused output fails before the model is built.
+    """
     if not os.path.exists(weights):  # a SavedModel export is a folder
         hint = "" if args.weights else " (the default; pass --model FILE)"
         raise FileNotFoundError(f"model weights not found: {weights}{hint}")
@@ -168,36 +188,32 @@ def detection(args) -> dict:
     else:
         media.check_video_outputs(video, output, args.save_json, rule)
         check_video_input(video)
-    quiet.import_tensorflow(args.verbose)
-    from keras_yolo_mgpu.inference.export_formats import open_detector
-    from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
+    return rule, image_folder
 
-    weights = darknet_as_keras(weights)
 
-    yolo = open_detector(
-        weights,
-        **cli.detector_params(args, weights),
-        gpu_num=args.gpu_num,
-        batch_size=args.batch_size,
-    )
-    if args.image is not None:
-        if args.image:
-            stats = media.process_images(
-                yolo, args.image, image_folder, save_json=args.save_json, progress=not args.no_progress, rule=rule
-            )
-        else:
-            logger.info("image mode: type an image file name at the prompt, end with Ctrl-D (end of input)")
-            stats = media.process_image_names(
-                yolo, _typed_names(), image_folder, save_json=args.save_json, show=args.show, rule=rule
-            )
-        logger.info(
-            "%d images, %d boxes, annotated images in %s%s",
-            stats["images"],
-            stats["detections"],
-            stats["output_dir"],
-            f"; {stats['failed']} unreadable or refused" if stats["failed"] else "",
+def _detect_images(yolo, args, image_folder: str, rule) -> dict:
+    """--image: the named images, or keras-yolo3's prompt for file names."""
+    if args.image:
+        stats = media.process_images(
+            yolo, args.image, image_folder, save_json=args.save_json, progress=not args.no_progress, rule=rule
         )
-        return stats
+    else:
+        logger.info("image mode: type an image file name at the prompt, end with Ctrl-D (end of input)")
+        stats = media.process_image_names(
+            yolo, _typed_names(), image_folder, save_json=args.save_json, show=args.show, rule=rule
+        )
+    logger.info(
+        "%d images, %d boxes, annotated images in %s%s",
+        stats["images"],
+        stats["detections"],
+        stats["output_dir"],
+        f"; {stats['failed']} unreadable or refused" if stats["failed"] else "",
+    )
+    return stats
+
+
+def _detect_video(yolo, args, video: str, output: str | None, rule) -> dict:
+    """A video file, stream or camera, annotated into `output`."""
     if not output and not args.save_json and not args.show:
         logger.warning("no output path, --save-json or --show: detections are counted but not saved")
     stats = media.process_video(

@@ -14,11 +14,15 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
-from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
+from keras_yolo_mgpu.cli.dataset_args import add_data_args, checked_records, open_data
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.data.dataset_source import resolve_class_names
+from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights, format_report
 from keras_yolo_mgpu.outputs import check_output
+from keras_yolo_mgpu.resources import resolve_resource
 from keras_yolo_mgpu.training.run_folder import held_out_list
 from keras_yolo_mgpu.weights.download import resolve_weights
+from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
 logger = logging.getLogger("evaluate")
 
@@ -67,8 +71,6 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.evaluation.mean_ap import format_report
-
     result = evaluation(args)
     print(format_report(result))
     print(json.dumps(result))
@@ -77,9 +79,6 @@ def run(args) -> int:
 
 def evaluation(args) -> dict:
     """What the command does, returning its report (the JSON it prints last)."""
-    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights
-    from keras_yolo_mgpu.resources import resolve_resource
-
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
     if args.weights and not args.annotations and not args.data:
@@ -116,7 +115,6 @@ def evaluation(args) -> dict:
         )
     else:
         quiet.import_tensorflow(args.verbose)  # only a model needs TensorFlow
-        from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
         args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
         params = cli.detector_params(args, args.weights)
@@ -159,9 +157,6 @@ def _use_held_out_when_data_has_no_val(args) -> None:
 
 def _data_records(args, model_names: list[str] | None):
     """(records of --data's --split, class names): the dataset's names must be the model's, when both have them."""
-    from keras_yolo_mgpu.cli.dataset_args import checked_records
-    from keras_yolo_mgpu.data.dataset_source import resolve_class_names
-
     dataset = open_data(args, class_names=model_names)
     if model_names is None:
         names = resolve_class_names(dataset, args.classes)

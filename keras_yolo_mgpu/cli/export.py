@@ -11,9 +11,12 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
-from keras_yolo_mgpu.evaluation.mean_ap import DEFAULT_MAX_MAP_DROP
-from keras_yolo_mgpu.inference.export import FORMATS, ExportError  # light: TensorFlow loads later
+from keras_yolo_mgpu.evaluation.mean_ap import DEFAULT_MAX_MAP_DROP, compare_map
+from keras_yolo_mgpu.inference.export import FORMATS, ExportError, export_model  # light: TensorFlow loads later
+from keras_yolo_mgpu.inference.export_check import format_check
 from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
+from keras_yolo_mgpu.weights.download import resolve_weights
+from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
 logger = logging.getLogger("export")
 
@@ -82,8 +85,6 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.inference.export_check import format_check
-
     result = exported(args)
     if result["check"]:
         print(format_check(result["check"]))
@@ -95,10 +96,6 @@ def run(args) -> int:
 
 def exported(args) -> dict:
     """What the command does, returning `inference.export.export_model`'s result and the model's `settings`."""
-    from keras_yolo_mgpu.inference.export import export_model
-    from keras_yolo_mgpu.weights.download import resolve_weights
-    from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
-
     if not args.weights:
         raise UsageError("--weights is required")
     args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
@@ -120,8 +117,6 @@ def exported(args) -> dict:
 
 
 def _compare_map(args, exported: str, settings) -> None:
-    from keras_yolo_mgpu.evaluation.mean_ap import compare_map
-
     comparison = compare_map(args.weights, exported, args.validation, settings, iou=args.iou)
     for name in ("keras", "export"):
         row = comparison[name]

@@ -15,8 +15,19 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
-from keras_yolo_mgpu.cli.dataset_args import add_data_args
+from keras_yolo_mgpu.cli.dataset_args import add_data_args, checked_records, open_data
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.data.dataset_source import resolve_class_names
+from keras_yolo_mgpu.data.kmeans import (
+    box_sizes_from_annotations,
+    box_sizes_from_records,
+    kmeans_anchors,
+    mean_iou,
+    round_anchors,
+)
+from keras_yolo_mgpu.fileio import write_text_atomic
+from keras_yolo_mgpu.outputs import check_output, record_written
+from keras_yolo_mgpu.resources import format_anchors, get_classes
 
 logger = logging.getLogger("kmeans")
 
@@ -61,17 +72,6 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.data.kmeans import (
-        box_sizes_from_annotations,
-        box_sizes_from_records,
-        kmeans_anchors,
-        mean_iou,
-        round_anchors,
-    )
-    from keras_yolo_mgpu.fileio import write_text_atomic
-    from keras_yolo_mgpu.outputs import check_output, record_written
-    from keras_yolo_mgpu.resources import format_anchors
-
     if args.clusters < 1:
         raise UsageError(f"--clusters must be positive, got {args.clusters}")
     if args.input_size is not None and args.input_size <= 0:
@@ -139,10 +139,6 @@ def _data_records(args) -> list:
     With --input-size the boxes are scaled by each image's size: the headers
     are then read by the check's parallel scan (and recorded), not one by one.
     """
-    from keras_yolo_mgpu.cli.dataset_args import checked_records, open_data
-    from keras_yolo_mgpu.data.dataset_source import resolve_class_names
-    from keras_yolo_mgpu.resources import get_classes
-
     dataset = open_data(args, class_names=get_classes(args.classes) if args.classes else None)
     names = resolve_class_names(dataset, args.classes)
     return checked_records(dataset, args.split, len(names), check_images=args.input_size is not None)

@@ -21,6 +21,7 @@ With `-v` none of this happens: TensorFlow logs everything it wants to.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -91,8 +92,6 @@ def keras_backend_name() -> str:
     `KERAS_BACKEND` wins; else `"backend"` in `$KERAS_HOME/keras.json` (default
     `~/.keras/keras.json`); else TensorFlow.
     """
-    import json
-
     if os.environ.get("KERAS_BACKEND"):
         return os.environ["KERAS_BACKEND"]
     home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
@@ -115,6 +114,7 @@ def import_tensorflow(verbose: bool = False) -> None:
     if "tensorflow" in sys.modules or keras_backend_name() != "tensorflow":
         return
     if verbose:
+        # Here, the one place it is imported for the commands: after configure_environment set its log level.
         import tensorflow  # noqa: F401
 
         return
@@ -123,6 +123,7 @@ def import_tensorflow(verbose: bool = False) -> None:
     with tempfile.TemporaryFile(mode="w+b") as capture:
         os.dup2(capture.fileno(), 2)
         try:
+            # Here: the lines its libraries print while loading land in the capture.
             import tensorflow  # noqa: F401
         finally:
             sys.stderr.flush()

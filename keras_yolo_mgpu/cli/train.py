@@ -19,9 +19,13 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
+from keras_yolo_mgpu.cli.demo import main as demo_main
 from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_keras_yolo3_folder
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+from keras_yolo_mgpu.data.multiscale import check_size_range
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
+from keras_yolo_mgpu.training.config import TrainConfig
+from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPE_FIELDS, RECIPES, resolve_recipe
 from keras_yolo_mgpu.weights.download import resolve_weights
 
 logger = logging.getLogger("train")
@@ -52,11 +56,23 @@ def next_log_dir(root: str = "logs") -> str:
     return chosen
 
 
-# Over 60 lines by design: the command's flat list of flags, in the groups --help prints;
-# split further it would only move lines between functions.
 def build_parser() -> cli.ArgumentParser:
+    """train.py's flags, in the groups --help prints them."""
     parser = cli.ArgumentParser(prog="train.py", description="Train YOLOv3 on one or several GPUs (keras-yolo-mgpu).")
-    data = parser.add_argument_group("data")
+    _add_data_group(parser.add_argument_group("data"))
+    _add_model_group(parser.add_argument_group("model"))
+    recipe = parser.add_argument_group("recipe")
+    add_recipe_name_arg(recipe)
+    _add_schedule_args(recipe)
+    add_recipe_args(recipe)
+    add_precision_args(recipe)
+    _add_devices_group(parser.add_argument_group("devices"))
+    _add_run_group(parser.add_argument_group("run"))
+    return parser
+
+
+def _add_data_group(data) -> None:
+    """The dataset, its split, augmentation, caches and the JAX feed."""
     data.add_argument(
         "--data",
         metavar="PATH",
@@ -97,7 +113,10 @@ def build_parser() -> cli.ArgumentParser:
         action="store_true",
         help="refuse to start when the annotation check finds problems (default: skip bad lines)",
     )
-    model = parser.add_argument_group("model")
+
+
+def _add_model_group(model) -> None:
+    """The network, its start weights and what stage 1 freezes."""
     cli.add_model_args(
         model,
         weights_help="start weights: .weights.h5, .keras, a Keras 2 .h5 from keras-yolo3, or Darknet .weights "
@@ -115,8 +134,10 @@ def build_parser() -> cli.ArgumentParser:
         default=None,
         help="stage 1: 1 freezes Darknet-53, 2 all but the output convs, 0 nothing (default: the recipe's)",
     )
-    recipe = parser.add_argument_group("recipe")
-    add_recipe_name_arg(recipe)
+
+
+def _add_schedule_args(recipe) -> None:
+    """Epochs, stages, batch sizes, optimizer, learning rates, seed and steps."""
     recipe.add_argument(
         "--epochs", type=cli.positive_int, default=None, help="total epochs (default: the recipe's, 100)"
     )
@@ -171,15 +192,19 @@ def build_parser() -> cli.ArgumentParser:
         default=None,
         help="override steps per epoch (default: all images once)",
     )
-    add_recipe_args(recipe)
-    add_precision_args(recipe)
-    devices = parser.add_argument_group("devices")
+
+
+def _add_devices_group(devices) -> None:
+    """The devices, the strategy and the way a step runs on them."""
     cli.add_device_args(devices)
     devices.add_argument(
         "--strategy", choices=("mirrored", "multiworker"), default="mirrored", help="multiworker reads TF_CONFIG"
     )
     cli.add_parallel_arg(devices)
-    run = parser.add_argument_group("run")
+
+
+def _add_run_group(run) -> None:
+    """The run folder, --resume, --demo and what the run shows and writes besides its weights."""
     run.add_argument("--log-dir", default=None, help="run folder (default: next free logs/NNN)")
     run.add_argument(
         "--resume", action="store_true", help="continue the interrupted run in --log-dir with its saved arguments"
@@ -193,13 +218,10 @@ def build_parser() -> cli.ArgumentParser:
         action="store_true",
         help="leave out the run's pictures (labels.jpg, train_batch*.jpg, results.png, val_pred.jpg; docs/data.md)",
     )
-    return parser
 
 
 def multi_scale_range(text: str) -> tuple[int, int]:
     """`320,608` -> (320, 608): the range of multi-scale training sizes."""
-    from keras_yolo_mgpu.data.multiscale import check_size_range
-
     try:
         low, high = (int(part) for part in text.split(","))
     except ValueError:
@@ -244,8 +266,6 @@ def add_precision_args(group) -> None:
 
 def add_recipe_name_arg(group) -> None:
     """--recipe and --save-period: the named set of defaults (training/named_recipes.py) and periodic checkpoints."""
-    from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPES
-
     group.add_argument(
         "--recipe",
         choices=tuple(RECIPES),
@@ -271,7 +291,6 @@ def add_recipe_name_arg(group) -> None:
     )
 
 
-# Over 60 lines by design: one flag after another, as --help lists the recipe group.
 def add_recipe_args(group) -> None:
     """The modern recipe's options (keras_yolo_mgpu/training/recipe_options.py); defaults are keras-yolo3's."""
     group.add_argument(
@@ -304,7 +323,11 @@ def add_recipe_args(group) -> None:
         metavar="DECAY",
         help="exponential moving average of the weights (e.g. 0.999); evaluated and saved weights use it",
     )
+    _add_data_and_loss_args(group)
 
+
+def _add_data_and_loss_args(group) -> None:
+    """The recipe's data and loss options: multi-scale sizes, mosaic, objectness prior, box loss, --iou-thresh."""
     group.add_argument(
         "--multi-scale",
         type=multi_scale_range,
@@ -358,9 +381,6 @@ _PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights
 
 def config_from_args(args):
     """The TrainConfig of a new run from its parsed flags."""
-    from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPE_FIELDS, resolve_recipe
-    from keras_yolo_mgpu.training.trainer import TrainConfig
-
     converted = {field: convert(getattr(args, dest)) for dest, (field, convert) in _FLAG_FIELDS.items()}
     # Every recipe flag defaults to None: given ones override the recipe's values.
     given = {field: getattr(args, field) for field in RECIPE_FIELDS}
@@ -436,8 +456,6 @@ def apply_resume_flags(config, args, given: dict) -> tuple:
 def run(args, given: dict | None = None) -> int:
     """The command; `given`: the flags present on the command line (for --resume)."""
     if args.demo:
-        from keras_yolo_mgpu.cli.demo import main as demo_main
-
         return demo_main(["--verbose"] if args.verbose else [])
     config = config_for(args, given)
     if config is None:
@@ -474,8 +492,6 @@ def config_for(args, given: dict | None = None):
 
 def _resumed_config(args, given: dict):
     """The saved run's config in --log-dir, with the flags that apply to a resumed process."""
-    from keras_yolo_mgpu.training.config import TrainConfig
-
     if not args.log_dir:
         raise UsageError("--resume needs --log-dir of the run to continue")
     args_json = os.path.join(args.log_dir, "args.json")
@@ -531,6 +547,7 @@ def _check_new_run_flags(args) -> None:
 
 def run_training(config):
     """`training.trainer.train(config)`, an out-of-memory error said in one paragraph (a CommandError)."""
+    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
     from keras_yolo_mgpu.training.trainer import train
 
     try:
@@ -548,6 +565,7 @@ def _gib(size: int | None) -> str:
 
 def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     """What to tell a user whose run ran out of device memory, in one paragraph; None for any other error."""
+    # Here: the command starts without Keras; this runs after a training error, when Keras is loaded.
     from keras_yolo_mgpu.backend import memory
 
     found = memory.out_of_memory(error)

@@ -17,7 +17,11 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
-from keras_yolo_mgpu.data.voc import DEFAULT_SETS, voc_set_list_path
+from keras_yolo_mgpu.data.formats.voc_xml import voc_class_names
+from keras_yolo_mgpu.data.voc import DEFAULT_SETS, voc_set_lines, voc_set_list_path, xml_dir_lines
+from keras_yolo_mgpu.fileio import write_lines_atomic
+from keras_yolo_mgpu.outputs import check_output, record_written
+from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
 logger = logging.getLogger("voc_annotation")
 
@@ -66,11 +70,6 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args) -> int:
-    from keras_yolo_mgpu.data.voc import voc_set_lines
-    from keras_yolo_mgpu.fileio import write_lines_atomic
-    from keras_yolo_mgpu.outputs import check_output, record_written
-    from keras_yolo_mgpu.resources import get_classes, resolve_resource
-
     if args.xml_dir and not (args.image_dir and args.output):
         raise UsageError("--xml-dir needs --image-dir and --output")
     if args.xml_dir:
@@ -114,12 +113,6 @@ def _keras_yolo3_devkit(sets) -> str:
 
 def _convert_xml_dir(args) -> int:
     """--xml-dir: the XML files' own class names unless --classes; refuses a class list none of their objects is in."""
-    from keras_yolo_mgpu.data.formats.voc_xml import voc_class_names
-    from keras_yolo_mgpu.data.voc import xml_dir_lines
-    from keras_yolo_mgpu.fileio import write_lines_atomic
-    from keras_yolo_mgpu.outputs import check_output, record_written
-    from keras_yolo_mgpu.resources import get_classes
-
     if not os.path.isdir(args.xml_dir):
         raise UsageError(f"--xml-dir: not a folder: {args.xml_dir}")
     classes_output = None if args.classes else os.path.splitext(args.output)[0] + "_classes.txt"

@@ -32,6 +32,9 @@ from collections.abc import Callable, Sequence
 import keras
 import numpy as np
 
+from keras_yolo_mgpu.model.loss import totalloss
+from keras_yolo_mgpu.parallel.engine import build_engine
+
 logger = logging.getLogger(__name__)
 
 ENGINES = ("strategy", "multi_gpu_model")
@@ -92,9 +95,6 @@ def replicate(
         `(body, fit_model)`: the template network and the compiled model to
         call `fit` on; they share their weights.
     """
-    from keras_yolo_mgpu.model.loss import totalloss
-    from keras_yolo_mgpu.parallel.engine import build_engine
-
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}. Received: engine={engine!r}")
     if not devices:

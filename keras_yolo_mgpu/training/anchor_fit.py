@@ -20,8 +20,13 @@ anchors with the project's k-means (data/kmeans.py) instead.
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
+
+from keras_yolo_mgpu.data.kmeans import kmeans_anchors, mean_iou, round_anchors
+from keras_yolo_mgpu.plots.labels import letterboxed_boxes
+from keras_yolo_mgpu.resources import format_anchors, get_anchors
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +43,6 @@ def box_sizes_at_input(annotations, input_shape) -> np.ndarray:
 
     Boxes without area are left out. The geometry is `labels.jpg`'s (`plots.labels.letterboxed_boxes`).
     """
-    from keras_yolo_mgpu.plots.labels import letterboxed_boxes
-
     sizes = letterboxed_boxes(annotations, input_shape)[:, 2:4]
     return sizes[(sizes > 0).all(axis=1)]
 
@@ -64,8 +67,6 @@ def used_anchors(anchors: np.ndarray, masks) -> np.ndarray:
 
 def report_anchor_fit(sizes: np.ndarray, anchors: np.ndarray, masks, input_shape) -> tuple[float, float]:
     """Logs BPR and mean best IoU of the used anchors; warns when BPR < `GOOD_BPR`. Returns (BPR, mean best IoU)."""
-    from keras_yolo_mgpu.data.kmeans import mean_iou
-
     if not len(sizes):
         logger.info("anchor fit: no boxes to measure")
         return float("nan"), float("nan")
@@ -92,8 +93,6 @@ def fit_anchors(sizes: np.ndarray, num_anchors: int, masks, seed: int = 0) -> np
     index (anchor 0 of the tiny masks) gets a quarter of the smallest box,
     so it is never a box's best anchor and no box goes without a target.
     """
-    from keras_yolo_mgpu.data.kmeans import kmeans_anchors, round_anchors
-
     used = sorted({index for mask in masks for index in mask})
     if len(sizes) < len(used):
         raise ValueError(f"--anchors auto needs at least {len(used)} boxes; the training set has {len(sizes)}")
@@ -109,10 +108,6 @@ def run_anchors(config, anchors: np.ndarray, masks, train_annotations, run_dir: 
     A fitted set is written to `run_dir/anchors.txt`; a resumed run reads
     it back, so it trains with the anchors it started with.
     """
-    import os
-
-    from keras_yolo_mgpu.resources import format_anchors, get_anchors
-
     sizes = box_sizes_at_input(train_annotations, config.input_shape)
     if config.anchors == AUTO:
         path = os.path.join(run_dir, ANCHORS_FILE)

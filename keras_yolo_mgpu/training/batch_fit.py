@@ -81,6 +81,23 @@ def largest_fitting_batch(step_bytes: Callable[[int], int | None], budget: int, 
     if most > 1 and fits(2):
         slope = max(need(2) - need(1), 1)
         guess = min(most, 2 + (budget - need(2)) // slope)
+    low, high = _bisect(fits, guess, most)
+    return BatchFit(
+        per_device=low,
+        step_bytes=need(low),
+        next_step_bytes=measured.get(low + 1),
+        budget=budget,
+        largest_allowed=high is None,
+        measured=dict(sorted(measured.items())),
+    )
+
+
+def _bisect(fits: Callable[[int], bool], guess: int, most: int) -> tuple[int, int | None]:
+    """`(low, high)`: the largest size in [1, `most`] that `fits` (1 must), and the next one, which does not.
+
+    `high` is None when `most` fits. From `guess`, steps that double bracket
+    the answer, and bisection closes the bracket.
+    """
     # Bracket the answer: `low` fits, `high` (when known) does not.
     if fits(guess):
         low, high, stride = guess, None, 1
@@ -104,14 +121,7 @@ def largest_fitting_batch(step_bytes: Callable[[int], int | None], budget: int, 
             low = middle
         else:
             high = middle
-    return BatchFit(
-        per_device=low,
-        step_bytes=need(low),
-        next_step_bytes=measured.get(low + 1),
-        budget=budget,
-        largest_allowed=high is None,
-        measured=dict(sorted(measured.items())),
-    )
+    return low, high
 
 
 def describe(fit: BatchFit, replicas: int, budget_given: bool) -> str:

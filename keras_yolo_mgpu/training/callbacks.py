@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
 import signal
@@ -9,6 +10,8 @@ import threading
 import time
 
 import keras
+
+from keras_yolo_mgpu.optional import pyplot as plt
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +168,6 @@ class LossPlot(keras.callbacks.Callback):
 
 def read_history(history_csv: str) -> dict[str, list[float]]:
     """Columns of a Keras CSVLogger file as float lists."""
-    import csv
-
     with open(history_csv, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     columns: dict[str, list[float]] = {}
@@ -181,11 +182,7 @@ def read_history(history_csv: str) -> dict[str, list[float]]:
 
 def plot_history(history_csv: str, output_png: str) -> None:
     """Plots `loss` and `val_loss` against epoch (numbered from 1 in history.csv) into `output_png`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt.matplotlib.use("Agg")  # files, no display; a no-op once set
     history = read_history(history_csv)
     if not history.get("epoch"):
         return

@@ -19,6 +19,7 @@ from keras_yolo_mgpu.backend import distribution
 from keras_yolo_mgpu.fileio import atomic_write
 from keras_yolo_mgpu.keras_compat import check_model_checkpoint_hooks
 from keras_yolo_mgpu.parallel.engine import is_chief
+from keras_yolo_mgpu.weights.metadata import write_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,6 @@ def save_weights_atomic(model: keras.Model, filepath: str, metadata=None) -> Non
     def write(temporary: str) -> None:
         model.save_weights(temporary, overwrite=True)
         if metadata is not None:
-            from keras_yolo_mgpu.weights.metadata import write_metadata
-
             write_metadata(temporary, metadata)
 
     atomic_write(filepath, write)

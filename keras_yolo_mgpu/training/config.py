@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from keras_yolo_mgpu.model.architectures import model_name
+
 # JAX input feeds (TrainConfig.feed).
 FEEDS = ("auto", "threads", "processes")
 
@@ -167,16 +169,15 @@ class TrainConfig:
             raise ValueError(f"val_split must be in [0, 1). Received: val_split={self.val_split}")
         if self.freeze_body not in (0, 1, 2):
             raise ValueError(f"freeze_body must be 0, 1 or 2. Received: freeze_body={self.freeze_body}")
-        from keras_yolo_mgpu.model.architectures import model_name
-
         model_name(self.model, self.tiny)  # raises on an unknown or contradicting choice
         if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
             raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
+        # Imported here: both import Keras, and this module stays free of it for the commands' start-up
+        # (cli/evaluate.py imports it through training.run_folder).
+        from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period
         from keras_yolo_mgpu.training.recipe_options import validate_recipe
 
         validate_recipe(self)
-        from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period
-
         validate_save_period(self.save_period)
 
     def to_json(self) -> str:

@@ -32,7 +32,19 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
+from keras_yolo_mgpu.backend import inference as backend_inference
+from keras_yolo_mgpu.evaluation.mean_ap import (
+    EVAL_MAX_DETECTIONS,
+    EVAL_MIN_SCORE,
+    _image_size,
+    coco_results,
+    evaluate_detections,
+)
+from keras_yolo_mgpu.inference.detector import YOLO
+from keras_yolo_mgpu.inference.media import read_image
+from keras_yolo_mgpu.model.yolo3 import build_body
 from keras_yolo_mgpu.training.callbacks import overrides_batch_end
+from keras_yolo_mgpu.training.run_state import callback_key, callback_states, restore_callback_states
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +134,6 @@ class MeanAPEvaluation(keras.callbacks.Callback):
 
     def evaluate(self) -> dict:
         """The evaluator's result dict for the template's current weights."""
-        from keras_yolo_mgpu.evaluation.mean_ap import coco_results, evaluate_detections
-
         detector = self._detector_with_current_weights()
         detections, sizes = [], []
         for start, images, shapes in self._batches(detector):
@@ -136,11 +146,6 @@ class MeanAPEvaluation(keras.callbacks.Callback):
         return result
 
     def _detector_with_current_weights(self):
-        from keras_yolo_mgpu.backend import inference as backend_inference
-        from keras_yolo_mgpu.evaluation.mean_ap import EVAL_MAX_DETECTIONS, EVAL_MIN_SCORE
-        from keras_yolo_mgpu.inference.detector import YOLO
-        from keras_yolo_mgpu.model.yolo3 import build_body
-
         if self._detector is None:
             # A body of its own, so the detector's compiled function never
             # touches the training's variables (TensorFlow's mirrored ones);
@@ -165,8 +170,6 @@ class MeanAPEvaluation(keras.callbacks.Callback):
         return self._detector
 
     def _read(self, detector, annotation):
-        from keras_yolo_mgpu.inference.media import read_image
-
         try:
             return detector.preprocess(read_image(annotation.image_path))
         except (OSError, ValueError) as error:
@@ -175,7 +178,6 @@ class MeanAPEvaluation(keras.callbacks.Callback):
                 logger.warning(
                     "validation mAP: cannot read %s (%s); scored as a grey image", annotation.image_path, error
                 )
-            from keras_yolo_mgpu.evaluation.mean_ap import _image_size
 
             width, height = _image_size(annotation)
             grey = np.full((*self.input_shape, 3), 128, np.uint8)
@@ -244,11 +246,7 @@ class OnEvaluatedEpochs(keras.callbacks.Callback):
     # The wrapped callback's counters are part of the run state (--resume).
 
     def get_run_state(self):
-        from keras_yolo_mgpu.training.run_state import callback_states
-
         return next(iter(callback_states([self.callback]).values()), None)
 
     def set_run_state(self, state):
-        from keras_yolo_mgpu.training.run_state import callback_key, restore_callback_states
-
         restore_callback_states([self.callback], {callback_key(self.callback, 0): state})

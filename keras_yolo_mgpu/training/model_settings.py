@@ -12,8 +12,16 @@ import os
 
 import numpy as np
 
-from keras_yolo_mgpu.model.boxes import MAX_BOXES  # keras-yolo3's max_boxes: boxes kept per training image
+from keras_yolo_mgpu.keras_compat import set_random_seed
+from keras_yolo_mgpu.model.architectures import get_architecture, model_name
+
+# MAX_BOXES: keras-yolo3's max_boxes, the boxes kept per training image.
+from keras_yolo_mgpu.model.boxes import MAX_BOXES, resolve_masks
+from keras_yolo_mgpu.model.yolo3 import build_body, set_objectness_prior
+from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 from keras_yolo_mgpu.training.config import TrainConfig
+from keras_yolo_mgpu.weights.loading import WeightsMismatchError, load_weights
+from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +46,6 @@ def _model_settings(config: TrainConfig, class_names: list[str] | None = None):
         `(class_names, anchors (N, 2), masks, kind)`, `kind` one of
         `model.architectures.MODEL_NAMES`.
     """
-    from keras_yolo_mgpu.model.architectures import get_architecture, model_name
-    from keras_yolo_mgpu.model.boxes import resolve_masks
-    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
-    from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata
-
     class_names = get_classes(config.classes) if class_names is None else list(class_names)
     # --anchors auto: these anchors until the boxes are read (training/anchor_fit.py).
     anchors_path = None if config.anchors == "auto" else config.anchors
@@ -81,10 +84,6 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
     them. Raises ValueError when `config.weights` does not fit the model,
     naming the layers, unless `config.weights_partial`.
     """
-    from keras_yolo_mgpu.keras_compat import set_random_seed
-    from keras_yolo_mgpu.model.yolo3 import build_body
-    from keras_yolo_mgpu.weights.loading import WeightsMismatchError, load_weights
-
     set_random_seed(config.seed)
     template = build_body(anchors, num_classes, model=kind)
     if config.weights:
@@ -107,8 +106,6 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
                 "" if len(kept) <= 5 else f" and {len(kept) - 5} more",
             )
     if config.objectness_prior:
-        from keras_yolo_mgpu.model.yolo3 import set_objectness_prior
-
         # Only output convolutions that start from their initialiser: the
         # loaded ones keep what they learned.
         fresh = None if not config.weights else {s.layer for s in report.skipped}

@@ -17,7 +17,16 @@ from __future__ import annotations
 import logging
 import os
 
+from keras import ops
+
+from keras_yolo_mgpu.data.device_side import DeviceInputs
+from keras_yolo_mgpu.inference.detector import YOLO
+from keras_yolo_mgpu.plots.batches import draw_batch
+from keras_yolo_mgpu.plots.labels import plot_labels
+from keras_yolo_mgpu.plots.predictions import draw_predictions
+from keras_yolo_mgpu.plots.results import plot_results
 from keras_yolo_mgpu.training.callbacks import LossPlot, read_history
+from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS
 
 logger = logging.getLogger(__name__)
 
@@ -55,19 +64,12 @@ class RunPictures(LossPlot):
         super().on_epoch_end(epoch, logs)
         if self.results_png is None:
             return
-        from keras_yolo_mgpu.plots.results import plot_results
 
         _guarded(self.results_png, lambda: plot_results(read_history(self.history_csv), self.results_png))
 
 
 def write_data_pictures(run) -> None:
     """labels.jpg and train_batch0.jpg.. of a `trainer._TrainingRun` whose data and settings are read."""
-    from keras import ops
-
-    from keras_yolo_mgpu.data.device_side import DeviceInputs
-    from keras_yolo_mgpu.plots.batches import draw_batch
-    from keras_yolo_mgpu.plots.labels import plot_labels
-
     config, folder = run.config, run.run_dir
     if os.path.isfile(os.path.join(folder, "train_batch0.jpg")):
         return  # a resumed run drew them when it started
@@ -96,10 +98,6 @@ def write_data_pictures(run) -> None:
 
 def write_prediction_pictures(run, final_weights: str) -> None:
     """val_pred.jpg from best.weights.h5 (else the final weights) on the first validation images."""
-    from keras_yolo_mgpu.inference.detector import YOLO
-    from keras_yolo_mgpu.plots.predictions import draw_predictions
-    from keras_yolo_mgpu.training.recipe_options import BEST_WEIGHTS
-
     if not run.val_annotations:
         return
     best = os.path.join(run.config.log_dir, BEST_WEIGHTS)

@@ -41,6 +41,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import keras
+import numpy as np
+
+from keras_yolo_mgpu.backend import distribution
+from keras_yolo_mgpu.backend import gradients as backend_gradients
+from keras_yolo_mgpu.parallel.engine import select_devices
+
 logger = logging.getLogger(__name__)
 
 # Largest relative difference between the float32 and the mixed-precision
@@ -64,8 +71,6 @@ def training_device_kind(devices: Sequence[str]) -> str:
             cluster, which then looks at the local devices.
     """
     if not devices:
-        from keras_yolo_mgpu.parallel.engine import select_devices
-
         # A multi-worker cluster: this worker's devices, as a run without --gpus selects them (its GPUs, else the CPU).
         devices = select_devices()
     on_accelerator = [any(kind in name.upper() for kind in _ACCELERATOR_NAMES) for name in devices]
@@ -153,10 +158,6 @@ def plan_settings(
 
 def _loss_and_finite(train_model, inputs, jit_compile: bool = False) -> tuple[float, bool]:
     """The step's mean loss and whether it and every gradient are finite."""
-    import numpy as np
-
-    from keras_yolo_mgpu.backend import gradients as backend_gradients
-
     loss, gradients = backend_gradients.loss_and_gradients(train_model, inputs, jit_compile)
     finite = bool(np.isfinite(loss)) and all(bool(np.all(np.isfinite(g))) for g in gradients)
     return loss, finite
@@ -176,8 +177,6 @@ def check_mixed_precision(
     Returns:
         None when mixed precision is sound, else why not (for the warning).
     """
-    import keras
-
     previous = keras.config.dtype_policy()
     losses = {}
     try:
@@ -226,7 +225,6 @@ def first_step_check(policy: str):
     compute bfloat16 stops the run rather than train on NaNs or fall back to
     half the speed unseen.
     """
-    import keras
 
     class FirstStepCheck(keras.callbacks.Callback):
         async_safe = True
@@ -252,11 +250,7 @@ def first_step_check(policy: str):
 
 def apply_policy(mixed_precision: bool, mixed_policy: str = "mixed_float16") -> None:
     """Sets Keras's global dtype policy for the models the run builds next."""
-    import keras
-
     if mixed_precision:
-        from keras_yolo_mgpu.backend import distribution
-
         if not distribution.visible_accelerators():
             # It runs (the tests exercise it on the CPU), it just buys nothing there.
             logger.warning("mixed precision without a GPU: %s on the CPU is slower than float32", mixed_policy)
@@ -279,7 +273,6 @@ def run_checks(plan: Plan, build_train_model: Callable[[], object], first_inputs
     mixed, jit = plan.mixed_precision, plan.jit
     if not (plan.check_mixed_precision or plan.check_jit):
         return mixed, jit
-    import keras
 
     if plan.check_mixed_precision and plan.mixed_policy == "mixed_bfloat16":
         # Checked at the first step instead (`first_step_check`): bfloat16 has float32's exponent, so the

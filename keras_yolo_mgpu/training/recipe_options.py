@@ -26,8 +26,10 @@ import keras
 from keras_yolo_mgpu.data.multiscale import check_size_range, first_sizes_message
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 from keras_yolo_mgpu.training import ema as ema_module
+from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
 from keras_yolo_mgpu.training.evaluation_callback import MAP50_KEY, MAP_KEY, MeanAPEvaluation, OnEvaluatedEpochs
 from keras_yolo_mgpu.training.fused_adam import FusedAdam
+from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS, LAST_WEIGHTS
 from keras_yolo_mgpu.training.schedules import SCHEDULES, LinearWarmup, PlateauAfterWarmup, StageSchedule
 
 logger = logging.getLogger(__name__)
@@ -35,8 +37,6 @@ logger = logging.getLogger(__name__)
 # mAP@[.5:.95] or mAP@0.5 (Darknet's `-map` keeps its best weights by the latter).
 MAP_MONITORS = (MAP_KEY, MAP50_KEY)
 MONITORS = ("val_loss", *MAP_MONITORS)
-BEST_WEIGHTS = "best.weights.h5"
-LAST_WEIGHTS = "last.weights.h5"
 
 
 def validate_recipe(config) -> None:
@@ -106,8 +106,6 @@ class RecipeCallbacks:
     """
 
     def __init__(self, run):
-        from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
-
         config = self.config = run.config
         self.monitor, self.mode = monitor_and_mode(config, bool(run.val_annotations))
         if config.multi_scale:
@@ -149,8 +147,6 @@ class RecipeCallbacks:
 
     def best_checkpoint(self, filepath: str):
         """A checkpoint of the template's weights whenever the monitored value improves."""
-        from keras_yolo_mgpu.training.checkpoint import TemplateModelCheckpoint
-
         checkpoint = TemplateModelCheckpoint(
             filepath,
             self._template_model,

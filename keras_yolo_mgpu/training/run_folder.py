@@ -7,19 +7,25 @@ and a resumed run drops the history.csv rows of epochs it repeats.
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import json
 import logging
 import os
 import shutil
 
-from keras_yolo_mgpu.training.config import TrainConfig
+from keras_yolo_mgpu.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 
 FINAL_WEIGHTS = "trained_weights_final.weights.h5"
 # The validation images a run drew from its training data (--val-split), in keras-yolo3's annotation format.
 HELD_OUT_FILE = "val_split.txt"
+# Where a run stands after its last finished epoch (`run_state.write_run_state`).
+RUN_STATE_FILE = "run_state.json"
+# The recipe's checkpoints (`recipe_options.RecipeCallbacks`): best by the monitored value, and the last epoch's.
+BEST_WEIGHTS = "best.weights.h5"
+LAST_WEIGHTS = "last.weights.h5"
 
 
 def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
@@ -44,7 +50,9 @@ def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
     return held_out if os.path.abspath(dataset) in [os.path.abspath(s) for s in sources if s] else None
 
 
-def _prepare_log_dir(config: TrainConfig) -> None:
+# `config` below is the run's `training.config.TrainConfig`, not imported here: TrainConfig.validate imports
+# recipe_options, which imports this module for the names of the run's files (a circle tools/import_graph.py refuses).
+def _prepare_log_dir(config) -> None:
     args_path = os.path.join(config.log_dir, "args.json")
     if config.resume:
         if not os.path.isfile(args_path):
@@ -61,9 +69,7 @@ def _prepare_log_dir(config: TrainConfig) -> None:
     _write_args_json(config)
 
 
-def _write_args_json(config: TrainConfig) -> None:
-    from keras_yolo_mgpu.fileio import atomic_write
-
+def _write_args_json(config) -> None:
     def write(temporary):
         with open(temporary, "w", encoding="utf-8") as handle:
             handle.write(config.to_json() + "\n")
@@ -105,8 +111,6 @@ def _remove_unstarted_run(log_dir: str) -> None:
     A folder with weights (the first epoch's best.weights.h5 written before
     its run state, say) is kept: --resume continues it.
     """
-    from keras_yolo_mgpu.training.run_state import RUN_STATE_FILE
-
     if not os.path.isdir(log_dir) or os.path.isfile(os.path.join(log_dir, RUN_STATE_FILE)):
         return
     saved = _saved_work(log_dir)
@@ -119,8 +123,6 @@ def _remove_unstarted_run(log_dir: str) -> None:
 
 def _trim_history(history_csv: str, epochs_done: int) -> None:
     """Drops rows of epochs a resumed run repeats (finished after the last saved state)."""
-    import csv
-
     if not os.path.isfile(history_csv):
         return
     with open(history_csv, newline="", encoding="utf-8") as f:
@@ -139,7 +141,6 @@ def _trim_history(history_csv: str, epochs_done: int) -> None:
             kept.append(row)
     if len(kept) == len(rows):
         return
-    from keras_yolo_mgpu.fileio import atomic_write
 
     def write(temporary):
         with open(temporary, "w", newline="", encoding="utf-8") as f:

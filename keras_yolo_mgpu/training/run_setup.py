@@ -7,15 +7,28 @@ lists the attributes each step fills in for the later ones.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import time
 from functools import partial
 
+import keras
 import numpy as np
 
+from keras_yolo_mgpu.backend import memory
+from keras_yolo_mgpu.data.host import HostBatches, check_cache_fits
+from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
+from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
+from keras_yolo_mgpu.model.loss import totalloss
+from keras_yolo_mgpu.training import batch_fit, precision, run_state
+from keras_yolo_mgpu.training.anchor_fit import run_anchors
+from keras_yolo_mgpu.training.callbacks import EpochTensorBoard, HistoryCSVLogger, StopOnInterrupt, Throughput
+from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
 from keras_yolo_mgpu.training.model_settings import _initial_weights, _model_settings, _target_cells_bound
+from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
+from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks, make_optimizer
 from keras_yolo_mgpu.training.run_folder import (
     FINAL_WEIGHTS,
     _prepare_log_dir,
@@ -23,6 +36,10 @@ from keras_yolo_mgpu.training.run_folder import (
     _write_args_json,
     lock_run_folder,
 )
+from keras_yolo_mgpu.training.training_data import TrainingData
+from keras_yolo_mgpu.training.training_model import create_model
+from keras_yolo_mgpu.weights.metadata import make_metadata
+from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +58,6 @@ class RunSetup:
         resumed one killed before its first epoch ended (it starts over, as it
         began).
         """
-        from keras_yolo_mgpu.training import run_state
-
         config = self.config
         if self.chief:
             _prepare_log_dir(config)
@@ -67,13 +82,6 @@ class RunSetup:
 
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
-        from keras_yolo_mgpu.data.host import check_cache_fits
-        from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
-        from keras_yolo_mgpu.training.anchor_fit import run_anchors
-        from keras_yolo_mgpu.training.training_data import TrainingData
-        from keras_yolo_mgpu.weights.metadata import make_metadata
-        from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
-
         config = self.config
         # args.json names the weights as given (a Darknet file stays one, for --resume);
         # the run itself starts from their conversion.
@@ -109,8 +117,6 @@ class RunSetup:
         A resumed run keeps what its args.json records; a new one rewrites
         args.json with what passed the checks.
         """
-        from keras_yolo_mgpu.training import precision
-
         config = self.config
         kind = precision.training_device_kind(self.engine.devices)
         mixed_policy = precision.mixed_policy_name(self.engine.backend, self.engine.bfloat16)
@@ -136,8 +142,6 @@ class RunSetup:
             mixed_policy = config.dtype_policy  # as the run started
         precision.apply_policy(config.mixed_precision, mixed_policy)
         if planned:
-            import keras
-
             # What the run trains under.
             config = self.config = dataclasses.replace(config, dtype_policy=keras.config.dtype_policy().name)
             if self.chief:
@@ -150,11 +154,6 @@ class RunSetup:
         stage that needs the most) under the run's precision; args.json then
         records the batch chosen, so a resumed run continues with it.
         """
-        from keras_yolo_mgpu.backend import memory
-        from keras_yolo_mgpu.model.loss import totalloss
-        from keras_yolo_mgpu.training import batch_fit
-        from keras_yolo_mgpu.training.recipe_options import make_optimizer
-
         config = self.config
         if config.batch_size != "auto":
             return
@@ -187,8 +186,6 @@ class RunSetup:
 
     def precision_callbacks(self) -> list:
         """The first-step check of a run on bfloat16 by default (`precision.first_step_check`), else nothing."""
-        from keras_yolo_mgpu.training import precision
-
         policy = getattr(self, "first_step_policy", None)
         if policy != "mixed_bfloat16" or not self.config.mixed_precision:
             return []
@@ -223,16 +220,12 @@ class RunSetup:
 
     def check_model(self):
         """A training model on the default device from the start weights, for the start-up checks."""
-        from keras_yolo_mgpu.training.training_model import create_model
-
         body, train_model = create_model(freeze_body=0, **self.model_settings())
         body.set_weights(self.start_weights())
         return train_model
 
     def host_batches(self, batch_size: int):
         """The training stream's batches of `batch_size` from its start, made on the host alone (`data.host`)."""
-        from keras_yolo_mgpu.data.host import HostBatches
-
         config = self.config
         return HostBatches(
             self.train_annotations,
@@ -269,9 +262,6 @@ class RunSetup:
         a new one starts from the seeded template (and --weights), built once
         outside the strategy.
         """
-        from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
-        from keras_yolo_mgpu.training.training_model import create_model
-
         initial_weights = self.start_weights() if self.state is None else None
         with self.engine.strategy.scope():
             self.body, train_model = create_model(
@@ -290,11 +280,6 @@ class RunSetup:
 
     def make_callbacks(self) -> None:
         """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
-
-        from keras_yolo_mgpu.training.callbacks import HistoryCSVLogger, StopOnInterrupt, Throughput
-        from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
-        from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
-        from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks
 
         run_dir = self.run_dir
         self.recipe = RecipeCallbacks(self)
@@ -327,8 +312,6 @@ def _tensorboard(run_dir: str) -> list:
     A JAX run on a machine without TensorFlow keeps the same curves in
     history.csv and results.png.
     """
-    import importlib.util
-
     try:
         installed = importlib.util.find_spec("tensorflow") is not None
     except (ImportError, ValueError):  # a broken or blocked install counts as none
@@ -336,6 +319,5 @@ def _tensorboard(run_dir: str) -> list:
     if not installed:
         logger.info("no TensorBoard logs: Keras writes them with TensorFlow, which is not installed")
         return []
-    from keras_yolo_mgpu.training.callbacks import EpochTensorBoard
 
     return [EpochTensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False)]

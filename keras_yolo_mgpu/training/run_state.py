@@ -29,10 +29,10 @@ import keras
 
 from keras_yolo_mgpu.fileio import write_text_atomic
 from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+from keras_yolo_mgpu.training.run_folder import RUN_STATE_FILE
 
 logger = logging.getLogger(__name__)
 
-RUN_STATE_FILE = "run_state.json"
 BACKUP_DIR = "backup"
 _BACKUP_PREFIX = "stage"
 _WEIGHTS_SUFFIX = ".weights.h5"

@@ -41,8 +41,23 @@ import os
 import shutil
 import tempfile
 
+from keras_yolo_mgpu.backend import NAME, distribution
+from keras_yolo_mgpu.data.host import steps_per_epoch
+from keras_yolo_mgpu.data.scan import cache_dir
+from keras_yolo_mgpu.data.streams import choose_feed, training_stream, validation_stream
+from keras_yolo_mgpu.heap import limit_arenas
+from keras_yolo_mgpu.keras_compat import global_dtype_policy_setting, restore_global_dtype_policy
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
+from keras_yolo_mgpu.model.loss import totalloss
+from keras_yolo_mgpu.model.yolo3 import freeze_layers
+from keras_yolo_mgpu.parallel.engine import build_engine, is_chief
+from keras_yolo_mgpu.training import run_state
+from keras_yolo_mgpu.training.callbacks import read_history
+from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
 from keras_yolo_mgpu.training.config import TrainConfig, TrainResult, draw_seed
+from keras_yolo_mgpu.training.pictures import write_prediction_pictures
+from keras_yolo_mgpu.training.precision import training_device_kind
+from keras_yolo_mgpu.training.recipe_options import make_optimizer
 from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _remove_unstarted_run
 from keras_yolo_mgpu.training.run_setup import RunSetup
 
@@ -53,8 +68,6 @@ STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
 
 def train(config: TrainConfig) -> TrainResult:
     """Runs both stages; see the module docstring for what is written."""
-    from keras_yolo_mgpu.heap import limit_arenas
-
     config.validate()
     config = _check_backend(config)
     limit_arenas()  # before the feed's and the engine's threads first allocate
@@ -63,7 +76,6 @@ def train(config: TrainConfig) -> TrainResult:
         logger.info(
             "seed %d (drawn; recorded in args.json: pass --seed %d to repeat the run)", config.seed, config.seed
         )
-    from keras_yolo_mgpu.parallel.engine import build_engine
 
     engine = build_engine(
         config.gpus,
@@ -72,13 +84,10 @@ def train(config: TrainConfig) -> TrainResult:
         parallel=config.parallel,
         sync_bn=config.sync_bn,
     )  # before any TF op
-    from keras_yolo_mgpu.backend import distribution
-    from keras_yolo_mgpu.data.scan import cache_dir
 
     config = _choose_feed(config, engine)
     distribution.use_compilation_cache(cache_dir(config.scan_cache))
     distribution.return_memory_after_compiles()
-    from keras_yolo_mgpu.keras_compat import global_dtype_policy_setting, restore_global_dtype_policy
 
     # The dtype policy is process-global: a mixed-precision run must not
     # leave it set for whatever the process builds next (nor pin it to this
@@ -103,8 +112,6 @@ def train(config: TrainConfig) -> TrainResult:
 
 def _check_backend(config: TrainConfig) -> TrainConfig:
     """`config` with Keras's backend recorded (a new run); refuses to resume a run on another backend."""
-    from keras_yolo_mgpu.backend import NAME, distribution
-
     distribution.check_feed(config.feed)
     if not config.resume or config.backend is None:
         return dataclasses.replace(config, backend=NAME)
@@ -119,10 +126,6 @@ def _check_backend(config: TrainConfig) -> TrainConfig:
 
 def _choose_feed(config: TrainConfig, engine) -> TrainConfig:
     """`config` with JAX's feed chosen (`data.streams.choose_feed`) and said; TensorFlow's is tf.data."""
-    from keras_yolo_mgpu.backend import distribution
-    from keras_yolo_mgpu.data.streams import choose_feed
-    from keras_yolo_mgpu.training.precision import training_device_kind
-
     if distribution.INPUT_PIPELINE == "tf.data":
         return config
     feed, why = choose_feed(config.feed, config.workers, training_device_kind(engine.devices) == "GPU")
@@ -176,8 +179,6 @@ class _TrainingRun(RunSetup):
     """
 
     def __init__(self, config: TrainConfig, engine):
-        from keras_yolo_mgpu.parallel.engine import is_chief
-
         self.config = config
         self.engine = engine
         # Global batch of stage 1 and of stage 2 (None: "auto", measured by `choose_batch_size`).
@@ -230,8 +231,6 @@ class _TrainingRun(RunSetup):
         _extend_history(history, stage_history)
         final_path = self.save_final_weights(last)
         if self.chief and self.config.pictures:
-            from keras_yolo_mgpu.training.pictures import write_prediction_pictures
-
             write_prediction_pictures(self, final_path)
         return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
 
@@ -241,9 +240,6 @@ class _TrainingRun(RunSetup):
         The engine's pipeline (`data.streams`): uint8 images, padded boxes and
         HSV draws from the host; the training model finishes them on the device.
         """
-        from keras_yolo_mgpu.data.host import steps_per_epoch
-        from keras_yolo_mgpu.data.streams import training_stream, validation_stream
-
         config = self.config
         # Both sets alike: input size, anchors, classes, global batch.
         encoding = (config.input_shape, self.anchors, len(self.class_names), batch)
@@ -275,24 +271,13 @@ class _TrainingRun(RunSetup):
         `restore`: the RunState to continue (its backup weights and optimizer,
         its callbacks' counters), or None. Returns (history, last RunState).
         """
-        from keras_yolo_mgpu.model.loss import totalloss
-        from keras_yolo_mgpu.training import run_state
-        from keras_yolo_mgpu.training.recipe_options import make_optimizer
-
         config, fit_model, recipe = self.config, self.fit_model, self.recipe
         train_ds, val_ds, steps = self.datasets(batch, position)
         self.throughput.global_batch_size = batch
         # Schedules count the optimizer's steps from the stage's first epoch
         # (a resumed stage restores the step count with the optimizer).
         stage_start = 0 if stage == 1 else config.freeze_epochs
-        with self.engine.strategy.scope():
-            fit_model.compile(
-                optimizer=make_optimizer(config, learning_rate, stage_start, steps),
-                loss=totalloss,
-                jit_compile=bool(config.jit),
-            )
-            if restore is not None and restore.weights_kind == "fit":
-                run_state.restore_fit_weights(fit_model, os.path.join(config.log_dir, restore.weights))
+        self.compile_stage(learning_rate, stage_start, steps, restore)
         # The recipe's best/last checkpoints before the stage's own callbacks:
         # their positions (the keys of their saved counters) are then the same in both stages.
         tracked = [*self.common_callbacks, *recipe.checkpoints, *extra_callbacks]
@@ -312,17 +297,7 @@ class _TrainingRun(RunSetup):
                 with self.engine.strategy.scope():
                     fit_model.optimizer.finalize_variable_values(fit_model.trainable_weights)
             return {}, restore
-        logger.info(
-            "stage %d: epochs %d-%d, lr %g, global batch %d (%s per replica), %d steps/epoch, %d trainable weights",
-            stage,
-            initial_epoch + 1,
-            end_epoch,
-            learning_rate,
-            batch,
-            _per_replica(batch, self.engine.replicas),
-            steps,
-            len(fit_model.trainable_weights),
-        )
+        self.log_stage(stage, initial_epoch, end_epoch, learning_rate, batch, steps)
         # Under the strategy's scope: on JAX that is what shards each batch over the devices.
         with self.engine.strategy.scope(), _first_error_reported():
             result = fit_model.fit(
@@ -343,14 +318,40 @@ class _TrainingRun(RunSetup):
             )
         return result.history, saver.last_state
 
+    def compile_stage(self, learning_rate, stage_start: int, steps: int, restore) -> None:
+        """Compiles `fit_model` for a stage with a fresh optimizer; a resumed `fit` takes back its saved state.
+
+        `stage_start`: the epoch the stage's schedules count from.
+        """
+        config, fit_model = self.config, self.fit_model
+        with self.engine.strategy.scope():
+            fit_model.compile(
+                optimizer=make_optimizer(config, learning_rate, stage_start, steps),
+                loss=totalloss,
+                jit_compile=bool(config.jit),
+            )
+            if restore is not None and restore.weights_kind == "fit":
+                run_state.restore_fit_weights(fit_model, os.path.join(config.log_dir, restore.weights))
+
+    def log_stage(self, stage, initial_epoch, end_epoch, learning_rate, batch, steps) -> None:
+        """The log line that opens a stage's `fit`."""
+        logger.info(
+            "stage %d: epochs %d-%d, lr %g, global batch %d (%s per replica), %d steps/epoch, %d trainable weights",
+            stage,
+            initial_epoch + 1,
+            end_epoch,
+            learning_rate,
+            batch,
+            _per_replica(batch, self.engine.replicas),
+            steps,
+            len(self.fit_model.trainable_weights),
+        )
+
     def run_stage1(self, epoch: int, position: int):
         """Stage 1 (frozen body) from `epoch` to `freeze_epochs`; saves the body as stage 2's start.
 
         Returns (history, the RunState stage 2 starts from).
         """
-        from keras_yolo_mgpu.training import run_state
-        from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
-
         config = self.config
         # A one-stage run with nothing frozen (the default recipe's) stops
         # early on `patience`; keras-yolo3's frozen stage 1 never does.
@@ -385,8 +386,6 @@ class _TrainingRun(RunSetup):
         the last RunState); nothing runs when the run has no stage 2 or a
         resumed one had stopped early.
         """
-        from keras_yolo_mgpu.model.yolo3 import freeze_layers
-
         config = self.config
         # Stage 2 continues a saved state only on resume; after stage 1 in this
         # process its callbacks and weights are already where they should be.
@@ -408,9 +407,6 @@ class _TrainingRun(RunSetup):
 
         Every worker then waits for the others, so none exits while the chief saves.
         """
-        from keras_yolo_mgpu.training import run_state
-        from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
-
         config = self.config
         final_path = os.path.join(config.log_dir, FINAL_WEIGHTS)
         if self.chief:
@@ -436,7 +432,5 @@ class _TrainingRun(RunSetup):
     def epochs_run(self, history: dict[str, list[float]]) -> int:
         """Epochs the run has done in all its processes (history.csv), else in this one."""
         if self.chief and os.path.isfile(self.history_csv):
-            from keras_yolo_mgpu.training.callbacks import read_history
-
             return len(read_history(self.history_csv).get("epoch", []))
         return len(history.get("loss", []))

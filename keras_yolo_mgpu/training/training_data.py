@@ -25,8 +25,13 @@ import os
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import format_annotation_line
+from keras_yolo_mgpu.data.check import check_annotations
+from keras_yolo_mgpu.data.dataset_source import open_dataset, resolve_class_names
 from keras_yolo_mgpu.data.overlap import find_overlap
+from keras_yolo_mgpu.data.scan import cache_dir
 from keras_yolo_mgpu.fileio import write_lines_atomic
+from keras_yolo_mgpu.resources import get_classes
+from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
 from keras_yolo_mgpu.training.run_folder import HELD_OUT_FILE
 
 logger = logging.getLogger(__name__)
@@ -42,10 +47,6 @@ class TrainingData:
     """
 
     def __init__(self, config, write_record: bool = True):
-        from keras_yolo_mgpu.data.dataset_source import open_dataset, resolve_class_names
-        from keras_yolo_mgpu.data.scan import cache_dir
-        from keras_yolo_mgpu.resources import get_classes
-
         self.config = config
         self.dataset = None
         self.record_dir = cache_dir(config.scan_cache)
@@ -67,8 +68,6 @@ class TrainingData:
             self.class_names = get_classes(config.classes)
 
     def _report(self, split_name: str, path: str | None, num_classes: int):
-        from keras_yolo_mgpu.data.check import check_annotations
-
         progress = bool(self.config.verbose)
         if path is None:
             return self.dataset.checked(split_name, num_classes, progress=progress)
@@ -144,8 +143,6 @@ class TrainingData:
 
     def _splits(self, run_dir: str) -> tuple[list, list, bool]:
         """(training records, validation records, whether the validation records were drawn from training's)."""
-        from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
-
         config = self.config
         # mAP over a validation split without a box is 0 at every epoch: nothing to select weights by.
         val_boxes = config.monitor in MAP_MONITORS
