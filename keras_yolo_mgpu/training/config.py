@@ -173,7 +173,7 @@ class TrainConfig:
         if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
             raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
         # Imported here: both import Keras, and this module stays free of it for the commands' start-up
-        # (cli/evaluate.py imports it through training.run_folder).
+        # (cli/train.py and cli/demo.py import it before they set TensorFlow's logging).
         from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period
         from keras_yolo_mgpu.training.recipe_options import validate_recipe
 
