@@ -43,6 +43,11 @@ import sys
 
 import h5py
 import keras
+from keras.src.backend.common import global_state
+from keras.src.legacy.saving import legacy_h5_format
+from keras.src.utils import module_utils
+
+from keras_yolo_mgpu.optional import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +102,6 @@ def patch_multiworker_first_batch_build(model: keras.Model) -> bool:
     """
     if not _patch_applies("patch_multiworker_first_batch_build"):
         return False
-    import tensorflow as tf
-
     strategy = model.distribute_strategy
 
     def first_batch_build(iterator=None, data_batch=None):
@@ -144,7 +147,7 @@ def patch_multiworker_log_reduction() -> bool:
         return True
     if not _patch_applies("patch_multiworker_log_reduction"):
         return False
-    import tensorflow as tf
+    # Keras's TensorFlow trainer imports TensorFlow: imported here, on that engine only.
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
     original = tf_trainer.reduce_per_replica
@@ -191,15 +194,11 @@ def global_dtype_policy_setting():
     this reads without setting (`keras.src.backend.common.global_state`'s
     "dtype_policy" attribute, Keras 3.15.1).
     """
-    from keras.src.backend.common import global_state
-
     return global_state.get_global_attribute("dtype_policy", None)
 
 
 def restore_global_dtype_policy(setting) -> None:
     """Puts back what `global_dtype_policy_setting` returned, None (unset) included (Keras 3.15.1)."""
-    from keras.src.backend.common import global_state
-
     global_state.set_global_attribute("dtype_policy", setting)
 
 
@@ -236,8 +235,6 @@ def set_random_seed(seed: int) -> None:
     and seeded as Keras seeds it. A Keras without the lazy module: its own
     function.
     """
-    from keras.src.utils import module_utils
-
     tensorflow = getattr(module_utils, "tensorflow", None)
     if "tensorflow" in sys.modules or not hasattr(tensorflow, "_available"):
         keras.utils.set_random_seed(seed)
@@ -273,8 +270,6 @@ def save_keras2_weights(model: keras.Model, path: str) -> None:
     `keras.src.legacy.saving.legacy_h5_format.save_weights_to_hdf5_group`
     (Keras 3.15.1).
     """
-    from keras.src.legacy.saving import legacy_h5_format
-
     with h5py.File(path, "w") as handle:
         legacy_h5_format.save_weights_to_hdf5_group(handle, model)
 
@@ -288,6 +283,4 @@ def save_keras2_model(model: keras.Model, path: str) -> None:
     `keras.saving.load_model` and `weights.loading.load_weights`
     (`keras.src.legacy.saving.legacy_h5_format.save_model_to_hdf5`, Keras 3.15.1).
     """
-    from keras.src.legacy.saving import legacy_h5_format
-
     legacy_h5_format.save_model_to_hdf5(model, path, include_optimizer=False)

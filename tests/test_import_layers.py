@@ -98,6 +98,8 @@ def _backend_sites(path):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             roots = {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "keras_yolo_mgpu.optional":
+            roots = {alias.name for alias in node.names}  # `optional.tensorflow`: TensorFlow, imported at first use
         elif isinstance(node, ast.ImportFrom) and not node.level:
             roots = {(node.module or "").split(".")[0]}
         elif isinstance(node, ast.Call):

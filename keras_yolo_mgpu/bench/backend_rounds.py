@@ -22,6 +22,7 @@ BACKENDS = ("tensorflow", "jax")
 def _serve_rounds(connection, backend: str, options: dict) -> None:
     """The child: builds one backend's side, then times a round of steps per request until told to stop."""
     os.environ["KERAS_BACKEND"] = backend
+    # After KERAS_BACKEND: this import starts Keras on the child's backend.
     from keras_yolo_mgpu.bench import train as bench_train
 
     try:

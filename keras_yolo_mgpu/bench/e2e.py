@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from keras_yolo_mgpu.model.architectures import get_architecture, resolve_iou_thresh
+
 logger = logging.getLogger(__name__)
 
 
@@ -42,6 +44,7 @@ def _wall_times(engine, model, dataset, steps: int) -> list[float]:
     ahead without waiting for the device, and the clock reads when each
     step has finished.
     """
+    # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
     import keras
 
     ends: list[tuple[int, float]] = []
@@ -103,11 +106,11 @@ def run_e2e(
         steps, warmup, rounds: timed steps per round, untimed steps first, rounds.
         cache: None, "ram" or a folder: the pipeline's decoded-image cache, timed warm.
     """
+    # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
     import keras
 
     from keras_yolo_mgpu.bench.train import repeated_batch
     from keras_yolo_mgpu.data.streams import first_batch, training_stream
-    from keras_yolo_mgpu.model.architectures import get_architecture, resolve_iou_thresh
     from keras_yolo_mgpu.model.boxes import MAX_BOXES, resolve_masks
     from keras_yolo_mgpu.model.loss import totalloss
     from keras_yolo_mgpu.parallel.engine import build_engine

@@ -22,6 +22,14 @@ import logging
 import os
 import time
 
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.images import read_image
+from keras_yolo_mgpu.data.letterbox import letterbox_array
+from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights
+from keras_yolo_mgpu.inference.export import export_model
+from keras_yolo_mgpu.optional import onnxruntime, tf2onnx
+from keras_yolo_mgpu.weights.metadata import settings_for
+
 logger = logging.getLogger(__name__)
 
 # (row name, export format, precision)
@@ -35,14 +43,10 @@ VARIANTS = (
 
 
 def _have_onnx() -> bool:
-    import importlib.util
-
-    return all(importlib.util.find_spec(name) for name in ("tf2onnx", "onnxruntime"))
+    return tf2onnx.available and onnxruntime.available
 
 
 def _export_rows(weights, settings, images, out_dir, calibration_images):
-    from keras_yolo_mgpu.inference.export import export_model
-
     rows = [{"name": "keras", "path": weights, "size": os.path.getsize(weights), "check": None}]
     for name, fmt, precision in VARIANTS:
         if fmt == "onnx" and not _have_onnx():
@@ -68,8 +72,7 @@ def _export_rows(weights, settings, images, out_dir, calibration_images):
 
 
 def _speed(rows, settings, annotations, rounds: int, count: int):
-    from keras_yolo_mgpu.data.images import read_image
-    from keras_yolo_mgpu.data.letterbox import letterbox_array
+    # Keras when the exports are timed: importing this module starts no backend.
     from keras_yolo_mgpu.inference.export_formats import open_detector
 
     arrays = [read_image(a.image_path) for a in annotations[:count]]
@@ -109,10 +112,6 @@ def benchmark_exports(
     Returns:
         `{"rows": [{"name", "path", "size", "check", "mAP50", "mAP", "images_per_s"}], ...}`.
     """
-    from keras_yolo_mgpu.data.annotations import read_annotations
-    from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights
-    from keras_yolo_mgpu.weights.metadata import settings_for
-
     os.makedirs(out_dir, exist_ok=True)
     settings = settings_for(weights)
     rows = _export_rows(weights, settings, images, out_dir, calibration_images)

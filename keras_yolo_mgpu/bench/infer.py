@@ -25,6 +25,12 @@ import time
 
 import numpy as np
 
+from keras_yolo_mgpu.data.letterbox import letterbox_array
+from keras_yolo_mgpu.data.synthetic import make_synthetic_video
+from keras_yolo_mgpu.inference.media import process_video
+from keras_yolo_mgpu.inference.video import VideoReader
+from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
+
 logger = logging.getLogger(__name__)
 
 
@@ -35,7 +41,7 @@ def _random_body(anchors, num_classes: int, seed: int = 0, output_gain: float = 
     be drawn; a gain of 4.5 gives about 14 boxes per frame of the
     generated video at score 0.3 with 80 classes, so drawing is measured.
     """
-
+    # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
     from keras_yolo_mgpu.keras_compat import set_random_seed
     from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX, build_body
 
@@ -89,8 +95,8 @@ def run_infer_benchmark(
         repeats: interleaved rounds of each measurement; the best counts.
         output_dir: keep the video files here (default: a temporary folder).
     """
+    # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
     from keras_yolo_mgpu.inference.detector import YOLO, load_body
-    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
     kind = model or ("yolov3" if full else "yolov3-tiny")
     anchors_array = get_anchors(resolve_resource(anchors, "anchors", model=kind))
@@ -121,12 +127,9 @@ def run_infer_benchmark(
 # they are timed the same way.
 def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) -> dict:
     """Both measurements on a generated video in `folder`; `yolo` sets the input size, batch and classes."""
+    # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
     from keras_yolo_mgpu.backend import NAME
     from keras_yolo_mgpu.backend import inference as backend_inference
-    from keras_yolo_mgpu.data.synthetic import make_synthetic_video
-    from keras_yolo_mgpu.inference.detector import letterbox_array
-    from keras_yolo_mgpu.inference.media import process_video
-    from keras_yolo_mgpu.inference.video import VideoReader
 
     input_size, batch_size, class_names = yolo.model_image_size, yolo.batch_size, yolo.class_names
     video = make_synthetic_video(

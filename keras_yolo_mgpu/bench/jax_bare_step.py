@@ -18,9 +18,14 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
+
+from keras_yolo_mgpu.resources import get_anchors, resolve_resource
+
 
 def _plain_keras_copy(body):
     """`body` rebuilt from `keras.layers` alone: the project's BatchNormalization becomes Keras's."""
+    # Keras, JAX and the modules that import them when the step is built: importing this module starts no backend.
     import keras
 
     from keras_yolo_mgpu.model.batch_norm import BatchNormalization
@@ -60,15 +65,14 @@ def run_bare_step(
     Returns:
         `{"benchmark": "bare-step", ..., "images_per_sec": median over rounds, "images_per_sec_rounds": [...]}`.
     """
+    # Keras, JAX and the modules that import them when the step is built: importing this module starts no backend.
     import jax
     import keras
-    import numpy as np
 
     from keras_yolo_mgpu.bench.train import synthetic_batch
     from keras_yolo_mgpu.model.boxes import MAX_BOXES
     from keras_yolo_mgpu.model.loss import yolo_loss
     from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body, yolo_body
-    from keras_yolo_mgpu.resources import get_anchors, resolve_resource
 
     if keras.backend.backend() != "jax":
         raise ValueError(f"the bare step is JAX's; this process runs Keras on {keras.backend.backend()}")

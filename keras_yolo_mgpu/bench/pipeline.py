@@ -55,7 +55,10 @@ import time
 
 import numpy as np
 
+from keras_yolo_mgpu.bench.baseline import load_reference
 from keras_yolo_mgpu.bench.cpu_time import tree_cpu_seconds
+from keras_yolo_mgpu.data.host import HostBatches
+from keras_yolo_mgpu.optional import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +93,6 @@ def parse_rows(specs: str, default_cache: str | None = None) -> list[tuple[str, 
 
 def _decode_only_dataset(annotations, input_shape, batch_size: int):
     """Read + decode + resize only, all in TF ops: the reference for any pipeline."""
-    import tensorflow as tf
 
     def element(path):
         image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
@@ -107,8 +109,6 @@ class _Row:
     def __init__(self, generator, annotations, input_shape, anchors, num_classes, batch_size, seed, cache, workers):
         self.host, self._adapter, self._dataset, self._feed = None, None, None, None
         if generator == "reference":
-            from keras_yolo_mgpu.bench.baseline import load_reference
-
             np.random.seed(seed)
             self.iterator = load_reference("keras_yolo3_generator").data_generator(
                 annotations, batch_size, input_shape, anchors, num_classes
@@ -116,6 +116,7 @@ class _Row:
         elif generator == "decode-only":
             self.iterator = iter(_decode_only_dataset(annotations, input_shape, batch_size))
         elif generator in ("pydataset", "pyprocesses"):
+            # Keras's feed when its row runs: importing this module starts no backend.
             from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
             from keras_yolo_mgpu.data.py_dataset import make_py_dataset
@@ -130,8 +131,7 @@ class _Row:
             placed = options["to_device"] is not None
             self.iterator = iter(self._adapter.get_jax_iterator() if placed else self._adapter.get_numpy_iterator())
         elif generator == "grain":
-            from keras_yolo_mgpu.data.grain_feed import GrainFeed  # grain is optional
-            from keras_yolo_mgpu.data.host import HostBatches
+            from keras_yolo_mgpu.data.grain_feed import GrainFeed  # grain is optional: imported by its row
 
             self.host = HostBatches(
                 annotations, input_shape, num_classes, batch_size, training=True, seed=seed, cache=cache
@@ -140,6 +140,7 @@ class _Row:
             self._feed = GrainFeed(self.host, workers=workers, to_device=_trainer_placement())
             self.iterator = iter(self._feed)
         else:
+            # tf.data, TensorFlow's: off the JAX path (`--without-tensorflow`).
             from keras_yolo_mgpu.data.tf_dataset import DatasetBuilder
 
             builder = DatasetBuilder(
@@ -172,6 +173,7 @@ def _trainer_placement():
     of the processes' (JAX keeps their aligned shared views as they are).
     TensorFlow: None (its strategy places the batches of a tf.data dataset).
     """
+    # Keras when a row places batches: importing this module starts no backend.
     import keras
 
     from keras_yolo_mgpu.backend import distribution

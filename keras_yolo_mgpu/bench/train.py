@@ -28,8 +28,23 @@ import logging
 import statistics
 import time
 
+import keras
+import numpy as np
+
+from keras_yolo_mgpu.backend import distribution
+from keras_yolo_mgpu.bench.baseline import load_reference
+from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
+from keras_yolo_mgpu.model.architectures import get_architecture, model_name
+from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
-from keras_yolo_mgpu.training.ema import untie_averages
+from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
+from keras_yolo_mgpu.optional import tensorflow as tf
+from keras_yolo_mgpu.parallel.engine import build_engine
+from keras_yolo_mgpu.resources import get_anchors, resolve_resource
+from keras_yolo_mgpu.training.ema import make_ema_kwargs, untie_averages
+from keras_yolo_mgpu.training.fused_adam import FusedAdam
+from keras_yolo_mgpu.training.precision import mixed_policy_name
+from keras_yolo_mgpu.training.training_model import create_model
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +67,6 @@ _RATE = 1e-4
 
 def _our_optimizer(options, keras_adam=False):
     """The optimizer of our side: plain SGD, or train.py's Adam (`FusedAdam`); with the EMA if asked."""
-    import keras
-
-    from keras_yolo_mgpu.training.ema import make_ema_kwargs
-    from keras_yolo_mgpu.training.fused_adam import FusedAdam
-
     kwargs = make_ema_kwargs(options["ema"])
     if options["optimizer"] == "adam":
         return (keras.optimizers.Adam if keras_adam else FusedAdam)(_RATE, **kwargs)
@@ -65,8 +75,6 @@ def _our_optimizer(options, keras_adam=False):
 
 def _random_boxes(rng, global_batch, max_boxes, input_shape, num_classes):
     """(N, max_boxes, 5) `x_min, y_min, x_max, y_max, class` in pixels: 1-10 random boxes per image, zero-padded."""
-    import numpy as np
-
     height, width = input_shape
     boxes = np.zeros((global_batch, max_boxes, 5), np.float32)
     for b in range(global_batch):
@@ -84,10 +92,6 @@ def synthetic_batch(global_batch, input_shape, anchors, num_classes, seed=0):
         `(x, y)`: x a dict with `image` (N, H, W, 3) and `y_true_<l>` arrays,
         y zeros (N, 1) (the targets are model inputs).
     """
-    import numpy as np
-
-    from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
-
     rng = np.random.default_rng(seed)
     height, width = input_shape
     images = rng.random((global_batch, height, width, 3), dtype=np.float32)
@@ -108,8 +112,6 @@ def synthetic_host_batch(global_batch, input_shape, num_classes, seed=0):
     Returns:
         `(x, y)`: x `{"image": (N, H, W, 3) uint8, "boxes": (N, 20, 5), "hsv": (N, 12)}`, y zeros (N, 1).
     """
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     height, width = input_shape
     images = rng.integers(0, 256, (global_batch, height, width, 3), dtype=np.uint8)
@@ -191,13 +193,8 @@ def repeated_batch(x, y, engine):
     Keras's `device_put` of an array that already has that sharding copies
     nothing, so the step is timed alone, as the bare jitted step was.
     """
-    from keras_yolo_mgpu.backend import distribution
-
     if distribution.batch_placer(engine.strategy) is None:  # the strategy distributes a tf.data dataset itself
-        import tensorflow as tf
-
         return tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(2)
-    import keras
 
     def place(array):
         return keras.distribution.distribute_tensor(array, engine.strategy.get_data_layout(array.shape))
@@ -207,13 +204,6 @@ def repeated_batch(x, y, engine):
 
 
 def _build_ours(name, options, engine, anchors, x, y, global_batch):
-    import keras
-
-    from keras_yolo_mgpu.model.architectures import get_architecture
-    from keras_yolo_mgpu.model.batch_norm import BatchNormalization
-    from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
-    from keras_yolo_mgpu.training.training_model import create_model
-
     architecture = get_architecture(options["model"])
     jit = options["jit"] or name == "xla"
     device_inputs = options["inputs"] == "device"
@@ -243,8 +233,7 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
     dataset = repeated_batch(x, y, engine)
     parts = None
     if options["breakdown"]:
-        import tensorflow as tf
-
+        # TensorFlow's step parts (breakdown is refused on JAX): imported here, off the JAX path.
         from keras_yolo_mgpu.bench.step_parts import StepParts
 
         optimizer = _our_optimizer(options, name == "keras-adam")
@@ -278,11 +267,6 @@ def _build_ours(name, options, engine, anchors, x, y, global_batch):
 
 
 def _build_reference(options, anchors, x, y, global_batch):
-    import tensorflow as tf
-
-    from keras_yolo_mgpu.bench.baseline import load_reference
-    from keras_yolo_mgpu.bench.step_parts import StepParts
-
     reference_model = load_reference("keras_yolo3_model")  # needs tf_keras: ImportError says how to get it
     tf_keras = reference_model.tf_keras
     body = reference_model.build_body(options["tiny"], options["num_classes"], seed=None)
@@ -294,6 +278,9 @@ def _build_reference(options, anchors, x, y, global_batch):
     dataset = tf.data.Dataset.from_tensors((inputs, y)).repeat().prefetch(2)
     parts = None
     if options["breakdown"]:
+        # TensorFlow's step parts (breakdown is refused on JAX): imported here, off the JAX path.
+        from keras_yolo_mgpu.bench.step_parts import StepParts
+
         optimizer = reference_optimizer(_RATE)
         num_classes = options["num_classes"]
         parts = StepParts(
@@ -308,6 +295,7 @@ def _build_reference(options, anchors, x, y, global_batch):
 
 def _breakdown(sides, rounds) -> dict:
     """Per-part medians (ms) per side, with the derived forward/loss/backward/optimizer/Keras split."""
+    # TensorFlow's step parts (breakdown is refused on JAX): imported here, off the JAX path.
     from keras_yolo_mgpu.bench.step_parts import PARTS, time_parts
 
     times = time_parts({side.name: side.parts for side in sides}, rounds)
@@ -332,8 +320,6 @@ def _breakdown(sides, rounds) -> dict:
 
 def _check_options(variants: tuple[str, ...], optimizer: str, reference: str | None, breakdown: bool = False) -> None:
     """Raises ValueError for a variant, optimizer or reference that cannot be timed, before any device is set up."""
-    import keras
-
     if keras.backend.backend() == "jax" and (variants or reference or breakdown):
         raise ValueError(
             "--variants, --reference and --breakdown time TensorFlow's kernels and keras-yolo3 (tf_keras): run them "
@@ -506,22 +492,15 @@ def _set_up(settings: dict) -> dict:
     if inputs not in INPUTS:
         raise ValueError(f"inputs must be one of {INPUTS}. Received: inputs={inputs!r}")
     if settings["simulate"] and settings["simulated_gpu_memory_mb"]:
+        # TensorFlow's logical GPUs with a memory limit, whatever the backend: imported here, off the JAX path.
         from keras_yolo_mgpu.backend.tensorflow.distribution import simulate_devices
 
         names = simulate_devices(gpus or 2, memory_limit_mb=settings["simulated_gpu_memory_mb"])
     else:
         names = None
-    from keras_yolo_mgpu.parallel.engine import build_engine
-
     engine = build_engine(
         gpus, simulate=settings["simulate"], parallel=settings["parallel"], sync_bn=settings["sync_bn"], devices=names
     )
-    import keras
-
-    from keras_yolo_mgpu.model.architectures import model_name
-    from keras_yolo_mgpu.resources import get_anchors, resolve_resource
-    from keras_yolo_mgpu.training.precision import mixed_policy_name
-
     global_batch = settings["batch_size"] or 8 * engine.replicas
     if global_batch % engine.replicas:
         raise ValueError(f"global batch {global_batch} does not divide over {engine.replicas} replicas")

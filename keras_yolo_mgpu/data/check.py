@@ -47,6 +47,7 @@ import numpy as np
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
 from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords
+from keras_yolo_mgpu.data.scan import record_path, scan_images
 
 __all__ = ["KINDS", "CheckReport", "check_annotations", "check_records", "degenerate_box_reason"]
 
@@ -333,8 +334,6 @@ def check_records(
         A `CheckReport`; `report.annotations` holds the records with no
         problem, and those whose only problems training repairs.
     """
-    from keras_yolo_mgpu.data.scan import record_path, scan_images
-
     records, source = split.records, split.source
     mode = "full" if check_images and full_decode else "header" if check_images else "none"
     scan = scan_images(

@@ -28,7 +28,13 @@ import time
 from dataclasses import dataclass
 
 from keras_yolo_mgpu.data.check import CheckReport, check_records
-from keras_yolo_mgpu.data.formats.records import SplitRecords
+from keras_yolo_mgpu.data.formats.coco_json import read_coco_json
+from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
+from keras_yolo_mgpu.data.formats.records import SplitRecords, file_stat, load_split_record, save_split_record
+from keras_yolo_mgpu.data.formats.voc_xml import find_xml_dir, read_voc_dataset
+from keras_yolo_mgpu.data.formats.yolo import read_yolo_dataset
+from keras_yolo_mgpu.data.scan import record_path
+from keras_yolo_mgpu.resources import get_classes
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +61,6 @@ def detect_kind(path: str) -> str:
         FileNotFoundError: nothing at `path`.
         ValueError: a file or folder of no kind known here, saying what was looked for.
     """
-    from keras_yolo_mgpu.data.formats.voc_xml import find_xml_dir
-
     if not os.path.exists(path):
         raise FileNotFoundError(f"--data: {path} not found")
     lower = path.lower()
@@ -120,9 +124,6 @@ def _recorded(read, kind: str, path: str, options: dict, record_dir: str | None,
     The record is keyed by the file's size and mtime, the reader's options
     and its version: any change to the file reads it again.
     """
-    from keras_yolo_mgpu.data.formats.records import file_stat, load_split_record, save_split_record
-    from keras_yolo_mgpu.data.scan import record_path
-
     if record_dir is None:
         return read()
     source = os.path.abspath(path)
@@ -166,11 +167,6 @@ def open_dataset(
         write_record: write the records (the chief of several processes does;
             the others only read them).
     """
-    from keras_yolo_mgpu.data.formats.coco_json import read_coco_json
-    from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
-    from keras_yolo_mgpu.data.formats.voc_xml import read_voc_dataset
-    from keras_yolo_mgpu.data.formats.yolo import read_yolo_dataset
-
     kind = detect_kind(path)
     recorded = {"record_dir": record_dir, "write_record": write_record}
     if kind == "keras-yolo3":
@@ -203,8 +199,6 @@ def resolve_class_names(dataset: Dataset, classes_path: str | None) -> list[str]
     Raises:
         ValueError: neither names classes, or both do and differ (naming both).
     """
-    from keras_yolo_mgpu.resources import get_classes
-
     from_file = get_classes(classes_path) if classes_path else None
     if dataset.class_names is None:
         if from_file is None:

@@ -21,6 +21,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+from tqdm import tqdm
+
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.images import image_size
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +170,6 @@ def box_sizes_from_annotations(
     Returns:
         ``(N, 2)`` float64 sizes; boxes with zero or negative size are dropped.
     """
-    from keras_yolo_mgpu.data.annotations import read_annotations
-
     return box_sizes_from_records(read_annotations(annotation_path, root=root), input_size=input_size)
 
 
@@ -176,10 +178,6 @@ def box_sizes_from_records(annotations, *, input_size: int | None = None) -> np.
     sizes = []
     dropped = 0
     if input_size is not None:
-        from tqdm import tqdm
-
-        from keras_yolo_mgpu.data.images import image_size
-
         annotations = tqdm(annotations, desc="image sizes", unit="img", disable=len(annotations) < 1000)
     for annotation in annotations:
         wh = annotation.boxes[:, 2:4].astype(np.float64) - annotation.boxes[:, 0:2]

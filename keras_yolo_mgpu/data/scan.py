@@ -39,6 +39,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from keras_yolo_mgpu.data import images
+from keras_yolo_mgpu.data.images import read_image
+from keras_yolo_mgpu.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +150,6 @@ def _header(path: str, file_size: int) -> tuple[tuple[int, int], bool]:
             if size is not None:
                 handle.seek(max(file_size - 2, 0))
                 return size, handle.read(2) != b"\xff\xd9"
-    from PIL import Image
-
     with Image.open(path) as image:  # lazy: reads the header only
         return image.size, False
 
@@ -162,8 +166,6 @@ def scan_image(path: str, mode: str = "header") -> tuple[int, int, int, int, int
         OK, MISSING, UNREADABLE, TRUNCATED; width and height -1 when unknown
         (missing, unreadable, or mode "none"); message says what is wrong.
     """
-    from keras_yolo_mgpu.data.images import read_image
-
     try:
         stat = os.stat(path)
     except OSError:
@@ -217,8 +219,6 @@ class ScanRecord:
 
     def save(self, path: str, mode: str) -> None:
         """Writes the record atomically (a reader sees the old file or the new one)."""
-        from keras_yolo_mgpu.fileio import atomic_write
-
         meta = json.dumps({"version": SCAN_VERSION, "mode": mode, "messages": self.messages})
 
         def write(temporary: str) -> None:
@@ -267,8 +267,6 @@ def _in_parallel(function: Callable, items: Sequence, workers: int | None, *, en
 
     With a tqdm bar (counts and rates) on stderr when `enabled` and stderr is a terminal.
     """
-    from tqdm import tqdm
-
     chunk = 256  # a future per chunk, not per file: 118k futures cost more than the headers
     chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
     results: list = []
@@ -360,8 +358,6 @@ def scan_images(
 
 def _warn_truncated(result: ScanRecord) -> None:
     """Names each JPEG without its end marker once per process; training's decode then stays quiet about it."""
-    from keras_yolo_mgpu.data import images
-
     for index in np.flatnonzero(result.status == TRUNCATED):
         path = result.paths[index]
         if path not in images._WARNED_TRUNCATED:

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import os
 
+import keras
 import numpy as np
 
 from keras_yolo_mgpu.backend import distribution
 from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.data.host import HostBatches
+from keras_yolo_mgpu.data.py_dataset import make_py_dataset
 
 
 def choose_feed(feed: str, workers: int | None, on_accelerators: bool, cores: int | None = None) -> tuple[str, str]:
@@ -74,6 +77,7 @@ def training_stream(
             the targets are built on the device).
     """
     if distribution.INPUT_PIPELINE == "tf.data":
+        # tf.data is TensorFlow's: imported on its engine only, off the JAX path.
         from keras_yolo_mgpu.data.tf_dataset import distribute_training_dataset
 
         return distribute_training_dataset(
@@ -89,6 +93,7 @@ def validation_stream(
     """One ordered pass over the validation images, the last batch padded with weight-0 images."""
     options = {key: value for key, value in options.items() if key not in ("start_position", "multi_scale", "mosaic")}
     if distribution.INPUT_PIPELINE == "tf.data":
+        # tf.data is TensorFlow's: imported on its engine only, off the JAX path.
         from keras_yolo_mgpu.data.tf_dataset import make_dataset
 
         return make_dataset(annotations, input_shape, anchors, num_classes, batch_size, training=False, **options)
@@ -101,16 +106,12 @@ def first_batch(annotations: list[Annotation], input_shape, num_classes: int, ba
     `{"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5), "hsv": (B, 12)}`:
     what the start-up checks (training/precision.py) run the step on.
     """
-    from keras_yolo_mgpu.data.host import HostBatches
-
     options = {key: value for key, value in options.items() if key not in ("masks", "iou_thresh")}
     batch = HostBatches(annotations, input_shape, num_classes, batch_size, training=True, **options).batch(0)
     return {"image": batch.images, "boxes": batch.boxes, "hsv": batch.hsv.astype(np.float32)}
 
 
 def _py_dataset(engine, annotations, input_shape, num_classes, batch_size, *, training, **options):
-    from keras_yolo_mgpu.data.py_dataset import make_py_dataset
-
     options = {key: value for key, value in options.items() if key not in ("masks", "iou_thresh")}
     index, count = engine.processes
     if count == 1:
@@ -133,8 +134,6 @@ def _process_slice(index: int, count: int, batch_size: int):
     rows = slice(index * batch_size // count, (index + 1) * batch_size // count)
 
     def take(batch):
-        import keras
-
         return keras.tree.map_structure(lambda array: array[rows], batch)
 
     return take

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
@@ -388,8 +389,6 @@ def make_synthetic_video(
     Returns:
         `path` as a string.
     """
-    import cv2  # late import: only the video needs OpenCV
-
     classes = _check_classes(classes)
     height, width = _as_hw(frame_size)
     if num_objects < 1:

@@ -29,10 +29,17 @@ import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.images import image_size, read_image
 from keras_yolo_mgpu.fileio import write_text_atomic
+from keras_yolo_mgpu.optional import faster_coco_eval
+from keras_yolo_mgpu.optional import pyplot as plt
 from keras_yolo_mgpu.outputs import record_written
+from keras_yolo_mgpu.plots.evaluation import write_evaluation_pictures
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
+from keras_yolo_mgpu.weights.metadata import settings_for
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +57,6 @@ DEFAULT_MAX_MAP_DROP = 0.02  # mAP@0.5 an export may lose against the Keras weig
 
 def _image_size(annotation) -> tuple[int, int]:
     """(width, height) from the image header, or from the boxes when it is missing."""
-    from keras_yolo_mgpu.data.images import image_size
-
     try:
         return image_size(annotation.image_path)
     except (OSError, ValueError):
@@ -128,11 +133,9 @@ def check_detections(detections, num_images: int, num_classes: int, source: str 
 
 
 def _run_coco(ground_truth: dict, detections: list[dict]):
-    from faster_coco_eval import COCO, COCOeval_faster
-
-    coco_gt = COCO(ground_truth)
+    coco_gt = faster_coco_eval.COCO(ground_truth)
     coco_dt = coco_gt.loadRes(detections) if detections else coco_gt.loadRes([])
-    evaluator = COCOeval_faster(coco_gt, coco_dt, "bbox", print_function=logger.debug)
+    evaluator = faster_coco_eval.COCOeval_faster(coco_gt, coco_dt, "bbox", print_function=logger.debug)
     evaluator.params.maxDets = [1, 10, EVAL_MAX_DETECTIONS]
     evaluator.evaluate()
     evaluator.accumulate()
@@ -209,10 +212,7 @@ def precision_recall_at(
 
 def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple[float, float] | None = None) -> str:
     """Precision-recall curves at IoU 0.5 (area all, 100 detections) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt.matplotlib.use("Agg")  # files, no display; a no-op once set
 
     precision = evaluator.eval["precision"][0, :, :, 0, -1]  # (101 recall points, classes)
     recall = evaluator.params.recThrs
@@ -254,8 +254,6 @@ def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple
 
 
 def _load_annotations(annotations, root):
-    from keras_yolo_mgpu.data.annotations import read_annotations
-
     if isinstance(annotations, (str, os.PathLike)):
         path = os.fspath(annotations)
         if not os.path.isfile(path):
@@ -349,8 +347,6 @@ def evaluate_detections(
         result["pr_curve"] = plot_pr_curve(
             evaluator, class_names, pr_curve, (at_threshold["precision"], at_threshold["recall"])
         )
-        from keras_yolo_mgpu.plots.evaluation import write_evaluation_pictures
-
         result.update(write_evaluation_pictures(annotations, detections, class_names, pr_curve, score))
     return result
 
@@ -393,9 +389,6 @@ def detect_annotations(
     Returns:
         COCO results (image_id = index among the images read) and each image's (width, height).
     """
-    from tqdm import tqdm
-
-    from keras_yolo_mgpu.data.images import read_image
 
     def read(index, a):
         try:
@@ -484,8 +477,8 @@ def evaluate_weights(
     Returns:
         `evaluate_detections`'s dict.
     """
+    # Keras's detector when a model runs: importing this module (the export command's) starts no backend.
     from keras_yolo_mgpu.inference.export_formats import open_detector
-    from keras_yolo_mgpu.weights.metadata import settings_for
 
     annotations = _load_annotations(annotations, root)
     if not os.path.exists(os.fspath(weights)):  # a SavedModel export is a folder

@@ -31,6 +31,8 @@ from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_detection_model
 from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
+from keras_yolo_mgpu.weights.loading import load_weights
+from keras_yolo_mgpu.weights.metadata import make_metadata, settings_for
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +83,6 @@ def load_body(model_path: str, anchors, num_classes: int, kind: str | None = Non
         FileNotFoundError: no such file.
         ValueError: the file holds another network, naming the likely cause.
     """
-    from keras_yolo_mgpu.weights.loading import load_weights
-
     model_path = os.fspath(model_path)
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"model weights not found: {model_path}")
@@ -166,8 +166,6 @@ class YOLO:
         masks=None,
         settings=None,
     ):
-        from keras_yolo_mgpu.weights.metadata import settings_for
-
         model_path = os.fspath(model_path)
         if not os.path.isfile(model_path):
             raise FileNotFoundError(f"model weights not found: {model_path}")
@@ -202,8 +200,6 @@ class YOLO:
         kind: str | None = None,
     ) -> YOLO:
         """A detector around an existing body (its weights are shared, not copied); arguments as for `YOLO`."""
-        from keras_yolo_mgpu.weights.metadata import make_metadata
-
         anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
         kind = get_architecture(kind, len(anchors)).name
         settings = make_metadata(anchors, list(class_names), check_input_shape(model_image_size), masks, kind=kind)

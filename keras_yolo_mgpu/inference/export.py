@@ -37,8 +37,17 @@ import tempfile
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.fileio import atomic_write, replace_directory
-from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
-from keras_yolo_mgpu.weights.metadata import settings_for, write_sidecar
+from keras_yolo_mgpu.inference import export_check
+from keras_yolo_mgpu.inference.export_check import image_paths, sample_paths
+from keras_yolo_mgpu.inference.quantize import (
+    DEFAULT_CALIBRATION_IMAGES,
+    PRECISIONS,
+    calibration_batches,
+    convert_quantized,
+)
+from keras_yolo_mgpu.optional import onnx, onnxruntime, tf2onnx
+from keras_yolo_mgpu.optional import tensorflow as tf
+from keras_yolo_mgpu.weights.metadata import ATTRIBUTE, make_metadata, settings_for, write_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +80,9 @@ def build_export_model(
     `options`: `build_detection_model`'s `score`, `iou`, `max_boxes`,
     `max_detections`, `nms_method` and `batch_size`.
     """
+    # Keras's detector when a model is built: importing this module (the command's flags) starts no backend.
     from keras_yolo_mgpu.inference.detector import load_body
     from keras_yolo_mgpu.inference.layers import build_detection_model
-    from keras_yolo_mgpu.weights.metadata import make_metadata
 
     settings = make_metadata(anchors, list(class_names), input_size, masks, kind=kind)
     body = load_body(weights, settings.anchors_array, len(settings.class_names), settings.kind)
@@ -81,8 +90,6 @@ def build_export_model(
 
 
 def _input_signature(model):
-    import tensorflow as tf
-
     image, image_shape = model.inputs
     return [
         tf.TensorSpec(image.shape, tf.float32, name="image"),
@@ -143,8 +150,6 @@ def export_tflite(model, path: str, precision: str = "float32", calibration=None
     `precision` "float16" or "int8" quantises (`quantize.convert_quantized`);
     "int8" needs `calibration` (`quantize.calibration_batches`).
     """
-    from keras_yolo_mgpu.inference.quantize import convert_quantized
-
     with tempfile.TemporaryDirectory() as folder:
         saved = export_savedmodel(model, os.path.join(folder, "saved_model"), fixed_batch=True)
         try:
@@ -163,25 +168,24 @@ def export_tflite(model, path: str, precision: str = "float32", calibration=None
 
 def _network_name(model) -> str:
     """The name of the YOLO body nested in the export model (the layer that INT8 quantises)."""
+    # Keras once a model exists: importing this module (the command's flags) starts no backend.
     import keras
 
     return next(layer.name for layer in model.layers if isinstance(layer, keras.Model))
 
 
 def _import_onnx_tools():
+    """tf2onnx, imported with onnxruntime (which checks the export); ExportError when either is missing."""
     try:
-        import onnxruntime  # noqa: F401
-        import tf2onnx
+        onnxruntime.module()
+        return tf2onnx.module()
     except ImportError:
         raise ExportError(ONNX_MISSING) from None
-    return tf2onnx
 
 
 def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
     """Writes an `.onnx` file through tf2onnx."""
-    import tensorflow as tf
-
-    tf2onnx = _import_onnx_tools()
+    converter = _import_onnx_tools()
     signature = _input_signature(model)
 
     @tf.function(input_signature=signature)
@@ -191,7 +195,7 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
     try:
         atomic_write(
             path,
-            lambda temporary: tf2onnx.convert.from_function(
+            lambda temporary: converter.convert.from_function(
                 serve, input_signature=signature, opset=opset, output_path=temporary
             ),
         )
@@ -308,8 +312,6 @@ def _write(model, fmt: str, output: str, settings, precision: str, images: str |
 
 
 def _check_precision(fmt: str, precision: str, images: str | None) -> None:
-    from keras_yolo_mgpu.inference.quantize import PRECISIONS
-
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}. Received: precision={precision!r}")
     if precision != "float32" and fmt != "tflite":
@@ -321,9 +323,6 @@ def _check_precision(fmt: str, precision: str, images: str | None) -> None:
 
 
 def _calibration(images: str, count: int, input_shape):
-    from keras_yolo_mgpu.inference.export_check import image_paths, sample_paths
-    from keras_yolo_mgpu.inference.quantize import calibration_batches
-
     paths = sample_paths(image_paths(images), count, seed=1)
     logger.info("calibrating INT8 ranges on %d images of %s", len(paths), images)
     return calibration_batches(paths, input_shape)
@@ -338,7 +337,7 @@ def export_size(path: str) -> int:
 
 def run_check(model, fmt: str, path: str, images: str | None, precision: str, max_boxes: int, max_detections: int):
     """`export_check.check_export` on images of `images`, else on generated scenes; raises ExportError."""
-    from keras_yolo_mgpu.inference import export_check
+    # The runners' module imports Keras: importing this module (the command's flags) starts no backend.
     from keras_yolo_mgpu.inference.export_formats import open_runner
 
     input_shape = tuple(model.inputs[0].shape[1:3])
@@ -365,10 +364,6 @@ def run_check(model, fmt: str, path: str, images: str | None, precision: str, ma
 
 def _add_onnx_metadata(path: str, settings) -> None:
     """Stores the metadata JSON in the ONNX model's `metadata_props` (key `keras_yolo_mgpu_metadata`)."""
-    import onnx
-
-    from keras_yolo_mgpu.weights.metadata import ATTRIBUTE
-
     model = onnx.load(path)
     entry = model.metadata_props.add()
     entry.key, entry.value = ATTRIBUTE, settings.to_json()

@@ -31,6 +31,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.images import read_image
+from keras_yolo_mgpu.data.letterbox import letterbox_array
+from keras_yolo_mgpu.data.synthetic import render_sample
+from keras_yolo_mgpu.inference.media import collect_images
+
 logger = logging.getLogger(__name__)
 
 SCORE_FLOOR_MIN = 1e-3  # below this an image carries no signal (evaluate's floor)
@@ -90,8 +96,6 @@ class ExportCheckError(RuntimeError):
 
 def _letterboxed(arrays, input_shape):
     """((N, H, W, 3) uint8 letterboxed, (N, 2) float32 original (height, width)) of RGB `arrays`."""
-    from keras_yolo_mgpu.data.letterbox import letterbox_array
-
     images = [letterbox_array(array, input_shape) for array in arrays]
     return np.stack(images), np.asarray([array.shape[:2] for array in arrays], np.float32)
 
@@ -102,9 +106,6 @@ def image_paths(source: str) -> list[str]:
     Raises:
         FileNotFoundError: `source` does not exist or holds no image.
     """
-    from keras_yolo_mgpu.data.annotations import read_annotations
-    from keras_yolo_mgpu.inference.media import collect_images
-
     if not os.path.exists(source):
         raise FileNotFoundError(f"--images {source}: no such folder or annotation file")
     paths = collect_images([source]) if os.path.isdir(source) else [a.image_path for a in read_annotations(source)]
@@ -121,15 +122,11 @@ def sample_paths(paths: list[str], count: int, seed: int = 0) -> list[str]:
 
 def real_check_images(source: str, input_shape, count: int = 8, seed: int = 0):
     """`count` images of `source` letterboxed: ((N, H, W, 3) uint8, (N, 2) original (height, width))."""
-    from keras_yolo_mgpu.data.images import read_image
-
     return _letterboxed([read_image(path) for path in sample_paths(image_paths(source), count, seed)], input_shape)
 
 
 def synthetic_check_images(input_shape, count: int = 4, seed: int = 0):
     """Generated scenes with objects (`data.synthetic`), of several sizes so the letterbox pads both ways."""
-    from keras_yolo_mgpu.data.synthetic import render_sample
-
     rng = np.random.default_rng(seed)
     height, width = input_shape
     sizes = [(height, width), (height * 2, width), (height, width * 2), (max(16, height // 2), width)]
@@ -289,6 +286,7 @@ def judge_outputs(
 
     Returns and raises as `check_export`.
     """
+    # Keras's NMS when outputs are judged: importing this module (the export command's) starts no backend.
     from keras_yolo_mgpu.inference.export_formats import host_nms
 
     floor = score_floor(reference["decoded_scores"], score)

@@ -25,7 +25,12 @@ import warnings
 
 import numpy as np
 
+from keras_yolo_mgpu.backend import inference as backend_inference
 from keras_yolo_mgpu.inference.detector import YOLO
+from keras_yolo_mgpu.inference.layers import OUTPUT_NAMES, non_max_suppression
+from keras_yolo_mgpu.optional import onnxruntime
+from keras_yolo_mgpu.optional import tensorflow as tf
+from keras_yolo_mgpu.weights.metadata import read_metadata, sidecar_path
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +48,6 @@ def export_format(path: str) -> str | None:
 
 def _savedmodel_runner(path: str):
     """`serving_default` of an exported SavedModel; any batch size."""
-    import tensorflow as tf
-
     serve = tf.saved_model.load(path).signatures["serving_default"]
 
     def run(image: np.ndarray, image_shape: np.ndarray) -> dict:
@@ -56,8 +59,6 @@ def _savedmodel_runner(path: str):
 
 def _tflite_runner(path: str, num_threads: int | None = None):
     """A `.tflite` export in the stock interpreter (builtin ops only), one image at a time (batch 1)."""
-    import tensorflow as tf
-
     # Every core, as TensorFlow uses for the Keras model (the interpreter's own default may be one).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
@@ -80,10 +81,10 @@ def _tflite_runner(path: str, num_threads: int | None = None):
 def _onnx_runner(path: str):
     """An `.onnx` export in onnxruntime (CPU); any batch size."""
     try:
-        import onnxruntime
+        runtime = onnxruntime.module()
     except ImportError:
         raise RuntimeError(ONNX_MISSING) from None
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    session = runtime.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
 
     def run(image: np.ndarray, image_shape: np.ndarray) -> dict:
@@ -116,8 +117,6 @@ def host_nms(outputs: dict, *, score: float, iou: float, max_boxes: int, max_det
     Returns:
         `boxes` (N, M, 4), `scores` (N, M), `classes` (N, M), `valid_detections` (N,) as numpy.
     """
-    from keras_yolo_mgpu.inference.layers import OUTPUT_NAMES
-
     nms = make_nms_runner(
         max_boxes_per_class=int(max_boxes),
         max_detections=int(max_detections),
@@ -135,9 +134,6 @@ def make_nms_runner(**options):
     runs its NMS op eagerly; JAX compiles `greedy_nms` once per input shape
     (`backend.inference.compile_for_host`), so one function per setting is kept.
     """
-    from keras_yolo_mgpu.backend import inference as backend_inference
-    from keras_yolo_mgpu.inference.layers import non_max_suppression
-
     nms = backend_inference.compile_for_host(lambda boxes, scores: non_max_suppression(boxes, scores, **options))
 
     def run(boxes: np.ndarray, scores: np.ndarray) -> tuple:
@@ -150,8 +146,6 @@ def make_nms_runner(**options):
 
 def _export_settings(path: str, settings):
     """The sidecar's `ModelMetadata`; `settings` (from the flags) must describe the same model."""
-    from keras_yolo_mgpu.weights.metadata import read_metadata, sidecar_path
-
     saved = read_metadata(path)
     if saved is None:
         raise FileNotFoundError(

@@ -26,6 +26,7 @@ import numpy as np
 from keras import ops
 
 from keras_yolo_mgpu.backend import nms as backend_nms
+from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.boxes import cell_grid, cell_offset, num_output_layers, resolve_masks
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
@@ -358,8 +359,6 @@ def build_detection_model(
     `max_detections` are the detection flags as `YOLO` and `export_model`
     name them. `options`: `nms_method`, `batch_size`, `name`.
     """
-    from keras_yolo_mgpu.model.architectures import get_architecture
-
     return build_inference_model(
         body,
         settings.anchors_array,

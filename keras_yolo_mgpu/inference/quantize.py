@@ -22,6 +22,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from keras_yolo_mgpu.data.images import read_image
+from keras_yolo_mgpu.data.letterbox import letterbox_array
+from keras_yolo_mgpu.optional import tensorflow as tf
+
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "float16", "int8")
@@ -44,8 +48,6 @@ def calibration_batches(paths: list[str], input_shape, mirrored: bool = True) ->
     Yields:
         dicts `{"image": (1, H, W, 3) float32 in [0, 1], "image_shape": (1, 2) float32}`.
     """
-    from keras_yolo_mgpu.data.images import read_image
-    from keras_yolo_mgpu.data.letterbox import letterbox_array
 
     def batches():
         for path in paths:
@@ -60,8 +62,6 @@ def calibration_batches(paths: list[str], input_shape, mirrored: bool = True) ->
 
 
 def _converter(saved_model: str):
-    import tensorflow as tf
-
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     return converter
@@ -75,8 +75,7 @@ def _float_tensor_names(flatbuffer: bytes, network: str, keep_output_convs: bool
     down to about -20) would leave 8-bit steps of ~0.1 on the box sizes'
     logarithms; they hold under 0.2 % of tiny YOLOv3's weights.
     """
-    import tensorflow as tf
-
+    # The network's module imports Keras: importing this module (the export command's) starts no backend.
     from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX
 
     with warnings.catch_warnings():
@@ -109,8 +108,6 @@ def convert_quantized(
     Raises:
         ValueError: unknown precision, or "int8" without calibration images.
     """
-    import tensorflow as tf
-
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}. Received: precision={precision!r}")
     converter = _converter(saved_model)

@@ -21,6 +21,7 @@ from collections import defaultdict
 import keras
 from keras import layers
 
+from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.batch_norm import BatchNormalization
 from keras_yolo_mgpu.model.boxes import num_output_layers
 from keras_yolo_mgpu.model.loss import YoloLoss
@@ -220,8 +221,6 @@ def build_body(
 
     Without `model`: `yolo_body` for 9 anchors, `tiny_yolo_body` for 6.
     """
-    from keras_yolo_mgpu.model.architectures import get_architecture
-
     builder = get_architecture(model, len(anchors)).body_builder()
     num_layers = num_output_layers(len(anchors))
     image = keras.Input(shape=(*input_shape, 3), name="image")

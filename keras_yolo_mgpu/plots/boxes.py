@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import colorsys
+import os
 
 import cv2
 import numpy as np
@@ -71,8 +72,6 @@ def write_image(path: str, rgb: np.ndarray, quality: int = 95) -> str:
     JPEGs keep full-resolution colour (4:4:4): with the usual 4:2:0 a one-pixel
     box outline loses most of its colour.
     """
-    import os
-
     root, extension = os.path.splitext(path)
     temporary = f"{root}.tmp{extension}"
     options = [

@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 
+from keras_yolo_mgpu.data.images import image_size
+from keras_yolo_mgpu.plots.boxes import class_colour
 from keras_yolo_mgpu.plots.results import _figure
 
 __all__ = ["letterboxed_boxes", "plot_labels"]
@@ -18,8 +20,6 @@ def letterboxed_boxes(annotations, input_hw: tuple[int, int]) -> np.ndarray:
     else read from the header (no decode). One array operation over all
     boxes: 828k boxes take a fraction of a second.
     """
-    from keras_yolo_mgpu.data.images import image_size
-
     height, width = input_hw
     boxed = [a for a in annotations if len(a.boxes)]
     if not boxed:
@@ -79,6 +79,4 @@ def plot_labels(annotations, class_names, anchors, input_hw: tuple[int, int], ou
 
 
 def _colour(class_id: int):
-    from keras_yolo_mgpu.plots.boxes import class_colour
-
     return class_colour(class_id)

@@ -7,6 +7,7 @@ import logging
 import cv2
 import numpy as np
 
+from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.plots.boxes import draw_boxes, image_grid, write_image
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,6 @@ def draw_predictions(
     Returns:
         `path`, or None when no image could be read.
     """
-    from keras_yolo_mgpu.data.images import read_image
-
     tiles = []
     for annotation in annotations:
         if len(tiles) >= 2 * count:

@@ -6,15 +6,13 @@ import os
 
 import numpy as np
 
+from keras_yolo_mgpu.optional import pyplot as plt
+
 __all__ = ["plot_results"]
 
 
 def _figure(rows: int, columns: int, size):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt.matplotlib.use("Agg")  # files, no display; a no-op once set
     figure, axes = plt.subplots(rows, columns, figsize=size, dpi=100)
     return plt, figure, np.atleast_1d(axes).ravel()
 
@@ -29,9 +27,7 @@ def _panel(axis, epochs, history, keys, title, log=False):
             drawn = True
     axis.set_title(title)
     axis.set_xlabel("epoch")
-    from matplotlib.ticker import MaxNLocator
-
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     axis.grid(True, alpha=0.3)
     if not drawn:
         axis.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=axis.transAxes, color="grey")

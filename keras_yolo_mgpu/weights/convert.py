@@ -45,10 +45,12 @@ import os
 import shutil
 from collections.abc import Sequence
 
+import h5py
 import numpy as np
 
 from keras_yolo_mgpu.fileio import atomic_write
 from keras_yolo_mgpu.outputs import record_written
+from keras_yolo_mgpu.resources import format_anchors, get_classes, resolve_resource
 from keras_yolo_mgpu.weights import darknet
 from keras_yolo_mgpu.weights.metadata import ModelMetadata, write_metadata
 
@@ -163,6 +165,7 @@ def _yolo_heads(yolos: Sequence[darknet.YoloSpec]):
 
 def _compare_outputs(a, b, size: int = 64, seed: int = 0) -> float:
     """Max abs difference of two models' outputs on one random image, relative to the output scale."""
+    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     import keras
 
     rng = np.random.default_rng(seed)
@@ -222,6 +225,7 @@ def build_matching_body(generic, yolos: Sequence[darknet.YoloSpec], *, check: bo
         ``(model, architecture name)``, or ``(None, reason)`` when the cfg is
         not one of those networks.
     """
+    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     import keras
 
     from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body, yolo_body
@@ -386,8 +390,6 @@ def convert(
     record_written([output_path])
     logger.info("Saved %s (%s) to %s: %s", model.name, architecture, output_path, OUTPUT_FORMATS[file_format])
     if anchors is not None:
-        from keras_yolo_mgpu.resources import format_anchors
-
         logger.info("Anchors of the cfg: %s; masks %s; %d classes", format_anchors(anchors), masks, num_classes)
     return ConversionResult(
         model, architecture, output_path, cfg_copy_path, header, num_floats, anchors, masks, num_classes, metadata
@@ -396,6 +398,7 @@ def convert(
 
 def _check_scale_x_y(architecture: str, yolos: Sequence[darknet.YoloSpec]) -> None:
     """Warns when the cfg's ``scale_x_y`` (output order) differs from what decoding the body uses."""
+    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     from keras_yolo_mgpu.model.yolo4 import YOLO4_SCALE_X_Y, YOLO4_TINY_SCALE_X_Y
 
     if architecture == "generic":
@@ -422,8 +425,6 @@ MODEL_KINDS_BY_BODY = {
 
 def _conversion_metadata(sections, anchors, masks, num_classes, class_names, cfg_path, kind):
     """The :class:`ModelMetadata` of a converted ``yolo_body`` / ``tiny_yolo_body``."""
-    from keras_yolo_mgpu.resources import get_classes, resolve_resource
-
     if class_names is None:
         if num_classes == 80:
             class_names = get_classes(resolve_resource(None, "classes"))
@@ -461,6 +462,7 @@ def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
     Raises:
         ValueError: unknown keyword or masks that do not fit the anchors.
     """
+    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     from keras_yolo_mgpu.model.boxes import anchor_masks, resolve_masks
 
     default = anchor_masks(len(cfg_masks)) if len(cfg_masks) in (2, 3) else None
@@ -490,7 +492,7 @@ def load_converted(path: str | os.PathLike):
     weights: build that network with your class count and call
     ``weights.loading.load_weights`` (this function raises, saying so).
     """
-    import h5py
+    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     import keras
 
     path = str(path)

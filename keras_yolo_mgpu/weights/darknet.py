@@ -559,7 +559,10 @@ def build_model(
         outputs are the inputs of the ``[yolo]`` sections (the raw head
         convs, like ``yolo_body``), or the last layer when there are none.
     """
+    # Keras when the network is built: importing this module (the convert command's) starts no backend.
     import keras
+
+    from keras_yolo_mgpu.model.yolo4 import ChannelGroup, Mish
 
     if darknet_bn not in DARKNET_BN_CONVENTIONS:
         raise ValueError(f"`darknet_bn` must be one of {DARKNET_BN_CONVENTIONS}. Received: darknet_bn={darknet_bn!r}")
@@ -619,8 +622,6 @@ def build_model(
             if spec.activation == "leaky":
                 x = L.LeakyReLU(negative_slope=LEAKY_SLOPE, name=f"leaky_{i}")(x)
             elif spec.activation == "mish":
-                from keras_yolo_mgpu.model.yolo4 import Mish
-
                 x = Mish(name=f"mish_{i}")(x)
             elif spec.activation == "relu":
                 x = L.ReLU(name=f"relu_{i}")(x)
@@ -630,8 +631,6 @@ def build_model(
             refs = [outputs_by_layer[_resolve(section, r)] for r in section.get_ints("layers")]
             groups, group_id = route_groups(section)
             if groups > 1:
-                from keras_yolo_mgpu.model.yolo4 import ChannelGroup
-
                 refs = [ChannelGroup(groups, group_id, name=f"group_{i}_{n}")(r) for n, r in enumerate(refs)]
             x = refs[0] if len(refs) == 1 else L.Concatenate(axis=-1, name=f"route_{i}")(refs)
         elif kind == "shortcut":

@@ -35,6 +35,7 @@ import keras
 import numpy as np
 
 from keras_yolo_mgpu.keras_compat import child_layers
+from keras_yolo_mgpu.weights.metadata import read_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +127,6 @@ def load_weights(
             `allow_new_classes`), naming the file, the model layer, the file
             layer and both shapes, and what the file's metadata says it holds.
     """
-    from keras_yolo_mgpu.weights.metadata import read_metadata
-
     path = os.fspath(path)
     metadata = read_metadata(path) if os.path.isfile(path) else None
     try:

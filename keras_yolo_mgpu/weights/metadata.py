@@ -29,9 +29,12 @@ import os
 import zipfile
 from collections.abc import Sequence
 
+import h5py
 import numpy as np
 
 from keras_yolo_mgpu.fileio import write_text_atomic
+from keras_yolo_mgpu.model.architectures import get_architecture, model_name
+from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +138,7 @@ class ModelMetadata:
 def make_metadata(anchors, class_names: Sequence[str], input_shape, masks=None, kind: str | None = None):
     """A :class:`ModelMetadata` with the defaults filled in: keras-yolo3's masks, and the kind of the
     v3 builders' rule (``"yolov3"`` for 9 anchors, ``"yolov3-tiny"`` for 6)."""
+    # The boxes' module imports Keras: importing this module (read by the commands' flags) starts no backend.
     from keras_yolo_mgpu.model.boxes import resolve_masks
 
     anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
@@ -168,8 +172,6 @@ def write_metadata(path: str | os.PathLike, metadata: ModelMetadata) -> None:
         return
     if not path.endswith(".h5"):
         raise MetadataError(f"metadata goes into .weights.h5 or .keras files (else a sidecar). Received: {path}")
-    import h5py
-
     with h5py.File(path, "a") as handle:
         handle.attrs[ATTRIBUTE] = metadata.to_json()
 
@@ -196,8 +198,6 @@ def read_metadata(path: str | os.PathLike) -> ModelMetadata | None:
             if _ARCHIVE_ENTRY in archive.namelist():
                 text = archive.read(_ARCHIVE_ENTRY).decode("utf-8")
     elif os.path.isfile(path) and path.endswith(".h5"):
-        import h5py
-
         try:
             with h5py.File(path, "r") as handle:
                 value = handle.attrs.get(ATTRIBUTE)
@@ -322,8 +322,6 @@ def settings_for(
     Raises:
         MetadataError: an explicit value contradicts the file.
     """
-    from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
-
     if class_names is None and classes_path:
         class_names = get_classes(classes_path)
     if anchors is None and anchors_path:
@@ -348,8 +346,6 @@ def settings_for(
             input_shape=input_shape,
             **labels,
         )
-    from keras_yolo_mgpu.model.architectures import get_architecture, model_name
-
     try:
         kind = model_name(model, tiny)
     except ValueError as error:

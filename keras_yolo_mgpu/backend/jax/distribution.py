@@ -22,11 +22,16 @@ use instead (`build_engine_fields`, `replica_model`). The input is a
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 
 import jax
 import keras
+from jax.experimental import multihost_utils
+
+from keras_yolo_mgpu.heap import return_freed_memory
+from keras_yolo_mgpu.keras_compat import latest_jax_state
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +244,6 @@ def process_slice() -> tuple[int, int]:
 def wait_for_all_workers(strategy, name: str) -> None:
     """A barrier over the processes (none with one), so no process exits while the chief saves."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -309,8 +312,6 @@ class DispatchLimit(keras.callbacks.Callback):
         self._markers = []  # one per step in flight, oldest first
 
     def _wait_for_older_steps(self, *_args, **_kwargs):
-        from keras_yolo_mgpu.keras_compat import latest_jax_state
-
         state = latest_jax_state(self.model)
         if state is None:  # the first step of a `fit` or `evaluate`: nothing in flight
             self._markers.clear()
@@ -348,8 +349,6 @@ def use_compilation_cache(folder: str | None) -> None:
     """
     if folder is None or jax.config.jax_compilation_cache_dir:
         return  # off, or already chosen by whoever started this process
-    import importlib.util
-
     jax.config.update("jax_compilation_cache_dir", os.path.join(folder, "xla"))
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # a user's own choice stands
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -378,7 +377,6 @@ def return_memory_after_compiles() -> None:
     global _returning_memory
     if _returning_memory:
         return
-    from keras_yolo_mgpu.heap import return_freed_memory
 
     def listener(event: str, duration: float, **_kwargs) -> None:
         if event == _COMPILE_EVENT and duration >= _LONG_COMPILE_SECONDS:

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
+from keras_yolo_mgpu.backend.tensorflow.replica_model import multi_gpu_model
+
 logger = logging.getLogger(__name__)
 
 # How the training data reaches this engine (`data/streams.py`): tf.data, distributed by the strategy.
@@ -77,8 +79,6 @@ def build_engine_fields(
 
 def replica_model(train_model: keras.Model, devices: Sequence[str]) -> keras.Model:
     """`multi_gpu_model(train_model, devices)`: the in-graph replica model (`replica_model.py`)."""
-    from keras_yolo_mgpu.backend.tensorflow.replica_model import multi_gpu_model
-
     return multi_gpu_model(train_model, devices=list(devices))
 
 

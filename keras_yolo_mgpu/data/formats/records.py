@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +119,6 @@ def save_split_record(path: str, split: SplitRecords, names: list[str] | None, k
         key: what the record must match to be used (the annotation file's
             `file_stat`, the reader's options); stored and compared whole.
     """
-    from keras_yolo_mgpu.fileio import atomic_write
-
     records = split.records
     meta = {
         "version": RECORDS_VERSION,

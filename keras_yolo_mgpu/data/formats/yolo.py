@@ -28,6 +28,7 @@ import math
 import os
 
 import numpy as np
+import yaml
 
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.check import DROPPED, degenerate_box_reason
@@ -197,8 +198,6 @@ def _resolve_entry(entry: str, base: str, yaml_path: str, key: str) -> str:
 
 
 def _read_yaml(yaml_path: str) -> dict:
-    import yaml
-
     try:
         with open(yaml_path, encoding="utf-8") as handle:
             config = yaml.safe_load(handle)
