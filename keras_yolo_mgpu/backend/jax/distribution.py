@@ -30,7 +30,7 @@ import jax
 import keras
 from jax.experimental import multihost_utils
 
-from keras_yolo_mgpu.heap import return_freed_memory
+from keras_yolo_mgpu import heap
 from keras_yolo_mgpu.keras_compat import latest_jax_state
 
 logger = logging.getLogger(__name__)
@@ -380,7 +380,7 @@ def return_memory_after_compiles() -> None:
 
     def listener(event: str, duration: float, **_kwargs) -> None:
         if event == _COMPILE_EVENT and duration >= _LONG_COMPILE_SECONDS:
-            return_freed_memory()
+            heap.return_freed_memory()
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     _returning_memory = True
