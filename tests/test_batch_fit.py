@@ -111,8 +111,8 @@ def test_jax_batch_auto_fits_the_budget_over_two_devices_and_trains_as_that_batc
 
 
 def test_tensorflow_batch_auto_measures_a_trial_step_and_records_the_batch(dataset):
-    """On the CPU the trial measures the process's peak resident memory, TensorFlow and Python included: about
-    1.2 GiB for one image here, 1.4 GiB for every training image in one step."""
-    log = _train(dataset, "tensorflow", "tf_auto", "--batch-size", "auto", "--memory-budget", "1.35")
-    per_device = _chosen(log, 1.35, replicas=1)
+    """On the CPU the trial measures the process's peak resident memory, TensorFlow and Python included: 1.2 to
+    1.4 GiB for one image on the 2-core machine, depending on what else the process loaded; the budget leaves room."""
+    log = _train(dataset, "tensorflow", "tf_auto", "--batch-size", "auto", "--memory-budget", "4")
+    per_device = _chosen(log, 4, replicas=1)
     assert json.loads((dataset / "tf_auto" / "args.json").read_text())["batch_size"] == per_device
