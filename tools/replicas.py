@@ -19,6 +19,7 @@ import time
 
 import h5py
 import numpy as np
+from subcommands import run_subcommand
 
 PROG = "tools/replicas.py"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -339,15 +340,7 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the subcommand named by the first argument with the rest; without one, lists them."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in SUBCOMMANDS:
-        return SUBCOMMANDS[argv[0]](argv[1:]) or 0
-    asked = argv[:1] in (["-h"], ["--help"])
-    lines = [f"  {name:<18}{inspect.getdoc(run).splitlines()[0]}" for name, run in SUBCOMMANDS.items()]
-    print(f"usage: {PROG} {{{','.join(SUBCOMMANDS)}}} [flags]  (NAME --help: its flags)", *lines,
-          sep="\n", file=sys.stdout if asked else sys.stderr)  # fmt: skip
-    return 0 if asked else 2
+    return run_subcommand(PROG, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":
