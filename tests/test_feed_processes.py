@@ -8,12 +8,14 @@ and after a SIGKILL that gives it no chance to stop them.
 """
 
 import dataclasses
+import gc
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -21,6 +23,7 @@ import psutil
 import pytest
 from isolation import jax_environment
 
+from keras_yolo_mgpu.data import host_processes
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.py_dataset import make_py_dataset
 from keras_yolo_mgpu.data.shared_image_cache import READY, SharedImageCache
@@ -155,7 +158,8 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     truncated.write_bytes(whole[: len(whole) // 2])
     annotations = tmp_path / "train.txt"
     annotations.write_text("".join(f"{line}\n" for line in [" ".join([str(truncated), *first[1:]])] * 2 + lines[1:]))
-    env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
+    # PYTHONFAULTHANDLER: a SIGABRT prints every thread's stack to stderr, read below if the run does not end.
+    env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     steps = 60  # an epoch with more steps left at the Ctrl-C than XLA queues (32)
     command = [
         *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", str(annotations), "--classes"),
@@ -183,7 +187,13 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
             # One Ctrl-C did not always end a loaded run (seen in the suite on the 2-core machine, 2026-11-26,
             # with the messages in an unread pipe; not since): a user's second Ctrl-C must.
             trainer.send_signal(signal.SIGINT)
-            trainer.wait(timeout=60)
+            try:
+                trainer.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                trainer.send_signal(signal.SIGABRT)
+                trainer.wait(timeout=30)
+                stacks = (tmp_path / "stderr.txt").read_text()
+                raise AssertionError(f"two Ctrl-C did not end the run; its threads:\n{stacks[-12000:]}") from None
         messages = (tmp_path / "stderr.txt").read_text()
     # Said as an interruption, not as the TypeError of Keras's clean-up after a first step that never finished
     # (Python may also print a Ctrl-C it ignored in JAX's garbage-collection callback: training.callbacks).
@@ -210,3 +220,28 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
 )
 def test_the_default_feed_is_chosen_by_devices_and_cores(feed, workers, on_accelerators, cores, chosen):
     assert choose_feed(feed, workers, on_accelerators, cores)[0] == chosen
+
+
+def test_a_lent_batch_freed_by_the_collector_inside_take_does_not_deadlock():
+    # A batch's arrays caught in a reference cycle (a traceback's, after Ctrl-C) are freed by the garbage
+    # collector in whichever thread allocates next: here a thread inside `take`, holding the slots' lock.
+    slots = host_processes.BatchSlots(2, 64)
+    slot = slots.take()
+    layout = [((2, 2), np.dtype(np.uint8).str, 0), ((1, 4), np.dtype(np.float32).str, 0), ((2,), "<f4", 0)]
+    batch = host_processes.take_batch((slot, layout, False), slots, slot)
+    cycle = [batch]
+    cycle.append(cycle)
+    del batch, cycle
+    taken = []
+
+    def take_while_collecting():
+        with slots._lock:  # as `take` holds it when its block allocation starts a collection
+            gc.collect()
+            taken.append(slots.take())
+
+    thread = threading.Thread(target=take_while_collecting, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the finalizer waited on the lock its own thread held"
+    assert taken == [slot]  # the block came back, and was lent again
+    slots.close()

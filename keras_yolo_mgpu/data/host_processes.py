@@ -211,7 +211,10 @@ class BatchSlots:
         self.blocks: dict[str, shared_memory.SharedMemory] = {}
         self._free: list[str] = []
         self._lent: set[str] = set()
-        self._lock = threading.Lock()
+        # Re-entrant: `give_back` also runs as a lent array's finalizer, in whichever thread the garbage
+        # collector frees it, which may be a thread inside `take` (a batch's arrays in a traceback's cycle
+        # after Ctrl-C). With a plain lock that thread waited on itself, and the exit on that thread.
+        self._lock = threading.RLock()
         self._closed = False
         self.own_blocks = 0  # batches a worker handed over in a block of its own (counted by `take_batch`)
 
