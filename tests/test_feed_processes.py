@@ -139,6 +139,10 @@ def _steps_done(run_files, steps: int) -> int:
     return max((int(step) for step in re.findall(rf"(\d+)/{steps}\b", shown)), default=0)
 
 
+def _sigint_as_at_a_terminal():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path):
     # SIGKILL: the holder cannot stop its workers; their watchdog ends them.
@@ -169,7 +173,11 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     ]
     # Its messages and progress bar into files: a pipe nobody reads while it runs could fill and stop it.
     with open(tmp_path / "stderr.txt", "w+") as stderr, open(tmp_path / "stdout.txt", "w+") as stdout:
-        trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=stdout, stderr=stderr)
+        # Ctrl-C as at a terminal: a suite started in the background of a script (`make test &`) ignores SIGINT, and
+        # its children inherit that, so the trainer would rightly train on (seen 2026-11-28).
+        trainer = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=stdout, stderr=stderr, preexec_fn=_sigint_as_at_a_terminal
+        )
         process, workers, deadline = psutil.Process(trainer.pid), [], time.time() + 240
         warned = f"WARNING keras_yolo_mgpu.data.images: {truncated} is truncated"
         while time.time() < deadline and trainer.poll() is None:
