@@ -6,11 +6,13 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
+from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body, write_classes
 
 from keras_yolo_mgpu.cli import detect, evaluate
 from keras_yolo_mgpu.cli import export as export_cli
@@ -112,3 +114,26 @@ def test_yolo_video_runs_an_export_and_needs_its_metadata(setup, capsys, tmp_pat
     capsys.readouterr()
     assert detect.main(["--model", str(bare), "--image", images, "--output", str(tmp_path / "x")]) == 1
     assert "bare.tflite.metadata.json" in capsys.readouterr().err
+
+
+def test_bench_infer_times_an_export_beside_the_keras_path_on_jax(setup, tmp_path):
+    classes = write_classes(tmp_path / "classes.txt")
+    flags = ["--weights", setup["weights"], "--classes", classes, "--input-size", "64", "--frames", "4"]
+    flags += ["--batch-size", "2", "--repeats", "1", "--exported", setup["tflite"]["path"]]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="jax")
+    command = [sys.executable, "-m", "keras_yolo_mgpu.bench", "infer", *flags]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    (row,) = record["exported"]
+    assert record["backend"] == "jax" and row["path"] == setup["tflite"]["path"] and row["format"] == "tflite"
+    assert row["fps"] > 0 and row["forward_fps"] > 0
+    assert row["keras_ratio"] == pytest.approx(record["fps"] / row["fps"], rel=1e-3)
+    # The same network, so the same boxes on the same frames (the export decodes in float32 too).
+    assert row["boxes_per_frame"] == record["boxes_per_frame"] > 0
+    assert f"{setup['tflite']['path']}: full path" in result.stderr
+
+    # An export needs the weights it came from.
+    refused = subprocess.run(command[:4] + ["--exported", setup["tflite"]["path"]], capture_output=True, text=True,
+                             timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    assert refused.returncode == 1 and "give --weights" in refused.stderr, refused.stderr[-2000:]

@@ -8,10 +8,18 @@ Two measurements on the same frames of one generated video:
   letterbox, model, decoding, NMS, drawing, BGR conversion and encoding to
   an mp4 file.
 
+With `exported` files (`python -m keras_yolo_mgpu.export` of the same
+weights: ONNX in onnxruntime, TFLite in its interpreter, a SavedModel), each
+is measured the same two ways in the same rounds: its runtime's call
+(network, decoding and NMS) on the same batches, and the full path with the
+file as `yolo_video.py` runs it.
+
 Both are warmed up first (tracing is not timed). The two are measured in
 alternating rounds and each reports its best round, so other work on a
 shared machine slows both alike rather than whichever ran second. The last line
-printed is JSON with `fps`, `forward_fps` and `ratio` = fps / forward_fps.
+printed is JSON with `fps`, `forward_fps` and `ratio` = fps / forward_fps, and
+for each export its own two figures and `keras_ratio` = the Keras path's fps /
+the export's.
 """
 
 from __future__ import annotations
@@ -80,6 +88,7 @@ def run_infer_benchmark(
     score: float = 0.3,
     repeats: int = 5,
     output_dir: str | None = None,
+    exported: tuple[str, ...] = (),
 ) -> dict:
     """Measures both paths on one generated video; returns the result record.
 
@@ -94,9 +103,19 @@ def run_infer_benchmark(
         score: detection score threshold.
         repeats: interleaved rounds of each measurement; the best counts.
         output_dir: keep the video files here (default: a temporary folder).
+        exported: exported models of the same network (`.onnx`, `.tflite`, a
+            SavedModel folder, each with its metadata sidecar), timed beside it.
     """
     # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
+    from keras_yolo_mgpu.backend import inference as backend_inference
     from keras_yolo_mgpu.inference.detector import YOLO, load_body
+    from keras_yolo_mgpu.inference.export_formats import ExportedDetector, export_format, open_runner
+
+    if exported and not weights:
+        raise ValueError("exported models are timed against the weights they were exported from: give --weights")
+    for path in exported:
+        if export_format(path) is None:
+            raise ValueError(f"{path} is not an exported model (a SavedModel folder, .tflite or .onnx file)")
 
     kind = model or ("yolov3" if full else "yolov3-tiny")
     anchors_array = get_anchors(resolve_resource(anchors, "anchors", model=kind))
@@ -115,22 +134,60 @@ def run_infer_benchmark(
         batch_size=batch_size,
         kind=kind,
     )
+    # Each export as the Keras side is measured: its runtime's call on the batches, and the full video path.
+    sides = [("keras", yolo, backend_inference.compile_forward(body, input_size))]
+    for path in exported:
+        detector = ExportedDetector(path, settings=yolo.metadata, score=score, batch_size=batch_size)
+        sides.append((path, detector, _export_forward(open_runner(path), frame_size)))
     if output_dir:
         os.makedirs(output_dir, exist_ok=True)
     # The videos stay in output_dir, else in a folder removed afterwards.
     folder = contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="bench_infer_")
     with folder as video_dir:
-        return _measure(yolo, body, video_dir, num_frames=frames, frame_size=frame_size, full=full, repeats=repeats)
+        return _measure(sides, video_dir, num_frames=frames, frame_size=frame_size, full=full, repeats=repeats)
 
 
-# Over 60 lines: both sides of one measurement on the same generated video, kept together so
-# they are timed the same way.
-def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) -> dict:
-    """Both measurements on a generated video in `folder`; `yolo` sets the input size, batch and classes."""
+def _export_forward(runner, frame_size: tuple[int, int]):
+    """An export's runtime call on a batch of letterboxed frames: network, decoding and its own NMS."""
+
+    def forward(batch: np.ndarray):
+        return runner(batch, np.tile(np.asarray(frame_size, np.float32), (len(batch), 1)))
+
+    return forward
+
+
+def _round(name: str, yolo, forward, batches, video: str, output: str, figures: dict) -> str:
+    """One round of one side: the bare call over `batches`, then the full path; keeps each one's best."""
+    frames = sum(len(batch) for batch in batches)
+    cpu = time.process_time()
+    fps = time_forward(forward, batches)
+    forward_cpu = (time.process_time() - cpu) / frames
+    cpu = time.process_time()
+    stats = process_video(yolo, video, output, batch_size=len(batches[0]), progress=False)
+    full_cpu = (time.process_time() - cpu) / stats["frames"]
+    best = figures.setdefault(name, {"forward_fps": 0.0, "full": None, "forward_cpu": [], "full_cpu": []})
+    best["forward_fps"] = max(best["forward_fps"], fps)
+    if best["full"] is None or stats["fps"] > best["full"]["fps"]:
+        best["full"] = stats
+    best["forward_cpu"].append(forward_cpu)
+    best["full_cpu"].append(full_cpu)
+    return (
+        f"{name}: bare {fps:.2f} frames/s ({1000 * forward_cpu:.1f} CPU-ms/frame), "
+        f"full path {stats['fps']:.2f} frames/s ({1000 * full_cpu:.1f} CPU-ms/frame)"
+    )
+
+
+def _measure(sides, folder: str, *, num_frames, frame_size, full, repeats) -> dict:
+    """Every side's two measurements on a generated video in `folder`, in interleaved rounds.
+
+    `sides`: `(name, detector, forward)` tuples, the Keras model's first;
+    its detector sets the input size, batch and classes.
+    """
     # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
     from keras_yolo_mgpu.backend import NAME
     from keras_yolo_mgpu.backend import inference as backend_inference
 
+    yolo = sides[0][1]
     input_size, batch_size, class_names = yolo.model_image_size, yolo.batch_size, yolo.class_names
     video = make_synthetic_video(
         os.path.join(folder, "input.mp4"), num_frames=num_frames, frame_size=frame_size, fps=25.0
@@ -138,40 +195,26 @@ def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) 
     with VideoReader(video) as reader:
         frames = np.stack([letterbox_array(rgb, input_size) for _, rgb, _ in reader])
     model_name = "YOLOv3" if full else "tiny YOLOv3"
+    gpus = len(backend_inference.local_devices()[0])
     logger.info(
         f"{model_name} {input_size[0]}x{input_size[1]}, {len(class_names)} classes; {len(frames)} frames "
-        f"{frame_size[0]}x{frame_size[1]}; batch {batch_size}; "
-        f"{os.cpu_count()} CPUs, GPUs: {len(backend_inference.local_devices()[0])}; {NAME}",
+        f"{frame_size[0]}x{frame_size[1]}; batch {batch_size}; {os.cpu_count()} CPUs, GPUs: {gpus}; {NAME}",
     )
-
-    forward = backend_inference.compile_forward(body, input_size)
     batches = [frames[i : i + batch_size].astype(np.float32) / 255.0 for i in range(0, len(frames), batch_size)]
     output = os.path.join(folder, "output.mp4")
-    # Warm-up: tracing and first-shape setup are not timed.
-    time_forward(forward, batches[:2])
-    process_video(yolo, video, output, batch_size=batch_size, max_frames=2 * batch_size, progress=False)
+    for _, detector, forward in sides:  # warm-up: tracing and first-shape setup are not timed
+        time_forward(forward, batches[:2])
+        process_video(detector, video, output, batch_size=batch_size, max_frames=2 * batch_size, progress=False)
 
-    # Interleaved rounds, best of each: a machine shared with other work
-    # slows both measurements alike instead of whichever ran second.
-    # CPU time (all threads of this process) per frame is reported too: on a
-    # machine shared with other work, wall-clock rates favour whichever
-    # side runs more threads, CPU time does not.
-    bare, best = 0.0, None
-    cpu_forward, cpu_full = [], []
+    # Interleaved rounds, best of each: a machine shared with other work slows every side alike instead of
+    # whichever ran last. CPU time (all threads of this process) per frame is reported too: on a shared
+    # machine, wall-clock rates favour whichever side runs more threads, CPU time does not.
+    figures: dict[str, dict] = {}
     for round_index in range(repeats):
-        cpu = time.process_time()
-        fps = time_forward(forward, batches)
-        cpu_forward.append((time.process_time() - cpu) / len(frames))
-        cpu = time.process_time()
-        stats = process_video(yolo, video, output, batch_size=batch_size, progress=False)
-        cpu_full.append((time.process_time() - cpu) / stats["frames"])
-        logger.info(
-            f"round {round_index + 1}: bare forward {fps:.2f} frames/s ({1000 * cpu_forward[-1]:.1f} CPU-ms/frame), "
-            f"full path {stats['fps']:.2f} frames/s ({1000 * cpu_full[-1]:.1f} CPU-ms/frame)",
-        )
-        bare = max(bare, fps)
-        if best is None or stats["fps"] > best["fps"]:
-            best = stats
+        for name, detector, forward in sides:
+            logger.info(f"round {round_index + 1}, " + _round(name, detector, forward, batches, video, output, figures))
+    keras = figures["keras"]
+    best, bare = keras["full"], keras["forward_fps"]
     logger.info(f"bare forward pass: {bare:.2f} frames/s")
     logger.info(
         f"full video path (decode, letterbox, model, NMS, draw, encode): {best['fps']:.2f} frames/s, "
@@ -191,13 +234,37 @@ def _measure(yolo, body, folder: str, *, num_frames, frame_size, full, repeats) 
         "frame_size": list(frame_size),
         "batch_size": batch_size,
         "boxes_per_frame": round(best["detections"] / max(best["frames"], 1), 2),
-        "forward_cpu_ms_per_frame": round(1000 * min(cpu_forward), 2),
-        "full_cpu_ms_per_frame": round(1000 * min(cpu_full), 2),
-        "cpu_ratio": round(min(cpu_forward) / min(cpu_full), 4),
+        "forward_cpu_ms_per_frame": round(1000 * min(keras["forward_cpu"]), 2),
+        "full_cpu_ms_per_frame": round(1000 * min(keras["full_cpu"]), 2),
+        "cpu_ratio": round(min(keras["forward_cpu"]) / min(keras["full_cpu"]), 4),
+        "exported": [_export_figures(name, figures[name], best) for name, _, _ in sides[1:]],
         "cpus": os.cpu_count(),
-        "gpus": len(backend_inference.local_devices()[0]),
+        "gpus": gpus,
         "backend": NAME,
         "machine": platform.machine(),
         "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     return result
+
+
+def _export_figures(path: str, figures: dict, keras_best: dict) -> dict:
+    """An export's row of the result; `keras_ratio` is the Keras full path's frames/s over the export's."""
+    # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
+    from keras_yolo_mgpu.inference.export_formats import export_format
+
+    best = figures["full"]
+    row = {
+        "path": path,
+        "format": export_format(path),
+        "fps": round(best["fps"], 3),
+        "forward_fps": round(figures["forward_fps"], 3),
+        "boxes_per_frame": round(best["detections"] / max(best["frames"], 1), 2),
+        "forward_cpu_ms_per_frame": round(1000 * min(figures["forward_cpu"]), 2),
+        "full_cpu_ms_per_frame": round(1000 * min(figures["full_cpu"]), 2),
+        "keras_ratio": round(keras_best["fps"] / best["fps"], 4) if best["fps"] else 0.0,
+    }
+    logger.info(
+        f"{path}: full path {row['fps']:.2f} frames/s, its runtime's call {row['forward_fps']:.2f}; "
+        f"the Keras path runs at {row['keras_ratio']:.3f}x it"
+    )
+    return row

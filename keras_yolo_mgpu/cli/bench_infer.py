@@ -62,6 +62,14 @@ def build_parser() -> ArgumentParser:
         help="interleaved runs of each measurement; the best counts (default: 5)",
     )
     parser.add_argument("--output-dir", default=None, help="keep the video files here (default: a temporary folder)")
+    parser.add_argument(
+        "--exported",
+        nargs="+",
+        default=(),
+        metavar="PATH",
+        help="exports of --weights (.onnx, .tflite, SavedModel folder; `python -m keras_yolo_mgpu.export`) "
+        "timed in the same rounds, each by its own runtime",
+    )
     return parser
 
 
