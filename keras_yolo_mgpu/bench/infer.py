@@ -233,11 +233,11 @@ def _measure(sides, folder: str, *, num_frames, frame_size, full, repeats) -> di
         "frames": best["frames"],
         "frame_size": list(frame_size),
         "batch_size": batch_size,
-        "boxes_per_frame": round(best["detections"] / max(best["frames"], 1), 2),
+        "boxes_per_frame": _boxes_per_frame(best),
         "forward_cpu_ms_per_frame": round(1000 * min(keras["forward_cpu"]), 2),
         "full_cpu_ms_per_frame": round(1000 * min(keras["full_cpu"]), 2),
         "cpu_ratio": round(min(keras["forward_cpu"]) / min(keras["full_cpu"]), 4),
-        "exported": [_export_figures(name, figures[name], best) for name, _, _ in sides[1:]],
+        "exported": [_export_figures(detector, figures[name], best) for name, detector, _ in sides[1:]],
         "cpus": os.cpu_count(),
         "gpus": gpus,
         "backend": NAME,
@@ -247,18 +247,19 @@ def _measure(sides, folder: str, *, num_frames, frame_size, full, repeats) -> di
     return result
 
 
-def _export_figures(path: str, figures: dict, keras_best: dict) -> dict:
-    """An export's row of the result; `keras_ratio` is the Keras full path's frames/s over the export's."""
-    # Keras, and the modules that import it, when the benchmark runs: importing this module starts no backend.
-    from keras_yolo_mgpu.inference.export_formats import export_format
+def _boxes_per_frame(stats: dict) -> float:
+    return round(stats["detections"] / max(stats["frames"], 1), 2)
 
-    best = figures["full"]
+
+def _export_figures(detector, figures: dict, keras_best: dict) -> dict:
+    """An export's row of the result; `keras_ratio` is the Keras full path's frames/s over the export's."""
+    best, path = figures["full"], detector.model_path
     row = {
         "path": path,
-        "format": export_format(path),
+        "format": detector.format,
         "fps": round(best["fps"], 3),
         "forward_fps": round(figures["forward_fps"], 3),
-        "boxes_per_frame": round(best["detections"] / max(best["frames"], 1), 2),
+        "boxes_per_frame": _boxes_per_frame(best),
         "forward_cpu_ms_per_frame": round(1000 * min(figures["forward_cpu"]), 2),
         "full_cpu_ms_per_frame": round(1000 * min(figures["full_cpu"]), 2),
         "keras_ratio": round(keras_best["fps"] / best["fps"], 4) if best["fps"] else 0.0,
