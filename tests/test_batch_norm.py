@@ -8,7 +8,9 @@ import pytest
 import tensorflow as tf
 
 from keras_yolo_mgpu.backend.tensorflow import batch_norm as batch_norm_tf
-from keras_yolo_mgpu.model.batch_norm import BatchNormalization
+from keras_yolo_mgpu.model.batch_norm import BatchNormalization, fold_batch_norm
+from keras_yolo_mgpu.model.yolo3 import build_body
+from keras_yolo_mgpu.resources import get_anchors, resolve_resource
 
 
 def _build_with_parameters(layer, shape):
@@ -179,3 +181,61 @@ def test_synchronized_fused_step_on_an_empty_global_batch_is_finite(logical_cpus
     assert global_path == [True, True]
     for result in results:
         assert np.isfinite(result).all()
+
+
+def _with_statistics(model, seed=0):
+    """`model` with every BatchNormalization given distinct, non-trivial gamma, beta and moving statistics."""
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            channels = layer.moving_mean.shape[0]
+            for variable, (low, high) in zip(
+                (layer.gamma, layer.beta, layer.moving_mean, layer.moving_variance),
+                ((0.5, 1.5), (-0.3, 0.3), (-1.0, 1.0), (0.5, 2.0)),
+            ):
+                if variable is not None:
+                    variable.assign(rng.uniform(low, high, channels))
+    return model
+
+
+def _batch_norms(model):
+    return [layer.name for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def test_fold_batch_norm_folds_each_convolution_it_alone_feeds_and_computes_the_same():
+    """Inference outputs as Keras's BatchNormalization computes them; only the foldable ones go."""
+    x = keras.Input((12, 12, 3))
+    a = keras.layers.Conv2D(4, 3, padding="same", use_bias=False, name="no_bias")(x)
+    a = BatchNormalization(name="bn_no_bias")(a)
+    a = keras.layers.LeakyReLU(0.1)(a)
+    b = keras.layers.Conv2D(4, 1, name="with_bias")(a)
+    b = BatchNormalization(center=False, scale=False, name="bn_plain")(b)
+    shared = keras.layers.Conv2D(4, 1, name="shared")(b)  # feeds a normalisation and an addition: kept
+    c = BatchNormalization(name="bn_shared")(shared)
+    c = keras.layers.Add()([c, shared])
+    d = keras.layers.Conv2D(4, 1, activation="relu", name="activated")(c)  # normalises a ReLU's output: kept
+    d = BatchNormalization(name="bn_activated")(d)
+    model = _with_statistics(keras.Model(x, [d, a]))
+    before = [w.copy() for w in model.get_weights()]
+    folded = fold_batch_norm(model)
+    assert _batch_norms(folded) == ["bn_shared", "bn_activated"]
+    assert folded.get_layer("no_bias").use_bias and folded.get_layer("with_bias").use_bias
+    images = np.random.default_rng(3).normal(size=(2, 12, 12, 3)).astype(np.float32)
+    for got, want in zip(folded(images, training=False), model(images, training=False), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    for got, want in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(got, want)  # the body is untouched
+    folded.get_layer("no_bias").kernel.assign(np.zeros((3, 3, 3, 4)))
+    assert np.abs(model.get_layer("no_bias").kernel.numpy()).max() > 0  # and shares no variable with the copy
+
+
+@pytest.mark.parametrize("kind", ["yolov3-tiny", "yolov4"])
+def test_fold_batch_norm_folds_every_normalisation_of_the_networks(kind):
+    anchors = get_anchors(resolve_resource(None, "anchors", model=kind))
+    body = _with_statistics(build_body(anchors, 3, model=kind), seed=1)
+    folded = fold_batch_norm(body)
+    assert _batch_norms(body) and not _batch_norms(folded)
+    images = np.random.default_rng(4).random((1, 64, 64, 3), dtype=np.float32)
+    for got, want in zip(folded(images, training=False), body(images, training=False), strict=True):
+        want = np.asarray(want)
+        assert np.abs(np.asarray(got) - want).max() <= 1e-5 * np.abs(want).max()

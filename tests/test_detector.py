@@ -238,9 +238,10 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
     test_images = random_images(3, seed=8)
     found = 0
     for a, b in zip(loaded.detect_batch(test_images), in_memory.detect_batch(test_images)):
-        np.testing.assert_array_equal(a.boxes, b.boxes)
-        np.testing.assert_array_equal(a.scores, b.scores)
+        # The file's detector folds the batch normalisations into the convolutions: float32 rounding apart.
         np.testing.assert_array_equal(a.classes, b.classes)
+        np.testing.assert_allclose(a.boxes, b.boxes, rtol=0, atol=1e-3)
+        np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-5)
         found += a.num_boxes
     assert found > 0
 

@@ -110,6 +110,7 @@ def run_infer_benchmark(
     from keras_yolo_mgpu.backend import inference as backend_inference
     from keras_yolo_mgpu.inference.detector import YOLO, load_body
     from keras_yolo_mgpu.inference.export_formats import ExportedDetector, export_format, open_runner
+    from keras_yolo_mgpu.model.batch_norm import fold_batch_norm
 
     if exported and not weights:
         raise ValueError("exported models are timed against the weights they were exported from: give --weights")
@@ -125,6 +126,7 @@ def run_infer_benchmark(
     else:
         class_names = [f"class_{i}" for i in range(num_classes)]
         body = _random_body(anchors_array, len(class_names), output_gain=output_gain, model=kind)
+    body = fold_batch_norm(body)  # as `YOLO` runs a weights file
     yolo = YOLO.from_body(
         body,
         anchors_array,

@@ -2,7 +2,9 @@
 
 keras-yolo3's detector class with its constructor arguments, on a model
 built for inference (never the training model): the body from
-`model.build_body`, then the `YoloDecode` and `YoloNMS` layers. Any file
+`model.build_body` with its batch normalisations folded into the
+convolutions (`model.batch_norm.fold_batch_norm`; `YOLO.from_body` shares
+the body it is given as it is), then the `YoloDecode` and `YoloNMS` layers. Any file
 `checkpoints.load_weights` reads loads, whatever machine wrote it: this
 project's checkpoints from a 4-GPU run, Keras 2 `.h5` files from keras-yolo3
 (nested `multi_gpu_model` files included) and `convert.py` output.
@@ -30,6 +32,7 @@ from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
 from keras_yolo_mgpu.inference.layers import build_detection_model
 from keras_yolo_mgpu.model.architectures import get_architecture
+from keras_yolo_mgpu.model.batch_norm import fold_batch_norm
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 from keras_yolo_mgpu.weights.loading import load_weights
 from keras_yolo_mgpu.weights.metadata import make_metadata, settings_for
@@ -178,7 +181,7 @@ class YOLO:
                 input_shape=model_image_size,
             )
         with backend_inference.outside_distribution():  # the detector's own weights, wherever it is built
-            body = load_body(model_path, settings.anchors_array, settings.num_classes, settings.kind)
+            body = fold_batch_norm(load_body(model_path, settings.anchors_array, settings.num_classes, settings.kind))
         self.model_path = model_path
         self._setup(body, settings, score, iou, gpu_num, max_boxes, max_detections, batch_size)
 
@@ -234,7 +237,7 @@ class YOLO:
 
     def _replica(self) -> keras.Model:
         """Another inference model with a copy of the body's weights (TensorFlow's extra devices)."""
-        replica_body = build_body(self.anchors, len(self.class_names), model=self.kind)
+        replica_body = keras.models.clone_model(self.body)
         replica_body.set_weights(self.body.get_weights())
         return self._wrap(replica_body)
 
