@@ -15,13 +15,10 @@ keras-yolo3's `get_random_data` draws, per image (input `w` x `h`):
   canvas, dropped when 1 px wide/high or less, at most `max_boxes` kept.
 
 Here the random numbers are TensorFlow's stateless ones, made in numpy
-(`stateless_random`: the same draws with or without TensorFlow), one seed per
-stream position; the same formulas turn them into parameters
-(`augmentation_params`, tested against the reference generator draw for
-draw). The host resizes, places and flips the image in uint8 (`place_image`)
-and moves the boxes (`augment_boxes`); the HSV jitter is only drawn here: it
-runs on the device, in the train step (`data.device_side.distort_hsv`).
-Differences from keras-yolo3, all deliberate:
+(`stateless_random`), one seed per stream position, turned into parameters by
+the same formulas (`augmentation_params`). The HSV jitter is only drawn here:
+it runs on the device (`data.device_side.distort_hsv`). Differences from
+keras-yolo3, all deliberate:
 
 - resampling: area averaging for shrinking axes (antialiased, like PIL's
   filters) and bilinear interpolation for growing ones instead of PIL BICUBIC
@@ -32,9 +29,6 @@ Differences from keras-yolo3, all deliberate:
   of up to 1 px towards the top-left);
 - HSV is computed in float32 (`keras.ops`, on the device)
   instead of float64 with matplotlib (differences ~1e-6, tested).
-
-Validation and training without augmentation use the letterbox
-(`data.letterbox`), a different geometry with no randomness.
 """
 
 from __future__ import annotations
@@ -216,9 +210,7 @@ def augment_boxes(
 ) -> np.ndarray:
     """Moves boxes with the image: shuffle, scale, shift, flip, clip, filter.
 
-    The arithmetic is float32, step by step as the TF version computed it
-    (`x * float32(nw / iw) + dx`), so the boxes are bitwise those of earlier
-    runs.
+    The arithmetic is float32, step by step: `x * float32(nw / iw) + dx`.
 
     Args:
         boxes: (K, 5) float32 x_min, y_min, x_max, y_max, class in image pixels.

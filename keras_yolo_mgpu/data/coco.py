@@ -17,13 +17,8 @@ Boxes: ``[x, y, width, height]`` becomes ``x, y, x + width, y + height``
 size are skipped; images left without boxes are left out unless
 ``--keep-empty``. Image paths are ``--image-dir`` joined with ``file_name``.
 
-keras-yolo3's own coco_annotation.py writes other lines from the same JSON;
-:func:`keras_yolo3_coco_lines` reproduces them (``python coco_annotation.py``
-without flags): boxes truncated to whole pixels (``int(x)``,
-``int(x) + int(width)``, so up to 2 px smaller than the box), crowd regions
-and zero-size boxes kept, images in the order of their first annotation,
-paths ``<image dir>/%012d.jpg`` of the image id, and class ids from its fixed
-table of COCO's 80 category ids (:data:`COCO_CATEGORY_IDS`).
+``python coco_annotation.py`` without flags writes keras-yolo3's own lines
+instead (:func:`keras_yolo3_coco_lines`).
 """
 
 from __future__ import annotations
@@ -196,7 +191,8 @@ def keras_yolo3_coco_lines(instances: dict, image_dir: str) -> list[str]:
     annotation, in the order of each image's first annotation, with the path
     ``image_dir/<image_id as %012d>.jpg``; every annotation, crowd regions
     and zero-size boxes included, as ``int(x), int(y), int(x) + int(w),
-    int(y) + int(h)``; class ids from :data:`COCO_CATEGORY_IDS`.
+    int(y) + int(h)`` (up to 2 px smaller than the box); class ids from
+    :data:`COCO_CATEGORY_IDS`.
 
     Args:
         instances: the parsed JSON (only ``annotations`` is read).

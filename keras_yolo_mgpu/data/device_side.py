@@ -1,35 +1,25 @@
 """The device's part of the input pipeline, in `keras.ops`: HSV jitter, scaling, targets.
 
-The host (`data.host`) hands over what only it can make: the uint8 canvas,
-the boxes padded to `max_boxes`, and the HSV jitter's draws. The train step
-finishes the batch on the device, for TensorFlow and JAX alike:
+The host (`data.host`) hands over the uint8 canvas, the boxes padded to
+`max_boxes` and the HSV jitter's draws; the train step finishes the batch on
+the device, for TensorFlow and JAX alike:
 
-- `distort_hsv`: keras-yolo3's HSV jitter, per image quadrant (a mosaic's
-  tiles keep their own draws), with OpenCV's float HSV arithmetic, and the
-  scaling to [0, 1]; a neutral draw passes the image through as
-  `image / 255` exactly (`to_float`), which is what validation gets;
-- `build_targets`: keras-yolo3's `preprocess_true_boxes` from the padded
-  boxes, bitwise: so the dense grids (3.6 MB per 416 px image with 80
-  classes) are made where they are used instead of crossing the bus;
+- `distort_hsv`: keras-yolo3's HSV jitter per image quadrant, with OpenCV's
+  float HSV arithmetic, and the scaling to [0, 1]; a neutral draw (validation)
+  gives `to_float(image)` exactly;
+- `build_targets`: keras-yolo3's `preprocess_true_boxes`, bitwise, so the
+  dense grids are made where they are used instead of crossing the bus
+  (`preprocess_true_boxes`, numpy in and out, is a thin wrapper over it);
 - `DeviceInputs`: both, as a Keras layer in front of the body.
-
-`build_targets` is the package's one implementation of keras-yolo3's
-targets; `preprocess_true_boxes`, keras-yolo3's public name (numpy in,
-numpy out), is a thin wrapper over it.
 
 Everything has static shapes (jit-compilable; comparisons, gathers and
 per-image reductions instead of boolean masks and scatters, so a batch split
-over devices needs no exchange) and uses float32 only: JAX without x64 has
-no float64, so the one place where keras-yolo3's numpy arithmetic is float64
-(the cell index, `floor(x * grid)` of a float32 `x`) is computed exactly
-from float32 partial products (`_floor_of_product`). What decides a cell is
-exact on any device by construction: the centres' quotients come from a
-table of numpy's (`_quotients`), not from the device's division, and the
-floor uses exact products only.
-
-The OpenCV jitter (tests/hsv_reference.py) and keras-yolo3's numpy targets
-(tests/keras_yolo3_targets.py) are what tests/test_device_side.py compares
-these with, on both backends.
+over devices needs no exchange) and uses float32 only: JAX without x64 has no
+float64, so keras-yolo3's one float64 step (the cell index, `floor(x * grid)`)
+is computed exactly from float32 partial products (`_floor_of_product`), and
+the centres' quotients come from a table of numpy's (`_quotients`), not from
+the device's division. tests/test_device_side.py compares all of it with
+OpenCV's jitter and keras-yolo3's numpy targets on both backends.
 """
 
 from __future__ import annotations
@@ -81,12 +71,9 @@ def distort_hsv(images, hsv):
     OpenCV's float HSV arithmetic (tests/hsv_reference.py is the reference):
     H in degrees from the largest channel, S = (max - min) / max, V = max;
     the hue is shifted by `hue` of a turn (wrapped), S and V are scaled and
-    clipped at 1, and the sextant formula goes back to RGB.
-    Against OpenCV on all 256^3 colours with four draws it stays within
-    2e-6, the bound tests/test_device_side.py checks random pixels against
-    (docs/measurements.md, "Figures moved from the code's comments"). A
-    quadrant whose draw is `data.host.NEUTRAL_HSV` (0, 1, 1) comes out as
-    `to_float(images)` exactly.
+    clipped at 1, and the sextant formula goes back to RGB. Within 2e-6 of
+    OpenCV on all 256^3 colours. A quadrant whose draw is
+    `data.host.NEUTRAL_HSV` comes out as `to_float(images)` exactly.
 
     Args:
         images: (B, H, W, 3) uint8 RGB (H, W even).
@@ -130,22 +117,29 @@ def distort_hsv(images, hsv):
     return ops.where(neutral, to_float(images), jittered)
 
 
+def _three_parts(x):
+    """`x` as `high + middle + low`, each of at most 13 significant bits for `x` in [0, 2).
+
+    Each part's product with an integer below 2**11 is exact in float32 (an FMA
+    contraction changes nothing).
+    """
+    high = ops.floor(x * 4096.0) / 4096.0  # bits 2^0 .. 2^-12
+    rest = x - high
+    middle = ops.floor(rest * 16777216.0) / 16777216.0  # 2^-13 .. 2^-24
+    return high, middle, rest - middle  # the last: below 2^-24
+
+
 def _floor_of_product(x, n):
     """`floor(x * n)` of float32 `x` in [0, 2) and integer-valued `n` < 2048, computed exactly.
 
     keras-yolo3's numpy multiplies a float32 `x` by an int32 grid size in
     float64, where the product is exact; a float32 product can round up onto
     the next integer. The floor of the rounded product is then one too
-    large, which the exact sign of `x * n - floor` reveals: `x` split into
-    three parts of at most 13 significant bits has exact float32 products
-    with `n` (11 bits), and their sum's sign survives rounding (FMA
-    contraction changes nothing: every product is exact).
+    large, which the exact sign of `x * n - floor` reveals: the products of
+    `x`'s `_three_parts` with `n` are exact, and their sum's sign survives rounding.
     """
     floor = ops.floor(x * n)
-    high = ops.floor(x * 4096.0) / 4096.0  # bits down to 2^-12
-    rest = x - high
-    middle = ops.floor(rest * 16777216.0) / 16777216.0  # 2^-13 .. 2^-24
-    low = rest - middle  # below 2^-24 (at most 11 bits for x >= 2^-11)
+    high, middle, low = _three_parts(x)
     excess = (high * n - floor) + middle * n
     excess = excess + low * n
     return floor - ops.cast(excess < 0.0, "float32")
@@ -177,15 +171,12 @@ def _exact_quotient(values, size: int):
     A GPU's float32 division may be off by an ulp or two (under XLA, in over
     a quarter of the centre quotients measured: BENCHMARKS.md, "The JAX
     trainer on one GPU"). One correction step makes it exact: with
-    `size = 2**p * k` (k < 2**11, odd or not), `y = values / 2**p` is exact,
-    the device's `q0 = y / k` is within a few ulps, and the residual
-    `y - q0 * k` is computed exactly from `q0` split into three parts of at
-    most 13 significant bits (each product with `k` exact in float32; an FMA
-    contraction changes nothing).
-    `q0 + residual / k` then rounds to the correctly rounded quotient: the
-    quotient of a float32 by an integer below 2**11 lies at least 2**-12 ulp
-    from a rounding boundary unless exact, far more than the error of
-    `residual / k`. Exact for quotients in [2**-12, 2) (boxes down to
+    `size = 2**p * k` (k < 2**11), `y = values / 2**p` is exact, the device's
+    `q0 = y / k` is within a few ulps, and the residual `y - q0 * k` is
+    computed exactly from `q0`'s `_three_parts`. `q0 + residual / k` then
+    rounds correctly: the quotient of a float32 by an integer below 2**11 lies
+    at least 2**-12 ulp from a rounding boundary unless exact, far more than
+    the error of `residual / k`. Exact for quotients in [2**-12, 2) (boxes down to
     size / 4096 pixels); smaller ones keep a few ulps.
 
     Args:
@@ -196,10 +187,7 @@ def _exact_quotient(values, size: int):
     odd = float(size // power)
     y = values / float(power)  # exact: a power of two
     q0 = y / odd
-    high = ops.floor(q0 * 4096.0) / 4096.0  # bits 2^0 .. 2^-12
-    rest = q0 - high
-    middle = ops.floor(rest * 16777216.0) / 16777216.0  # 2^-13 .. 2^-24
-    low = rest - middle  # below 2^-24
+    high, middle, low = _three_parts(q0)
     residual = ((y - high * odd) - middle * odd) - low * odd
     return q0 + residual / odd
 

@@ -4,37 +4,25 @@
     model.fit(feed.dataset, steps_per_epoch=..., ...)  # Keras's `GrainDatasetAdapter`
     feed.close()
 
-Element `k` of `feed.dataset` is batch `k` of the `HostBatches`, as Keras
-reads it (`host_processes.batch_arrays`: `(x, y[, sample_weight])`, `x` =
-`{"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5) float32, "hsv":
-(B, 12) float32}`). Batch `k` is a pure function of `k`, so any worker may
-make it: grain's `mp_prefetch` gives worker `i` of `N` the batches `i, i + N,
-...` and hands them back in order, so the batches and their order are the
-same for 0 (made in this process, on demand), 1 or N workers. A resumed run
-is a `HostBatches` with the `start_position` the run stopped at (as for the
-other feeds); grain's own iterator state (`get_state` / `set_state`) resumes
-an iterator of the same feed too.
+Element `k` of `feed.dataset` is batch `k` of the `HostBatches` as Keras reads
+it (`host_processes.batch_arrays`). Batch `k` is a pure function of `k`, and
+grain's `mp_prefetch` gives worker `i` of `N` the batches `i, i + N, ...` and
+hands them back in order, so the batches are the same for 0 (made here, on
+demand), 1 or N workers. grain's iterator state (`get_state` / `set_state`)
+resumes an iterator of the same feed.
 
-What grain does with a batch (grain 0.2.18, `process_prefetch`,
-`ipc.shared_memory_array`): a worker makes it, copies each array into a
-fresh shared block (`SharedMemoryArray`) and this process maps that block;
-the block is freed when the last view of it goes. Here a worker makes the
-images in their block in the first place (`HostBatches.batch(k, images)`),
-so the 0.5 MB per image is written once; arrays under `MIN_SHARED_BYTES`
-(boxes, HSV draws) are pickled instead. grain has no reuse of a block
-between batches: each batch's pages are faulted in and zeroed anew, on both
-sides (the hand-written process feed reuses its blocks,
+grain 0.2.18 (`process_prefetch`) copies each array a worker returns into a
+fresh shared block, freed when the last view of it goes. Here a worker makes
+the images in their block in the first place (`HostBatches.batch(k, images)`),
+so they are written once; arrays under `MIN_SHARED_BYTES` are pickled. grain
+reuses no block between batches (the hand-written process feed does,
 `host_processes.BatchSlots`).
 
-`--cache ram` with worker processes: one shared block of decoded images for
-all of them (`data.shared_image_cache.SharedImageCache`), as with the
-hand-written process feed. grain pickles the dataset itself (cloudpickle,
-before it starts a worker), which a `multiprocessing` lock refuses outside
-process start-up, so the cache's lock here is a file lock (`_FileLock`).
-
-Each worker runs OpenCV on one thread and keeps glibc's freed image buffers
-for its next images, as `host_processes.start_worker` does (measured there:
-less CPU per image, better scaling). Nothing here imports TensorFlow.
+`--cache ram` with worker processes: one `data.shared_image_cache.SharedImageCache`
+for them all. grain pickles the dataset (cloudpickle, before it starts a
+worker), which a `multiprocessing` lock refuses outside process start-up, so
+the cache's lock here is a file lock (`_FileLock`). Nothing here imports
+TensorFlow.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """Worker processes that make the host's batches: the feed past one interpreter lock.
 
 One JAX process drives every GPU of a host, and its worker threads share its
-interpreter lock: on a 16-core GPU host they decode and augment fewer
-YOLOv3-416 images per second than one GPU's step trains (BENCHMARKS.md, "The
-feed past one interpreter lock" and "The JAX trainer on one GPU").
-Processes have a lock each. This module is what runs in them: it imports
-numpy, OpenCV and Pillow through `data.host`, and neither Keras nor JAX nor
-TensorFlow, so a worker starts in about a second and holds no accelerator.
+interpreter lock: on a 16-core GPU host they make fewer YOLOv3-416 images per
+second than one GPU's step trains (BENCHMARKS.md, "The feed past one
+interpreter lock"). This module runs in the worker processes: it imports
+numpy, OpenCV and Pillow, and neither Keras nor JAX nor TensorFlow, so a worker
+starts in about a second and holds no accelerator.
 
-Each worker receives the `HostBatches` once (`start_worker`, the pool's
-initializer) and then only batch indices (`make_batch`): batch `k` is a pure
-function of `k` and the stream's settings, so the batches, and their order,
-are those of the threads, whatever the number of workers (tested).
-
-Workers end with the process that started them: they ignore Ctrl-C (the
-parent handles it and shuts the pool down), and a watchdog thread ends a
-worker whose parent has gone (killed with SIGKILL, say) within a second.
-
-What a worker logs (a truncated image, an unreadable one) is said by the
-training process, as its own threads' messages are: the workers send their
-log records to it (`WorkerLogs`), and a message said by several workers
-(each warns once per file) is said once.
+Each worker receives the `HostBatches` once (`start_worker`) and then only
+batch indices (`make_batch`): batch `k` is a pure function of `k`, so the
+batches and their order are the threads'. Workers ignore Ctrl-C (the parent
+shuts the pool down), and a watchdog thread ends a worker whose parent has
+gone. What a worker logs is said once by the training process (`WorkerLogs`).
 """
 
 from __future__ import annotations
@@ -195,14 +186,13 @@ class BatchSlots:
     """Shared blocks of the parent's that workers write batches into, made once and reused.
 
     A fresh block per batch costs over ten times the CPU per image of a block
-    reused (its pages faulted in and zeroed on both sides; BENCHMARKS.md,
-    "The feed past one interpreter lock"). `take` lends a block's name
-    for one batch; `give_back` returns it once the batch is dropped, or once
-    the last array `take_batch` lent from it is gone. Blocks are made as they
-    are needed: `count` at most while batches are only made ahead, more while
-    the consumer holds batches it was given (as it would hold their copies).
-    None once closed: the worker then makes a block of its own, as does one
-    whose batch does not fit. Thread-safe.
+    reused (its pages faulted in and zeroed on both sides). `take` lends a
+    block's name for one batch; `give_back` returns it once the batch is
+    dropped, or once the last array `take_batch` lent from it is gone. Blocks
+    are made as needed: `count` while batches are only made ahead, more while
+    the consumer holds batches it was given. `take` returns None once closed:
+    the worker then makes a block of its own, as does one whose batch does not
+    fit. Thread-safe.
     """
 
     def __init__(self, count: int, size: int):
@@ -262,13 +252,11 @@ class BatchSlots:
 def make_batch(index: int, slot: str | None = None):
     """Batch `index` of the worker's `HostBatches`, handed over in shared memory: `(block name, layout, own)`.
 
-    The images (16.6 MB of uint8 at 416 px and batch 32) are made in the
-    parent's block `slot` (a `BatchSlots` name), the small arrays copied in
-    after them (multi-scale's resized images too), and the parent reads them
-    once (`take_batch`), instead of their being pickled through a pipe and
-    unpickled (three copies and the parent's interpreter lock held for the
-    last). Without a slot, or when the batch does not fit it, the worker
-    makes a block of its own (`own` True), which the parent unlinks.
+    The images are made in the parent's block `slot` (a `BatchSlots` name),
+    the small arrays (and multi-scale's resized images) copied in after them,
+    and the parent reads them once (`take_batch`) instead of unpickling them
+    under its interpreter lock. Without a slot, or when the batch does not fit
+    it, the worker makes a block of its own (`own` True), which the parent unlinks.
     """
     block = made_in = None
     if slot is not None:
@@ -300,15 +288,12 @@ def make_batch(index: int, slot: str | None = None):
 def take_batch(handed, slots: BatchSlots, slot: str | None):
     """The parent's side of `make_batch(index, slot)`: the batch `(x, y[, sample_weight])` as numpy arrays.
 
-    The arrays are views of the block the worker wrote, not copies: the
-    block is lent with them, and goes back to `slots` (for another batch)
-    once the last of them, and every view of them, is gone. Copying out
-    would be nearly all of the training process's share of the feed's CPU
-    (docs/measurements.md, "Figures moved from the code's comments"). Placed on
-    a GPU, the transfer reads the block itself; on the CPU, JAX keeps the
-    views as the device arrays (their starts are 64-byte aligned), and the
-    block returns when the step's arrays are freed. A block the worker made
-    of its own is copied out and freed at once.
+    The arrays are views of the block the worker wrote, not copies (copying
+    out would be nearly all of the training process's share of the feed's
+    CPU): the block goes back to `slots` once the last view of them is gone.
+    On the CPU, JAX keeps the views as the device arrays (their starts are
+    64-byte aligned). A block the worker made of its own is copied out and
+    freed at once.
     """
     name, layout, own = handed
     if not own:

@@ -22,11 +22,9 @@ images, arrays from users or OpenCV) go through `to_rgb_array`; both return
   TensorFlow's decoders and keras-yolo3 use, so a box means the same pixels
   on every path.
 
-Training decodes with `decode_image`, the same reader with one option: a
-JPEG that will be shrunk anyway is decoded at 1/2, 1/4 or 1/8 scale by
-libjpeg's scaled DCT (Pillow's `draft`, PIL's own trick for thumbnails),
-several times faster. Those pixels equal TensorFlow's
-`decode_jpeg(ratio=...)`, which the pipeline used before (tests/test_images.py).
+Training decodes with `decode_image`, which decodes a JPEG that will be
+shrunk anyway at reduced scale: several times faster, and the pixels of
+TensorFlow's `decode_jpeg(ratio=...)` (tests/test_images.py).
 """
 
 from __future__ import annotations
@@ -73,9 +71,8 @@ def decode_image(path: str, reduce_to: tuple[int, int] | None = None) -> tuple[n
         path: any format Pillow reads.
         reduce_to: (width, height) the image will be resized to, or None. A
             JPEG at least twice as large on both axes is decoded at 1/2, 1/4
-            or 1/8 scale: the largest that keeps it at least this large
-            (libjpeg's DCT scaling: Pillow's `draft`, TF's `decode_jpeg(ratio)`).
-            Other formats are decoded whole.
+            or 1/8 scale, the largest that keeps it at least this large
+            (libjpeg's DCT scaling, Pillow's `draft`). Other formats are decoded whole.
 
     Returns:
         (pixels, scale, size): (ceil(H / scale), ceil(W / scale), 3) uint8

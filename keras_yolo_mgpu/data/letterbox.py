@@ -1,37 +1,23 @@
 """The letterbox: an image scaled to fit the network input, aspect kept, centred on grey.
 
-One geometry, keras-yolo3's (`letterbox_geometry`): for an image `iw x ih`
-and an input `w x h`, `scale = min(w / iw, h / ih)`, the resized image is
-`nw = int(iw * scale)` by `nh = int(ih * scale)` pixels (at least 1), pasted
-at `dx = (w - nw) // 2`, `dy = (h - nh) // 2` on a grey (128) canvas, and a
-box coordinate `x` moves to `x * scale + dx`. Adapters for each library:
+One geometry, keras-yolo3's (`letterbox_geometry`), and one set of pixels
+(`letterbox_array`) for validation, evaluation, the detector, video, export
+inputs and benchmarks, so the same image gives the same pixels on every path;
+`letterbox_image` is keras-yolo3's PIL name for it, and the pipeline's cache
+uses the two halves (`resize_for_letterbox`, `paste_letterbox`).
 
-- `letterbox_array`: numpy/OpenCV pixels, the one letterbox of validation
-  (`data.host`), evaluation, the detector, video, export inputs and
-  benchmarks, so the same image gives the same pixels on every path;
-- `letterbox_image`: the same pixels as a PIL image (keras-yolo3's public
-  name and signature);
-- `resize_for_letterbox` + `paste_letterbox`: the two halves, for the
-  pipeline's cache, which stores images resized and pastes them later;
-- `letterbox_boxes`: the box transform (numpy), for the input pipeline.
+The resampler is OpenCV's, fixed per scale: bicubic when enlarging
+(keras-yolo3's filter), bilinear for scale >= 0.5, area averaging below
+(anti-aliased, like Pillow's bicubic). OpenCV because the detector and the
+video path run it on every frame, where it is several times faster than
+Pillow; validation adopts it so that the validation loss is measured on the
+pixels the deployed model sees. keras-yolo3's Pillow BICUBIC differs by a few
+levels at edges, the geometry not at all.
 
-The resampler is the detector's OpenCV choice, fixed per scale: bicubic when
-enlarging (keras-yolo3's filter), bilinear for moderate shrinking (scale >=
-0.5, e.g. video frames into a 416 input), area averaging below (anti-aliased,
-like Pillow's bicubic). OpenCV rather than Pillow because the detector and
-the video path run it on every frame, where OpenCV is several times faster;
-validation adopts it so that the validation loss is measured on the pixels
-the deployed model sees. keras-yolo3 resized with Pillow BICUBIC: the pixels
-differ by a few levels at edges, the geometry not at all.
-
-The inverse (boxes from the input back to the image) is keras-yolo3's
-`yolo_correct_boxes` (`model.boxes`, `inference.layers.YoloDecode`), kept
-as keras-yolo3 wrote it: it rounds `nw, nh` to the nearest integer and
-centres without flooring, so it differs from the exact inverse of this
-geometry by under one input pixel.
-
-The training augmentation (random scale and placement, `data.augment`) is a
-different geometry, keras-yolo3's `get_random_data`, and stays there.
+The inverse is keras-yolo3's `yolo_correct_boxes` (`model.boxes`), kept as
+keras-yolo3 wrote it: it rounds `nw, nh` and centres without flooring, so it
+differs from the exact inverse of this geometry by under one input pixel. The
+training augmentation is a different geometry (`data.augment`).
 """
 
 from __future__ import annotations
@@ -59,7 +45,7 @@ __all__ = [
 
 
 class LetterboxGeometry(NamedTuple):
-    """Where an image lands in the letterboxed input.
+    """Where an image lands in the letterboxed input (image `iw x ih`, input `w x h`).
 
     Attributes:
         scale: input pixels per image pixel, `min(w / iw, h / ih)`.
@@ -79,7 +65,7 @@ class LetterboxGeometry(NamedTuple):
 
 
 def letterbox_geometry(image_size: tuple[int, int], canvas_size: tuple[int, int]) -> LetterboxGeometry:
-    """keras-yolo3's letterbox of an image into a canvas.
+    """keras-yolo3's letterbox of an image into a canvas (a box's `x` moves to `x * scale + left`).
 
     Args:
         image_size: (width, height) of the image.

@@ -4,16 +4,12 @@ With probability P a training element becomes a 2 x 2 mosaic: its own image
 and three others drawn at random from the dataset, each made into one tile of
 half the input's height and width (keras-yolo3's augmentation at the tile
 size, or the letterbox with `--no-augment`), with their boxes moved into
-the tile. The picture of YOLOv4 / ultralytics' mosaic (more objects per
-image, objects at half the size, context cut at the seams) on a fixed grid;
-their random centre and the extra crop are left out, the augmentation's own
-scale and placement jitter already varies every tile.
+the tile. YOLOv4 / ultralytics' mosaic on a fixed grid: their random centre
+and extra crop are left out, as the augmentation's own scale and placement
+jitter already varies every tile.
 
-Every draw (whether a mosaic, which images, each tile's augmentation) comes
-from the element's stateless seed, so the element is a pure function of
-(run seed, stream position, index): the same on 1 and N replicas, in any
-worker, and after a resume at the same position. Each tile keeps its own HSV
-draw: the device applies the jitter per quadrant (`data.device_side`).
+Every draw comes from the element's stateless seed (`data.host`), and each tile
+keeps its own HSV draw (the device jitters per quadrant).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Multi-scale training (`--multi-scale MIN,MAX`), Darknet's `random=1`.
 
 Every `BLOCK_STEPS` batches the training size changes to a new square size,
-a multiple of 32 in [MIN, MAX]. The size is a pure function of the run's seed
-and the batch's number in the training stream (`size_of_batch`), never of
-per-replica or per-worker state: the global batch is made at that size and
-then split, so every replica of a step gets the same size, and 1 and N
-replicas see the same sizes.
+a multiple of 32 in [MIN, MAX], a pure function of the run's seed and the
+batch's number in the stream (`size_of_batch`): the global batch is made at
+that size and then split, so 1 and N replicas see the same sizes.
 
 The host makes each image at MAX x MAX (augmentation or letterbox, as
 without multi-scale) and `rescale_batch` shrinks the whole batch to the

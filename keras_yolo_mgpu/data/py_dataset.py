@@ -3,38 +3,24 @@
     train = make_py_dataset(annotations, (416, 416), num_classes, 32, training=True, seed=0)
     model.fit(train, steps_per_epoch=steps_per_epoch(len(annotations), 32), ...)
 
-For Keras on JAX, where TensorFlow need not be installed (TPU VMs, JAX GPU
-images): nothing here or in `data.host` imports it (tests/test_host_pipeline.py
-runs this module in a process where `import tensorflow` fails). The batches
-are `data.host.HostBatches`' (the same as `make_dataset` yields on
-TensorFlow): `x = {"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5)
-float32, "hsv": (B, 12) float32}`, `y` float32 zeros (B, 1), and for
-validation `sample_weight` (B,); the device finishes them
-(`data.device_side.DeviceInputs`).
+For Keras on JAX, where TensorFlow need not be installed: nothing here or in
+`data.host` imports it. The batches are `make_dataset`'s (`data.tf_dataset`).
 
-Batches are made ahead in `workers` threads of the dataset's own, in order
-(decoding, resizing and OpenCV release the GIL), or in `workers` processes
-(`use_multiprocessing`, `data.host_processes`: the feed past one interpreter
-lock) whose batches threads then place on the devices, not in Keras's enqueuer:
-Keras 3.15's multi-worker enqueuer keeps one index counter for an endless
-dataset, and the first batch that `fit` takes to build the compiled loss
-(`Trainer._symbolic_build`) is then consumed and lost: training started at
-batch 1 (measured: a 1-step run's loss on JAX was batch 1's, not batch 0's
-as on TensorFlow). Keras itself sees a one-worker dataset, whose batch `k`
-is always stream batch `k`. Keras 3.15's JAX trainer copies a batch to the
-devices one step ahead on one device, but just before its step under a
-`keras.distribution` (`JAXEpochIterator._get_distributed_iterator`):
-`to_device` moves the copy into the worker threads, ahead of the step, e.g.
+Batches are made ahead in `workers` threads of the dataset's own, in order, or
+in `workers` processes (`use_multiprocessing`, `data.host_processes`), not in
+Keras's enqueuer: Keras 3.15's multi-worker enqueuer keeps one index counter
+for an endless dataset, and the batch `fit` takes to build the compiled loss
+(`Trainer._symbolic_build`) is then lost, so training started at batch 1.
+Keras itself sees a one-worker dataset, whose batch `k` is always stream batch
+`k`. Under a `keras.distribution`, Keras 3.15's JAX trainer copies a batch to
+the devices just before its step (`JAXEpochIterator._get_distributed_iterator`):
+`to_device` moves that copy into the worker threads, ahead of the step, e.g.
 `lambda batch: jax.device_put(batch, layout)` with `layout =
-distribution.get_data_layout((batch_size,)).backend_layout` (the batch axis
-only, which fits every rank); Keras then takes the placed arrays as they
-are (one process: `jax.make_array_from_process_local_data` of an array with
-the batch's sharding keeps its buffers). The training stream is endless (`num_batches` None): Keras keeps
-asking for batch k, k + 1, ... across epochs (batches made ahead at the end
-of an epoch are kept for the next), so batch `k` holds stream positions
-`start_position + k * batch_size ...`, as on TensorFlow. Under a
-multi-process JAX run each process makes its slice of every global batch:
-`num_shards=jax.process_count(), shard_index=jax.process_index()`.
+distribution.get_data_layout((batch_size,)).backend_layout`; Keras then takes
+the placed arrays as they are. The training stream is endless (`num_batches`
+None): Keras asks for batch k, k + 1, ... across epochs, as on TensorFlow. Under
+a multi-process JAX run each process makes its slice of every global batch
+(`num_shards=jax.process_count(), shard_index=jax.process_index()`).
 """
 
 from __future__ import annotations

@@ -4,27 +4,20 @@
 or the problem that keeps it out of training:
 
 - `"header"` (the default of every command): the size and format from the
-  file's header, plus a cheap integrity check, the JPEG end-of-image marker
-  (`FF D9`) in the file's last two bytes. A JPEG without it is truncated (or
-  carries bytes after its end): it is kept, and decoded as far as it goes
-  when training reads it (`images.decode_image`), with a warning naming it,
-  as a full decode did. A file whose header no reader parses (empty, not an
-  image, cut inside its header) is `unreadable-image`. About 30 us per JPEG
-  on a 2-core machine against about 1 ms for a full decode;
-- `"full"` (`check_dataset --full`): every image decoded as training decodes
-  it, as the checker always did;
+  file's header, plus the JPEG end-of-image marker (`FF D9`) in the last two
+  bytes. A JPEG without it is kept, and decoded as far as it goes when
+  training reads it, with a warning naming it. A file whose header no reader
+  parses is `unreadable-image`. Tens of microseconds per JPEG, against about
+  1 ms for a full decode; an image whose pixels then fail to decode is
+  skipped by training with a warning (`host.ImageSource.read`);
+- `"full"` (`check_dataset --full`): every image decoded as training decodes it;
 - `"none"` (`check_dataset --no-images`): only whether the file exists.
 
-An image whose header passes but whose pixels do not decode is found by
-training, which skips it with a warning naming it once (`host.ImageSource.read`).
-
-The record (`ScanRecord`): what a scan found, keyed by each image's path,
-size and modification time and by `SCAN_VERSION`, is written to the user's
-cache folder (`cache_dir()`, never the dataset's folder) so the next start
-stats the files instead of opening them; an entry whose file changed is
-scanned again, a record that is unreadable or of another version is ignored
-and rewritten, never trusted. Records are written atomically
-(`fileio.atomic_write`).
+The record (`ScanRecord`), keyed by each image's path, size and mtime and by
+`SCAN_VERSION`, is written atomically to the user's cache folder
+(`cache_dir()`, never the dataset's) so the next start stats the files
+instead of opening them; an entry whose file changed is scanned again, a
+record unreadable or of another version is rebuilt, never trusted.
 """
 
 from __future__ import annotations

@@ -1,28 +1,22 @@
 """The RAM cache of worker processes: one shared-memory block that all of them fill and read.
 
-`--cache ram` keeps each decoded image, resized to its letterbox size
-(`data.host.ImageSource`), in a dict of the process. Worker processes
-(`--feed processes`, `data.host_processes`) with a dict each would hold up
-to N copies of the dataset for N workers, and each would decode an image
-again the first time it met it: measured, several times the threads' CPU
-per image from the "RAM cache" (BENCHMARKS.md, "The feed past one
-interpreter lock"). This block holds every image once, for the training
+With a `--cache ram` dict each (`data.host.ImageSource`), N worker processes
+would hold up to N copies of the dataset and each decode an image again the
+first time it met it. This block holds every image once, for the training
 process and its workers alike.
 
 Layout: a table of `(num_images, 7)` int64 rows (state, file mtime_ns, file
-size, stored w, stored h, cached w, cached h), then each image's pixels at
-an offset fixed from its letterbox size (`Annotation.size`, read by the
-dataset check; the whole canvas when unknown), so the block's size is
-`check_cache_fits`' estimate. Pages are taken as images are written.
+size, stored w, stored h, cached w, cached h), then each image's pixels at an
+offset fixed from its letterbox size (`Annotation.size`; the whole canvas when
+unknown), so the block's size is `check_cache_fits`' estimate.
 
 An entry is written once: the first process to claim it (under the lock)
-writes the pixels, then marks it ready; every other process meanwhile
-decodes the image itself, and readers take the lock to read the state
-(a memory barrier: on any CPU a reader that sees "ready" sees the pixels).
-An entry whose file changed since (mtime or size) is never rewritten: that
-image is decoded from its file for the rest of the run. The block's name is
-freed by `close` (or by multiprocessing's resource tracker if the training
-process is killed); each process's mapping goes with it.
+writes the pixels, then marks it ready; other processes meanwhile decode the
+image themselves, and readers take the lock to read the state (a memory
+barrier: a reader that sees "ready" sees the pixels). An entry whose file
+changed since is never rewritten: that image is decoded from its file for the
+rest of the run. `close` frees the block's name (multiprocessing's resource
+tracker does if the training process is killed).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """TensorFlow's stateless random numbers in numpy, bit for bit, without TensorFlow.
 
-The training stream keys every random draw by the run's seed and the
-element's position (`data.host`): shuffling, the augmentation, mosaic and
-multi-scale. Those draws were made with TensorFlow's stateless generators;
-this module makes the same numbers with numpy alone, so the pipeline runs
-where TensorFlow is not installed (JAX machines) and still yields the images
-and boxes that the tf.data pipeline yielded for the same seed and position
-(tests/test_stateless_random.py compares every function with TensorFlow's).
+Every random draw of the training stream (`data.host`) is one of these, so the
+pipeline runs where TensorFlow is not installed and yields the same images and
+boxes for the same seed and position (tests/test_stateless_random.py compares
+every function with TensorFlow's).
 
 What TensorFlow 2.21 does on the CPU and GPU (`alg="auto_select"` is Philox):
 
@@ -25,8 +22,7 @@ What TensorFlow 2.21 does on the CPU and GPU (`alg="auto_select"` is Philox):
   becomes. An int32 seed means the same as the int64 seed of equal values.
 
 Every function takes seeds of shape (..., 2) int64 and draws for all of them
-at once (vectorised over the leading axes), so a whole batch of elements
-costs a few numpy calls.
+at once (vectorised over the leading axes).
 """
 
 from __future__ import annotations

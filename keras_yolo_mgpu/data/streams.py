@@ -1,21 +1,9 @@
 """The training run's input streams on each backend: one place that says which pipeline feeds which engine.
 
-Both backends get the same batches (`data.host.HostBatches`: uint8 images
-placed on the canvas, padded boxes, HSV draws), which the training model
-finishes on the device (`data.device_side.DeviceInputs`):
-
-* **TensorFlow**: `tf.data` around the host's per-sample functions
-  (`data.tf_dataset.make_dataset`), distributed by the strategy
-  (`distribute_training_dataset`: under MultiWorkerMirroredStrategy each
-  worker builds only its slice).
-* **JAX**: a `keras.utils.PyDataset` of worker threads (`data.py_dataset`),
-  with no TensorFlow; each process makes its slice of every global batch,
-  and on one process the worker threads also copy each batch onto the
-  devices, sharded as the step reads it, ahead of the step.
-
-Which one feeds the engine is the backend's `distribution.INPUT_PIPELINE`
-(`keras_yolo_mgpu.backend`). Nothing here imports TensorFlow unless the
-engine is TensorFlow's.
+The backend's `distribution.INPUT_PIPELINE` picks it: tf.data on TensorFlow
+(`data.tf_dataset`, distributed by the strategy), a `keras.utils.PyDataset`
+on JAX (`data.py_dataset`, no TensorFlow imported), both serving the same
+`data.host.HostBatches`.
 """
 
 from __future__ import annotations
@@ -34,14 +22,11 @@ from keras_yolo_mgpu.data.py_dataset import make_py_dataset
 def choose_feed(feed: str, workers: int | None, on_accelerators: bool, cores: int | None = None) -> tuple[str, str]:
     """The JAX feed a run uses, and why, for the log: `feed` unless it is "auto".
 
-    "auto" takes worker processes where the steps run on accelerators and
-    two workers or more feed them: each process has its own interpreter
-    lock, so neither the progress bar and callbacks nor the step's dispatch
-    wait on the feed's Python, and two workers made more images per second
-    at less CPU per image than two threads (BENCHMARKS.md, "grain's worker processes
-    against the hand-written feeds"). On one core, or where the step computes on the CPU
-    (whose cores the workers share with it), worker threads: no process to
-    start, the same batches.
+    "auto" takes worker processes where the steps run on accelerators and two
+    workers or more feed them: each has its own interpreter lock, and two made
+    more images per second at less CPU per image than two threads
+    (BENCHMARKS.md, "grain's worker processes against the hand-written feeds").
+    On one core, or where the step computes on the CPU, worker threads.
     """
     if feed != "auto":
         return feed, f"--feed {feed}"

@@ -4,22 +4,13 @@
     train = make_dataset(annotations, (416, 416), anchors, num_classes, 32, training=True, seed=0)
     model.fit(train, steps_per_epoch=steps_per_epoch(len(annotations), 32), ...)
 
-The host's work (read, decode, resize, place, flip, move the boxes, draw the
-HSV jitter) is `data.host.HostBatches`, one definition shared with the
-TensorFlow-free pipeline (`data.py_dataset`); here it runs in a parallel
-tf.data map (`tf.numpy_function`, one batch per call; decoding, resizing and
-OpenCV release the GIL), which MirroredStrategy and multi-worker training
-(`distribute_training_dataset`) take as they are.
-
-Elements are `(x, y)` for training and `(x, y, sample_weight)` for
-validation: `x = {"image": (B, h, w, 3) uint8, "boxes": (B, max_boxes, 5)
-float32, "hsv": (B, 12) float32}` (see `data.host`), which the train step
-finishes on the device (the HSV jitter, the scaling and keras-yolo3's
-targets: `data.device_side.DeviceInputs`); `y` is float32 zeros (B, 1) (the
-model's output is its loss), `sample_weight` float32 (B,). Batches always
-hold exactly `batch_size` (the global batch) samples, so every replica of a
-multi-device run gets the same share; the stream, the validation weights and
-the handling of unreadable images are `data.host`'s.
+`data.host.HostBatches` runs in a parallel tf.data map (`tf.numpy_function`,
+one batch per call; decoding, resizing and OpenCV release the GIL), which
+MirroredStrategy and multi-worker training take as they are. Elements are
+`(x, y)` for training and `(x, y, sample_weight)` for validation: `x` is the
+host's batch (`data.host_processes.batch_arrays`), `y` float32 zeros (B, 1)
+(the model's output is its loss). Batches always hold exactly `batch_size`
+(the global batch) samples, so every replica gets the same share.
 """
 
 from __future__ import annotations
@@ -35,15 +26,7 @@ __all__ = ["DatasetBuilder", "distribute_training_dataset", "make_dataset", "ste
 
 
 class DatasetBuilder:
-    """`make_dataset`'s pipeline: the host's batches in a parallel tf.data map, then the model's inputs.
-
-    `build()` chains:
-
-    1. batch numbers: `Dataset.counter()` (training) or one pass
-       (`host.num_batches`, validation);
-    2. `load_batch`: `host.batch(k)` in `tf.numpy_function`, in parallel,
-       in order (`data.host.HostBatches`);
-    3. `to_model_inputs`: the dict Keras feeds the model.
+    """`make_dataset`'s pipeline: batch numbers -> `load_batch` (`host.batch(k)` in parallel) -> `to_model_inputs`.
 
     Takes `make_dataset`'s arguments; `host` is the `HostBatches` the
     options other than `masks` and `iou_thresh` go to.
@@ -98,10 +81,8 @@ class DatasetBuilder:
 def _graph_only(function):
     """`function` for `Dataset.map` without AutoGraph's source conversion.
 
-    The pipeline's functions hold no Python control flow on tensors, so
-    converting their source buys nothing; it cost ~1.5 s of every
-    `make_dataset` call on the 2-core machine (BENCHMARKS.md), paid at every
-    `train.py` start and stage.
+    The pipeline's functions hold no Python control flow on tensors; converting
+    their source cost ~1.5 s of every `make_dataset` call (BENCHMARKS.md).
     """
     return tf.autograph.experimental.do_not_convert(function)
 
@@ -167,15 +148,11 @@ def make_dataset(
 def distribute_training_dataset(strategy, annotations, input_shape, anchors, num_classes, batch_size, **kwargs):
     """The training stream for `strategy`, each input pipeline reading only its own images.
 
-    Under `MultiWorkerMirroredStrategy` (several input pipelines), handing
-    Keras the global stream makes every worker read, decode and augment every
-    image and keep 1/W of them (tf.data's data sharding). Here each pipeline
-    builds only its slice of every global batch (`make_dataset`'s
-    `num_shards`): the global batch holds the same images, with the same
-    augmentation, as with one worker, so N workers still train like one
-    device. With one input pipeline this is `make_dataset` itself.
-
-    (JAX's processes get their slices from `data.streams`.)
+    Under `MultiWorkerMirroredStrategy`, tf.data's own sharding would make
+    every worker read and augment every image and keep 1/W of them. Here each
+    pipeline builds only its slice of every global batch (`num_shards`), so the
+    global batch is the one-worker batch. With one input pipeline this is
+    `make_dataset` itself.
 
     Args:
         strategy: the `tf.distribute.Strategy` training runs under.

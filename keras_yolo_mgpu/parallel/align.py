@@ -1,25 +1,21 @@
 """Does training on N replicas equal training on one device? Measure it, layer by layer.
 
-The procedure is the one of the project's equivalence tests (and of the
-PP-YOLO "align 1 GPU with N GPUs" recipe): build the network twice, on one
-device and on N replicas, start both from the same weights, feed both the
-same global batches, take K optimizer steps and compare every weight. The
-per-sample loss (`model/loss.py`) and synchronised BatchNormalization make
-the N-replica step the same computation as the one-device step, so
+The PP-YOLO "align 1 GPU with N GPUs" recipe, as the equivalence tests run it:
+build the network on one device and on N replicas, start both from the same
+weights, feed both the same global batches, take K optimizer steps and compare
+every weight. The per-sample loss and synchronised BatchNormalization make the
+N-replica step the one-device step, so
 
-- in float64 the two runs agree to rounding (measured ~1e-16 against steps
-  of ~1e-3): any real difference (a loss scaled by the replica count,
-  per-replica BatchNormalization statistics, a layer missing from the
-  gradient reduction) is many orders of magnitude larger;
+- in float64 the runs agree to rounding (~1e-16 against steps of ~1e-3): any
+  real difference (a loss scaled by the replica count, per-replica BN
+  statistics, a layer missing from the gradient reduction) is far larger;
 - in float32 rounding differs between a batch of 8 and N batches of 8/N, and
-  training amplifies it (docs/multi-gpu.md): the differences are judged relative to
-  how far the weights moved (`FLOAT32_RELATIVE_THRESHOLD`). Layer by layer
-  that ratio is noisy in float32 (a flipped max-pool tie moves one layer's
-  gradient), so the verdict uses the largest difference over the largest
-  step; the per-layer ratios are printed to find where a difference starts.
+  training amplifies it (docs/multi-gpu.md): differences are judged relative
+  to how far the weights moved (`FLOAT32_RELATIVE_THRESHOLD`), over the whole
+  model, as per-layer ratios are noisy (a flipped max-pool tie); those are
+  printed to find where a difference starts.
 
-Nothing here reads flags or files: `cli/align.py` turns the command line
-into the `build` function and the batches.
+`cli/align.py` turns the command line into the `build` function and the batches.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """What runs on N devices: the one place the backend's engine, replica count and BN mode are decided.
 
-Training (`training/trainer.py`), the training benchmark (`bench/train.py`)
-and the equivalence tests all build their engine here, so they cannot
-drift apart. The backend is Keras's own switch (`KERAS_BACKEND`, or
-`~/.keras/keras.json`); what each backend does is in its
-`backend/<name>/distribution.py`, the same functions on both:
+Training, the training benchmark and the equivalence tests all build their
+engine here, so they cannot drift apart. The backend is Keras's own switch
+(`KERAS_BACKEND`); what each does is in its `backend/<name>/distribution.py`:
 
-* **TensorFlow**, `parallel="strategy"` (default): `MirroredStrategy` over
-  the selected devices (`OneDeviceStrategy` for one), or
-  `MultiWorkerMirroredStrategy` (`strategy="multiworker"`, configured by
-  `TF_CONFIG`); `parallel="multi_gpu_model"`: the default (no-op) strategy,
-  and the in-graph replica model of `backend/tensorflow/replica_model.py`
-  wraps the training model. BatchNormalization is synchronised across
-  replicas exactly when there is more than one replica under a
-  tf.distribute strategy and `sync_bn` is on.
+* **TensorFlow**, `parallel="strategy"` (default): `MirroredStrategy`
+  (`OneDeviceStrategy` for one device), or `MultiWorkerMirroredStrategy`
+  (`strategy="multiworker"`, `TF_CONFIG`); `parallel="multi_gpu_model"`: the
+  in-graph replica model of `backend/tensorflow/replica_model.py`.
+  BatchNormalization is synchronised when there is more than one replica
+  under a tf.distribute strategy and `sync_bn` is on.
 * **JAX**: `keras.distribution.DataParallel` over the selected devices of
-  every process: one SPMD program that XLA compiles at every device count,
-  with BatchNormalization over the global batch by construction.
-  TensorFlow's other choices have no meaning there and are refused with what
-  to use instead (`backend/jax/distribution.py`, `check_options`).
-
-`Engine.strategy` is what models are built and trained under: a
-`tf.distribute.Strategy`, or the Keras `Distribution` on JAX; both have
-`scope()`.
+  every process, with BatchNormalization over the global batch by
+  construction; TensorFlow's other choices are refused (`check_options`).
 """
 
 from __future__ import annotations
