@@ -11,10 +11,8 @@ background image. What this parser accepts beyond the original:
   the path, spaces included;
 - CRLF line endings, a UTF-8 byte-order mark, blank or whitespace-only lines
   (skipped; line numbers still count them, so `FILE:LINE` matches an editor);
-- relative paths, resolved against `root` when given; otherwise against the
-  annotation file's folder when the image exists there, else against the
-  current working directory (keras-yolo3's behaviour, which also covers the
-  usual case of an annotation file written into the working directory).
+- relative paths (`resolve_image_path`; keras-yolo3 resolved them against
+  the working directory only).
 
 Errors name the place: `AnnotationError("train.txt:12: malformed box token ...")`.
 """
@@ -61,10 +59,9 @@ class Annotation:
             class_id in image pixels; K == 0 for a background image.
         source: the annotation file ("<string>" when parsed from a string).
         line_number: 1-based line in `source`.
-        size: the image's stored (width, height) when the dataset check
-            read it from the header (None before; not part of equality), so
-            later steps (anchor fit, `labels.jpg`, the cache estimate) need
-            not open the file again.
+        size: the image's stored (width, height) once the dataset check read
+            its header, so later steps need not open the file (None before;
+            not part of equality).
     """
 
     image_path: str
@@ -197,8 +194,7 @@ def read_annotations(path: str, root: str | None = None) -> list[Annotation]:
 
     Args:
         path: the annotation file.
-        root: folder for relative image paths (default: the annotation file's
-            folder if the image is there, else the working directory).
+        root: folder for relative image paths (see `resolve_image_path`).
 
     Raises:
         AnnotationError: on the first malformed line (`FILE:LINE: ...`). Use

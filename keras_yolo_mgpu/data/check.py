@@ -17,22 +17,14 @@ modified. Problem kinds:
     duplicate-box       the same box twice on one line
     label-without-image a YOLO-format label file whose image does not exist
 
-Datasets in other formats (`data.dataset_source`: YOLO-format folders, COCO
-JSON, VOC XML) are checked by `check_records`: their readers report what is
-wrong with the file itself (a line with the wrong number of fields, a
-normalised coordinate outside [0, 1], a class id past the names) and hand
-the images they could read to the same image and box checks.
+Datasets in other formats (`data.dataset_source`) are checked by
+`check_records`: their readers report what is wrong with the file itself and
+hand the images they could read to the same image and box checks.
 
-Training runs `check_annotations` first and uses `report.annotations`: the
-lines without any problem, plus the lines whose only problems are boxes
-outside the image, repeated or degenerate boxes, repaired (boxes clipped to
-the image, repeats and boxes under 1 px dropped, the image and its other
-boxes kept) as keras-yolo3's generator clipped them.
-
-Whether labels were found at all is judged here too, the same way for every
-format: `CheckReport.no_boxes_message` (no box left in a split: training
-refuses to start) and `CheckReport.unlabelled_warning` (more than half of
-the images without labels). Both say where the reader looked for labels.
+Training uses `report.annotations`: the lines without any problem, plus those
+whose only problems are `REPAIRABLE`, repaired as keras-yolo3's generator
+clipped them. Whether labels were found at all is judged here too, for every
+format (`CheckReport.no_boxes_message`, `unlabelled_warning`).
 """
 
 from __future__ import annotations
@@ -268,9 +260,8 @@ def _screen_boxes(records: list[Annotation], sizes: np.ndarray, num_classes: int
     """(N,) bool: the records with a box `_box_problems` may report, found with array operations.
 
     Only those go through the per-box Python checks (which word the
-    messages), so 828k clean boxes cost a fraction of a second, not tens.
-    The tests are `degenerate_box_reason`'s and `_box_problems`' own, in
-    float64 as Python floats compute them.
+    messages). The tests are `degenerate_box_reason`'s and `_box_problems`'
+    own, in float64 as Python floats compute them.
 
     Args:
         records: N records.
@@ -313,12 +304,7 @@ def check_records(
     """Checks a split of any format and its images; never modifies anything.
 
     Args:
-        split: what a reader made of the dataset's entries (lines, label
-            files, JSON images, XML files): the records it could read, what
-            it found wrong with the others (or the bad boxes it left out),
-            the entries listed, and what it found about the labels
-            themselves, for `CheckReport.no_boxes_message` and
-            `unlabelled_warning`.
+        split: what a reader made of the dataset's entries (`SplitRecords`).
         num_classes: valid class ids are [0, num_classes).
         check_images: read every image's header (finds unreadable files and
             gives the size that boxes are checked against; `data.scan`). When

@@ -1,20 +1,14 @@
 """The host's part of the input pipeline: uint8 images, padded boxes and HSV draws, batch by batch.
 
-One definition of what the host does, shared by both pipelines:
-
-- `data.tf_dataset.make_dataset`: tf.data (TensorFlow: MirroredStrategy,
-  multi-worker), which calls `HostBatches.batch` in parallel maps;
-- `data.py_dataset.make_py_dataset`: a `keras.utils.PyDataset` with worker
-  threads, for JAX, where TensorFlow need not be installed.
-
-Both yield the same batches (tests/test_host_pipeline.py). The host does only
-what needs the file or the whole image: it reads the bytes, decodes (a JPEG
-at 1/2, 1/4 or 1/8 scale when it will shrink that much anyway), resizes and
-places the image on the canvas, flips it, moves the boxes, and draws the
-HSV jitter's parameters. The device does the rest in the train step
-(`data.device_side`): the HSV jitter, the scaling to [0, 1], and keras-yolo3's
-targets from the padded boxes, so the dense target grids (116 MB per batch of
-32 at 416 px with 80 classes, against 13 KB of boxes) never cross the bus.
+One definition of what the host does, shared by every feed (tf.data in
+`data.tf_dataset`, the `keras.utils.PyDataset` of `data.py_dataset`, worker
+processes, grain), which all yield the same batches. The host does only what
+needs the file or the whole image: it reads and decodes the image (a JPEG at
+reduced scale when it will shrink anyway), resizes and places it on the
+canvas, flips it, moves the boxes, and draws the HSV jitter's parameters. The
+device does the rest in the train step (`data.device_side`), so the dense
+target grids (116 MB per batch of 32 at 416 px with 80 classes, against 13 KB
+of boxes) never cross the bus.
 
 A batch, `HostBatch`:
 
@@ -81,6 +75,7 @@ from keras_yolo_mgpu.data.images import decode_image
 from keras_yolo_mgpu.data.letterbox import (
     GREY,
     letterbox_boxes,
+    letterbox_bytes,
     letterbox_geometry,
     paste_letterbox,
     resize_for_letterbox,
@@ -183,9 +178,7 @@ def check_cache_fits(cache: str | None, annotations: list[Annotation], input_sha
         return 0
     canvas = (int(input_shape[1]), int(input_shape[0]))
     sizes = {a.image_path: a.size for a in annotations}  # `Annotation.size`: read by the dataset check
-    # Each distinct image at its letterbox ("placed") size x 3; the whole canvas when its size is unknown.
-    geometries = [letterbox_geometry(size, canvas) if size else None for size in sizes.values()]
-    need, images = 3 * sum(g.width * g.height if g else canvas[0] * canvas[1] for g in geometries), len(sizes)
+    need, images = sum(letterbox_bytes(size, canvas) for size in sizes.values()), len(sizes)
     what = f"{images} images at their letterbox size in the {input_shape[1]}x{input_shape[0]} input, x 3 bytes"
     if cache in _RAM_CACHE_NAMES:
         free, where, instead = _free_memory(), "memory available", "--cache DIR on a disk with room, or no --cache"
@@ -206,18 +199,15 @@ def check_cache_fits(cache: str | None, annotations: list[Annotation], input_sha
 
 
 class ImageSource:
-    """Decodes a dataset's images by index, with an optional RAM or disk cache.
+    """Decodes a dataset's images by index, with an optional RAM or disk cache; thread-safe.
 
-    Its methods run in several threads at once (tf.data's parallel maps,
-    the PyDataset's workers). Without a cache, an image is decoded from its
-    file for every use (`images.decode_image`, at reduced scale when it will
-    shrink). Cached images are stored resized to their letterbox size
-    (`letterbox.resize_for_letterbox`): validation pastes them unchanged,
-    augmentation resamples them (a zoom beyond 1x is then a little softer
-    than from the file). The RAM cache lives as long as the process and is
-    shared by all its datasets; a disk cache folder may be reused between
-    runs. An entry records its image's mtime and size: when either changed,
-    the image is decoded again and the entry rewritten, never used.
+    Without a cache, an image is decoded from its file for every use. Cached
+    images are stored resized to their letterbox size: validation pastes them
+    unchanged, augmentation resamples them (a zoom beyond 1x is then a little
+    softer than from the file). The RAM cache lives as long as the process
+    and is shared by all its datasets; a disk cache folder may be reused
+    between runs. An entry records its image's mtime and size: when either
+    changed, the image is decoded again and the entry rewritten, never used.
 
     Raises:
         ValueError: `cache` is a folder that cannot be written to.

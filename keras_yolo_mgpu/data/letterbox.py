@@ -37,6 +37,7 @@ __all__ = [
     "LetterboxGeometry",
     "letterbox_array",
     "letterbox_boxes",
+    "letterbox_bytes",
     "letterbox_geometry",
     "letterbox_image",
     "paste_letterbox",
@@ -76,6 +77,12 @@ def letterbox_geometry(image_size: tuple[int, int], canvas_size: tuple[int, int]
     scale = min(w / iw, h / ih)
     nw, nh = max(1, int(iw * scale)), max(1, int(ih * scale))
     return LetterboxGeometry(scale, nw, nh, (w - nw) // 2, (h - nh) // 2, w, h)
+
+
+def letterbox_bytes(image_size: tuple[int, int] | None, canvas_size: tuple[int, int]) -> int:
+    """Bytes of an image's RGB pixels at its letterbox size in `canvas_size` (w, h); the whole canvas when unknown."""
+    geometry = letterbox_geometry(image_size, canvas_size) if image_size else None
+    return 3 * (geometry.width * geometry.height if geometry else canvas_size[0] * canvas_size[1])
 
 
 def resize_for_letterbox(image: np.ndarray, geometry: LetterboxGeometry) -> np.ndarray:

@@ -69,13 +69,11 @@ class HostDataset(keras.utils.PyDataset):
         max_queue_size: int = 10,
         to_device: Callable | None = None,
     ):
-        # One worker as far as Keras knows: Keras asks for batches in order, in
-        # its training thread; the workers below make them ahead (module docstring).
+        # One in-process worker as far as Keras knows (module docstring): Keras asks for
+        # batches in order, in its training thread; `threads` make them ahead.
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=max_queue_size)
         self.host = host
         self.to_device = to_device
-        # Not `workers` / `use_multiprocessing`: those are Keras's PyDataset
-        # settings, which must stay at one in-process worker.
         self.threads = workers or os.cpu_count() or 1
         self.in_processes = use_multiprocessing
         self.ahead = max(1, max_queue_size)
@@ -224,9 +222,7 @@ def make_py_dataset(
         annotations, input_shape, num_classes, batch_size, training:
             as `data.tf_dataset.make_dataset`'s.
         workers, use_multiprocessing, max_queue_size, to_device: `HostDataset`'s.
-        **kwargs: `data.host.HostBatches`' options (`augment`, `seed`,
-            `max_boxes`, `cache`, `start_position`, `num_shards`,
-            `shard_index`, `multi_scale`, `mosaic`), as `make_dataset`'s.
+        **kwargs: `data.host.HostBatches`' options, as `make_dataset`'s.
     """
     host = HostBatches(annotations, input_shape, num_classes, batch_size, training=training, **kwargs)
     return HostDataset(

@@ -26,7 +26,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from keras_yolo_mgpu.data.host_processes import check_shared_memory_fits
-from keras_yolo_mgpu.data.letterbox import letterbox_geometry
+from keras_yolo_mgpu.data.letterbox import letterbox_bytes
 
 __all__ = ["SharedImageCache"]
 
@@ -50,10 +50,7 @@ class SharedImageCache:
 
     def __init__(self, annotations, canvas_size: tuple[int, int], lock):
         canvas = (int(canvas_size[0]), int(canvas_size[1]))
-        capacities = []
-        for annotation in annotations:
-            geometry = letterbox_geometry(annotation.size, canvas) if annotation.size else None
-            capacities.append(3 * (geometry.width * geometry.height if geometry else canvas[0] * canvas[1]))
+        capacities = [letterbox_bytes(annotation.size, canvas) for annotation in annotations]
         self.offsets = np.concatenate([[0], np.cumsum(capacities, dtype=np.int64)]) + 8 * _COLUMNS * len(capacities)
         size = int(self.offsets[-1])
         check_shared_memory_fits(

@@ -56,10 +56,8 @@ def training_stream(
         batch_size: the GLOBAL batch.
         feed, workers: JAX's workers, "threads" or "processes", and how many
             (None: one per core); TensorFlow's tf.data has its own.
-        **options: `make_dataset`'s (`augment`, `seed`, `cache`, `max_boxes`,
-            `start_position`, `multi_scale`, `mosaic`; `masks` and
-            `iou_thresh` matter to the TensorFlow dataset's checks only:
-            the targets are built on the device).
+        **options: `make_dataset`'s (`masks` and `iou_thresh` are only
+            checked there: the targets are built on the device).
     """
     if distribution.INPUT_PIPELINE == "tf.data":
         # tf.data is TensorFlow's: imported on its engine only, off the JAX path.

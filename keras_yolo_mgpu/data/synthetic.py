@@ -93,8 +93,7 @@ def _check_classes(classes: Sequence[str]) -> tuple[str, ...]:
     return classes
 
 
-# --------------------------------------------------------------------------
-# Backgrounds
+# --- backgrounds ---------------------------------------------------------------
 
 
 def _random_colour(rng: np.random.Generator, saturation=(0.0, 1.0), value=(0.0, 1.0)) -> np.ndarray:
@@ -155,8 +154,7 @@ def _background(rng: np.random.Generator, height: int, width: int, clutter: floa
     return image
 
 
-# --------------------------------------------------------------------------
-# Shapes
+# --- shapes ---------------------------------------------------------------
 
 
 def _shape_mask(
@@ -346,8 +344,7 @@ def make_synthetic_dataset(
     return DatasetPaths(train, val, str(classes_path))
 
 
-# --------------------------------------------------------------------------
-# Video
+# --- video ---------------------------------------------------------------
 
 
 def make_synthetic_video(

@@ -36,11 +36,9 @@ logger = logging.getLogger(__name__)
 ENGINES = ("strategy", "multi_gpu_model")
 #: Default threshold on the largest weight difference in float64.
 FLOAT64_THRESHOLD = 1e-9
-#: Default float32 threshold, as a fraction of the largest weight change of
-#: the one-device run (`max_step`). Measured (BENCHMARKS.md, "1-vs-N
-#: alignment in float32", tiny YOLOv3, 5 SGD steps): synchronised replicas
-#: differ by ~3e-3 of the step, replicas without synchronised
-#: BatchNormalization by ~0.15 of it.
+#: Default float32 threshold, a fraction of the one-device run's largest weight change (`max_step`):
+#: synchronised replicas differ by ~3e-3 of it, unsynchronised BN by ~0.15 (BENCHMARKS.md,
+#: "1-vs-N alignment in float32").
 FLOAT32_RELATIVE_THRESHOLD = 0.02
 
 #: Builds `(body, train_model)`; the argument says whether BatchNormalization
