@@ -1,37 +1,10 @@
 """Every use of Keras internals, in one place, guarded by the Keras version it was written for.
 
-Public Keras cannot do seven things this project needs; each is done here and
-nowhere else, and `tests/test_keras_compat.py` fails loudly when a Keras
-upgrade changes the internals underneath. All were checked against Keras 3.15.1:
-
-1. Two bugs of Keras 3.15's TF trainer under `MultiWorkerMirroredStrategy`
-   (`patch_multiworker_first_batch_build`, `patch_multiworker_log_reduction`).
-   They are *patches*: applied only to the Keras versions they were verified
-   on (`PATCHED_KERAS`), only when multi-worker training asks for them, and
-   never process-wide by default. On another Keras version they are not
-   applied and a warning says so.
-2. `TemplateModelCheckpoint` reuses `ModelCheckpoint`'s decision logic
-   through its private methods (`MODEL_CHECKPOINT_HOOKS`);
-   `check_model_checkpoint_hooks` raises a clear error if they are gone.
-3. Weight loading walks a layer's direct children (`child_layers`), which
-   Keras only exposes as `Layer._flatten_layers`.
-4. A training run restores the global dtype policy as it found it, unset
-   included (`global_dtype_policy_setting`, `restore_global_dtype_policy`):
-   the public `keras.config.dtype_policy()` pins an unset policy to floatx.
-5. The fused Adam kernel updates Keras's Adam moments in place
-   (`adam_moments`), which Keras keeps in `_momentums` / `_velocities`.
-6. The EMA swap (`training.ema`) reads the optimizer's moving averages
-   (`moving_averages`), which Keras keeps in private attributes.
-7. `set_random_seed` is Keras's, without the import of TensorFlow it makes
-   to seed TensorFlow too when TensorFlow is installed but not in use: it
-   hides TensorFlow from Keras's lazy module (`module_utils.tensorflow`).
-8. The JAX trainer's state of the latest dispatched step (`latest_jax_state`),
-   which Keras keeps in `_jax_state` for callbacks that sync it: the bound on
-   the steps in flight (`backend/jax/distribution.DispatchLimit`) waits on it.
-9. convert.py writes keras-yolo3's own file layout when asked for a plain
-   `.h5` (`save_keras2_weights`, `save_keras2_model`): Keras 3 keeps the
-   Keras 2 HDF5 writers in `keras.src.legacy.saving.legacy_h5_format`, and
-   its public `save_weights` refuses an ending other than `.weights.h5`.
+Each function here does what public Keras cannot, says which private attribute it reads, and
+was checked against Keras 3.15.1; `tests/test_keras_compat.py` fails loudly when a Keras upgrade
+changes them. The two multi-worker patches apply only on the Keras versions they were verified on
+(`PATCHED_KERAS`), only when multi-worker training asks for them, never process-wide; on another
+version a warning says they were not applied.
 """
 
 from __future__ import annotations
@@ -203,7 +176,7 @@ def restore_global_dtype_policy(setting) -> None:
 
 
 def adam_moments(optimizer: keras.optimizers.Adam, variable) -> tuple:
-    """The first and second moment variables `optimizer` keeps for `variable` (Keras 3.15.1).
+    """The first and second moment variables `optimizer` keeps for `variable`, for the fused Adam (Keras 3.15.1).
 
     `keras.optimizers.Adam` holds them in `_momentums` and `_velocities`,
     indexed by `_get_variable_index(variable)`; the public `variables` list
@@ -214,7 +187,7 @@ def adam_moments(optimizer: keras.optimizers.Adam, variable) -> tuple:
 
 
 def moving_averages(optimizer) -> list[tuple]:
-    """[(trainable variable, its moving average)] of a built optimizer with `use_ema=True`.
+    """[(trainable variable, its moving average)] of a built optimizer with `use_ema=True` (`training.ema`).
 
     Keras keeps the averages in `optimizer._model_variables_moving_average`,
     index for index with `optimizer._trainable_variables` (None where a
@@ -254,6 +227,7 @@ def latest_jax_state(model) -> dict | None:
     lists of arrays: trainable, non-trainable, optimizer and metrics
     variables) after dispatching each step, for callbacks that sync it, and
     clear it when they end. The next step's dispatch donates these arrays.
+    `backend/jax/distribution.DispatchLimit` waits on them to bound the steps in flight.
     Without the attribute no step is bounded, and the Ctrl-C test of
     `tests/test_feed_processes.py` fails.
     """

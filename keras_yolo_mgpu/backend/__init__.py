@@ -7,24 +7,8 @@ and this switch picks one set from Keras's backend (`KERAS_BACKEND`, or
 speaks `keras.ops` and calls these modules; it never asks which backend runs.
 To list the differences, open the two folders side by side.
 
-* `distribution`: the devices, the strategy (TensorFlow) or `DataParallel`
-  distribution (JAX) a run trains under, the chief process, the barrier, the
-  callbacks every `fit` needs, the input pipeline that feeds the engine.
-* `gradients`: one forward and backward pass outside `fit` (a tape; a
-  transformed pure function).
-* `batch_norm`: how `model.batch_norm.BatchNormalization` trains (TensorFlow's
-  fused kernels; `keras.ops` kept in float64).
-* `inference`: a detector's model over its devices (one `tf.function` with a
-  replica per device; one jitted program over a mesh), its devices, and
-  training's distribution set aside while it runs.
-* `memory`: what a device has, what one training step needs (XLA's account
-  of the compiled step; a measured trial), what an out-of-memory error says.
-* `nms`: per-class non-max suppression (TensorFlow's kernels; the same
-  selection in `keras.ops`).
-* `optimizer`: the Adam update (TensorFlow's fused kernel; Keras's, which XLA
-  fuses).
-* `pooling`: how `model.pooling.MaxPooling2D` computes (Keras's `max_pool`;
-  2x2 windows at stride 2 by a reshape, whose gradient needs no index arrays).
+The modules: `distribution`, `gradients`, `batch_norm`, `inference`, `memory`, `nms`,
+`optimizer`, `pooling`; the first line of each says how its backend does it.
 
 What one engine does not have is said by its module: the JAX
 `distribution.replica_model` refuses `multi_gpu_model` with what to use

@@ -1,6 +1,5 @@
 """How `model.batch_norm.BatchNormalization` computes on JAX: Keras's formula in `keras.ops`, float64 kept.
 
-The TensorFlow side: `backend/tensorflow/batch_norm.py`, the same functions.
 `synchronized` needs nothing here: N devices run one SPMD program, in which
 a mean over the batch axis is the global batch's mean.
 """

@@ -1,10 +1,8 @@
 """Devices on JAX: device selection, simulated CPU devices, several processes, the data-parallel distribution.
 
-The JAX side of `keras_yolo_mgpu.backend.distribution` (the TensorFlow side:
-`backend/tensorflow/distribution.py`, the same functions). JAX runs N devices as one
-SPMD program: `keras.distribution.DataParallel` replicates every variable
-over a 1-D device mesh and shards each batch along it, and XLA compiles the
-whole training step once for all of them. A mean over the batch axis (the
+JAX runs N devices as one SPMD program: `keras.distribution.DataParallel`
+replicates every variable over a 1-D device mesh and shards each batch along
+it, and XLA compiles the whole training step once for all of them. A mean over the batch axis (the
 loss's, BatchNormalization's) is then the global batch's mean: N devices
 compute what one device computes, by construction, and XLA compiles the step
 at every device count (TensorFlow's MirroredStrategy cannot, with Keras 3.15).
@@ -13,11 +11,9 @@ Several processes (machines) join through `jax.distributed`, which
 `keras.distribution.initialize()` starts from the environment variables
 `KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator's `host:port` first),
 `KERAS_DISTRIBUTION_NUM_PROCESSES` and `KERAS_DISTRIBUTION_PROCESS_ID`;
-each process then feeds only its own slice of every global batch.
-
-TensorFlow's other engines have no meaning here and are refused with what to
-use instead (`build_engine_fields`, `replica_model`). The input is a
-`keras.utils.PyDataset` (`INPUT_PIPELINE`): no TensorFlow is needed.
+each process then feeds only its own slice of every global batch. TensorFlow's
+other engines are refused with what to use instead; the input is a
+`keras.utils.PyDataset`.
 """
 
 from __future__ import annotations
@@ -285,20 +281,13 @@ def _finished_marker(value):
 class DispatchLimit(keras.callbacks.Callback):
     """Keeps at most `ahead` training or validation steps queued behind the one the devices run.
 
-    With every callback `async_safe`, Keras's JAX `fit` dispatches a step
-    without waiting for the one before, and nothing else bounds how far it
-    runs ahead but the feed and XLA's queue (32 programs per device on the
-    CPU). Unbounded, the steps queued there hold their batches in memory,
-    and a Ctrl-C waits for all of them: tens of seconds from Ctrl-C to the
-    end of a run on a COCO-size set, against a few with the bound, and a
-    higher peak of memory (`tools/feed_probes.py start`; BENCHMARKS.md, "A
-    COCO-size dataset: start-up time and memory"). Before dispatching a step,
-    this waits for the step `ahead` before it, outside any C call, so the
-    interrupt is raised then (tests/test_feed_processes.py: 32 steps ran
-    after a Ctrl-C without the bound).
-
-    The state arrays of a dispatched step are donated to the next step; a
-    tiny program reading one of them (`_finished_marker`) gives an array
+    With every callback `async_safe`, Keras's JAX `fit` dispatches a step without waiting
+    for the one before; only the feed and XLA's queue (32 programs per device on the CPU)
+    bound it. Unbounded, the queued steps hold their batches in memory and a Ctrl-C waits
+    for all of them: tens of seconds on a COCO-size set (BENCHMARKS.md, "A COCO-size
+    dataset: start-up time and memory"). Before dispatching a step this waits, outside any
+    C call, for the step `ahead` before it, so the interrupt is raised then. A dispatched
+    step's state arrays are donated to the next; `_finished_marker` reads one into an array
     that is ready when that step is, and outlives it.
     """
 
@@ -337,15 +326,12 @@ COMPILATION_CACHE_BYTES = 2 * 1024**3
 def use_compilation_cache(folder: str | None) -> None:
     """Keeps XLA's compiled programs in `folder/xla` so the next start of the same run skips the compiles.
 
-    JAX's persistent compilation cache (keyed by the program, the devices and
-    the JAX version; at most `COMPILATION_CACHE_BYTES`). On the 2-core CPU
-    machine a tiny YOLOv3 step compiles in several seconds at every start
-    otherwise. Every program is kept, not only those that took JAX's default
-    1 s to compile: building the models runs Keras's initialisers eagerly,
-    one small program per weight shape, seconds of each start, which kept
-    take little disk (BENCHMARKS.md, "A COCO-size dataset: start-up time and
-    memory"). `folder`: the user's cache folder (`--scan-cache`), None to
-    keep nothing.
+    JAX's persistent compilation cache (keyed by the program, the devices and the JAX
+    version; at most `COMPILATION_CACHE_BYTES`). Every program is kept, not only those past
+    JAX's default 1 s: Keras's eager initialisers compile one small program per weight
+    shape, seconds of each start, and take little disk (BENCHMARKS.md, "A COCO-size
+    dataset: start-up time and memory"). `folder`: the user's cache folder
+    (`--scan-cache`), None to keep nothing.
     """
     if folder is None or jax.config.jax_compilation_cache_dir:
         return  # off, or already chosen by whoever started this process
@@ -366,13 +352,10 @@ _returning_memory = False
 def return_memory_after_compiles() -> None:
     """After each long XLA compile, gives what the compiler freed back to the system, before the program runs.
 
-    The compiler's scratch stays in glibc's heap otherwise, under the step's
-    own buffers: a first start, which compiles the step, peaks well above
-    the next starts, whose step comes compiled from the cache folder, and
-    this and `heap.limit_arenas` take most of that back
-    (`tools/feed_probes.py start`; BENCHMARKS.md, "A COCO-size dataset:
-    start-up time and memory"). JAX reports each backend compile to its
-    monitoring listeners when it ends; registered once per process.
+    The compiler's scratch stays in glibc's heap otherwise, under the step's own buffers,
+    so a start that compiles peaks well above one whose step comes from the cache; this and
+    `heap.limit_arenas` take most of that back (BENCHMARKS.md, "A COCO-size dataset:
+    start-up time and memory"). Registered once per process as a JAX monitoring listener.
     """
     global _returning_memory
     if _returning_memory:
@@ -414,16 +397,11 @@ def supports_bfloat16(devices: list) -> bool:
 def commit_state_callback(devices: list):
     """A callback that places every variable on the one training device at each epoch's start; None for a mesh.
 
-    Keras keeps a value it assigns from the host (start weights, restored
-    backups, reset metrics, the EMA swap) uncommitted when the mesh has one
-    device: the variable's layout is then "equivalent" to any single-device
-    placement. JAX compiles a step for uncommitted arguments apart from the
-    committed ones the step itself returns, so without this the first steps
-    of every run compile the training step three times, each compile taking
-    many seconds (measured: BENCHMARKS.md, "The JAX trainer on one GPU";
-    docs/measurements.md, "Figures moved from the code's comments").
-    Committed from the start, the step compiles once. On several devices
-    Keras lays every variable out over the mesh, committed already.
+    On a one-device mesh Keras leaves a value it assigns from the host (start weights,
+    restored backups, reset metrics, the EMA swap) uncommitted, and JAX compiles a step for
+    uncommitted arguments apart from the committed ones the step returns: the first steps
+    of a run compiled the step three times (BENCHMARKS.md, "The JAX trainer on one GPU").
+    Committed from the start, it compiles once. On several devices Keras commits them.
     """
     if len(devices) != 1:
         return None

@@ -1,10 +1,8 @@
 """One forward and backward pass of a training model outside `fit`, on JAX: `jax.value_and_grad`.
 
-The start-up checks (`training.precision`) compare a step in float32 with
-one in mixed precision. Taking gradients is where the backends differ in
-kind: JAX transforms a pure function of the variables (`stateless_call`,
-here), TensorFlow records a tape (`backend/tensorflow/gradients.py`, the
-same function).
+For the start-up checks (`training.precision`): a step in float32 against one
+in mixed precision. JAX transforms a pure function of the variables
+(`stateless_call`); TensorFlow records a tape.
 """
 
 from __future__ import annotations

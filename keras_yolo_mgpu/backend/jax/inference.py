@@ -1,6 +1,5 @@
 """A detector's model over one or several devices on JAX: one `jax.jit` program over a 1-D mesh.
 
-The TensorFlow side: `backend/tensorflow/inference.py`, the same functions.
 The weights are replicated and the batch split along the mesh. The batch is
 padded to a few sizes (powers of two per device), so a video's varying
 batches compile a handful of programs, and a batch that does not divide by

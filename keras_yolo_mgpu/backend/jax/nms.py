@@ -1,7 +1,6 @@
 """Per-class non-max suppression on JAX: `greedy_nms`, TensorFlow's NMS selection written in `keras.ops`.
 
-It compiles with the network into one XLA program. The TensorFlow side:
-`backend/tensorflow/nms.py`, the same functions. `greedy_nms` is plain
+It compiles with the network into one XLA program. `greedy_nms` is plain
 `keras.ops` and runs on either backend: the tests compare it with
 TensorFlow's kernels box for box.
 """

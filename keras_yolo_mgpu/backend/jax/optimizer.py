@@ -1,9 +1,8 @@
 """The Adam update on JAX: Keras's own, which XLA fuses into the compiled step.
 
-TensorFlow's fused `ResourceApplyAdam` kernel (`backend/tensorflow/optimizer.py`,
-the same function) has no JAX counterpart, and needs none: the whole
-training step is one XLA program, in which Keras's element-wise update ops
-are fused already.
+TensorFlow's fused `ResourceApplyAdam` kernel has no JAX counterpart, and needs
+none: the whole training step is one XLA program, in which Keras's element-wise
+update ops are fused already.
 """
 
 from __future__ import annotations

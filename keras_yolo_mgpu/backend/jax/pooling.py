@@ -1,20 +1,15 @@
 """How `model.pooling.MaxPooling2D` computes on JAX: 2x2 windows at stride 2 as a reshape, with their gradient.
 
-The TensorFlow side: `backend/tensorflow/pooling.py`, the same function.
-
 Keras's `max_pool` is a `lax.reduce_window`, whose gradient XLA's CPU
-compiler expands into a variadic reduce-window over the input and four int32
-index arrays of the input's size, then a scatter. In tiny YOLOv3's training
-step on the CPU those index arrays are a large part of the step's scratch
-memory (BENCHMARKS.md, "Max pooling on JAX: memory and time of the CPU
-step"; `tools/feed_probes.py pool-memory` measures both ways). The windows of
-tiny YOLOv3's and YOLOv4-tiny's downsampling pools do not overlap, so the
-maximum is a reshape and a `max`, and its gradient four masks, one per
-position of the window: elementwise work that XLA fuses, with no index
-arrays. The gradient goes, as TensorFlow's `MaxPoolGrad` and Keras's own
-JAX gradient send it, to the first maximum of each window in row-major
-order (tests/test_pooling.py checks both against that rule, with ties).
-Every other window (YOLOv4's stride-1 SPP pools, odd sizes) is Keras's.
+compiler expands into a reduce-window over the input and four int32 index
+arrays of the input's size, then a scatter: a large part of tiny YOLOv3's
+CPU step scratch memory (BENCHMARKS.md, "Max pooling on JAX: memory and time
+of the CPU step"). Tiny YOLOv3's and YOLOv4-tiny's downsampling windows do
+not overlap, so the maximum is a reshape and a `max`, and its gradient four
+masks, one per window position, which XLA fuses. The gradient goes, as
+TensorFlow's `MaxPoolGrad` and Keras's JAX gradient send it, to the first
+maximum of each window in row-major order. Every other window (YOLOv4's
+stride-1 SPP pools, odd sizes) is Keras's.
 """
 
 from __future__ import annotations

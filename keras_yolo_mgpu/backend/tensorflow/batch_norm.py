@@ -2,16 +2,13 @@
 
 `call` is how the layer computes here: the fused kernel where it applies, in
 float64 plain ops with the same written-out gradient, Keras's own path
-otherwise (inference, masks, renormalisation). The JAX side:
-`backend/jax/batch_norm.py`, the same functions.
+otherwise (inference, masks, renormalisation).
 
-Keras 3's `BatchNormalization` trains with separate ops: `tf.nn.moments`
-(two reductions), `tf.nn.batch_normalization`, and their gradients through
-the batch statistics, several passes over every activation. Keras 2 used
-the fused `FusedBatchNormV3` kernel (one op forward, one backward, cuDNN on
-GPUs). Measured on the 2-core CPU (BENCHMARKS.md, "Training step"), that
-difference is most of the gap between a Keras 3 YOLOv3 training step and
-keras-yolo3's.
+Keras 3's `BatchNormalization` trains with separate ops (`tf.nn.moments`,
+`tf.nn.batch_normalization` and their gradients: several passes over every
+activation); Keras 2 used the fused `FusedBatchNormV3` kernel (one op each
+way, cuDNN on GPUs). That is most of the gap between a Keras 3 YOLOv3
+training step and keras-yolo3's (BENCHMARKS.md, "Training step").
 
 `fused_training_call` computes the same function as Keras's training path:
 normalisation by the biased batch variance, moving statistics updated with
@@ -36,9 +33,6 @@ statistics' share of the input gradient is added,
 the textbook batch-normalization gradient with means over the global batch.
 The gamma and beta gradients stay local sums; the optimizer's all-reduce of
 gradients adds the replicas' shares, as for every other weight.
-
-On JAX none of this is needed: one SPMD program over N devices computes the
-global batch's statistics with plain `keras.ops` (`backend/jax/batch_norm.py`).
 """
 
 from __future__ import annotations
@@ -120,14 +114,10 @@ def written_gradient_training_call(layer, inputs):
     """(N, H, W, C) -> (N, H, W, C): a float64 training step, statistics over every replica when synchronized.
 
     For the dtypes the fused kernel does not take (float64: the equivalence
-    proofs). Keras's own path would compute float64 inputs in float32, and
-    its synchronized statistics go through `ReplicaContext.all_reduce`,
-    whose `tf.custom_gradient` walks every replica's graph for each
-    BatchNormalization layer (`_all_reduce_sum`): measured, a large share of
-    the time to trace a replicated float64 step (docs/measurements.md,
-    "Fused BatchNormalization"). Here the statistics are `_global_moments`'
-    sums in the input's dtype, on one replica or over all of them, and the
-    gradient is written out
+    proofs). Keras's own path would compute float64 inputs in float32, and its
+    synchronized statistics go through `ReplicaContext.all_reduce`, slow to
+    trace (`_all_reduce_sum`). Here the statistics are `_global_moments`' sums
+    in the input's dtype and the gradient is written out
     (`_normalize_with_written_gradient`): the same arithmetic on one device
     and on N replicas.
     """
@@ -179,16 +169,12 @@ def _all_reduce_sum(values: tf.Tensor) -> tf.Tensor:
     """Sum of a 1-D float32 tensor over the replicas of the current replica function, with no gradient.
 
     `ReplicaContext.all_reduce` reduces exactly this way, but inside a
-    `tf.custom_gradient` (the gradient of a sum being a sum). In a traced
-    function that wrapper walks the graph back from the reduced tensor to
-    find the variables it depends on, and a cross-replica sum depends on
-    every replica's graph: each call walks the whole replicated graph, so
-    tracing grows with the square of the network's BatchNormalization layers
-    (measured: BENCHMARKS.md, "Tracing the replicated step";
-    docs/measurements.md, "Figures moved from the code's comments").
-    Neither caller differentiates the sum (the statistics are computed from
-    `tf.stop_gradient` inputs; the backward pass's sums are part of a
-    written-out gradient), so the reduction is called without the wrapper.
+    `tf.custom_gradient` that walks the graph back from the reduced tensor,
+    here every replica's graph: tracing grows with the square of the
+    network's BatchNormalization layers (BENCHMARKS.md, "Tracing the
+    replicated step"). Neither caller differentiates the sum (the statistics
+    come from `tf.stop_gradient` inputs; the backward pass's sums are part of
+    a written-out gradient), so the reduction is called without the wrapper.
     """
     context = tf.distribute.get_replica_context()
     extended = context.strategy.extended

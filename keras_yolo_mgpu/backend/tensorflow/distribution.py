@@ -1,14 +1,11 @@
 """Devices on TensorFlow: device selection, simulated devices, strategies, the chief and the barrier.
 
-The TensorFlow side of `keras_yolo_mgpu.backend.distribution` (the JAX side:
-`backend/jax/distribution.py`, the same functions). `parallel="strategy"`
-(default): `MirroredStrategy` over the selected devices (`OneDeviceStrategy`
-for one): one replica per GPU, gradients all-reduced (NCCL on GPUs),
-BatchNormalization synchronised; or `MultiWorkerMirroredStrategy`
+`parallel="strategy"` (default): `MirroredStrategy` over the selected devices
+(`OneDeviceStrategy` for one): one replica per GPU, gradients all-reduced (NCCL
+on GPUs), BatchNormalization synchronised; or `MultiWorkerMirroredStrategy`
 (`strategy="multiworker"`, configured by `TF_CONFIG`).
 `parallel="multi_gpu_model"`: the default (no-op) strategy, and the in-graph
-replica model of `replica_model.py` (the function Keras removed, for code
-written against keras-yolo3) wraps the training model.
+replica model of `replica_model.py` wraps the training model.
 
 Both compute what one device computes at the same global batch, because the
 loss is per sample (see `model/loss.py`): the compiled loss averages over the
@@ -264,12 +261,11 @@ class _MirroredStrategyWithOwnKeys(tf.distribute.MirroredStrategy):
     TensorFlow numbers every MirroredStrategy's collective groups from 1 and
     their instances from 100 (`_collective_key_base`, 0 unless a test sets
     it; TF 2.21). The runtime remembers each instance's shape, so a second
-    strategy in the same process (a second run in a script, a second `train()` in
-    a notebook, a test suite) that all-reduces another shape under the same
-    keys aborts with "Shape mismatch in the collective instance 100". That
-    is what broke the float64 replica tests on 4 logical GPUs of one H100
-    (issue #14): on GPUs the gradients and sync BN's statistics go through
-    collective ops. A fresh key base per strategy keeps them apart.
+    strategy in the same process (a second `train()` in a notebook, a test
+    suite) that all-reduces another shape under the same keys aborts with
+    "Shape mismatch in the collective instance 100" wherever gradients and
+    sync BN's statistics go through collective ops (GPUs). A fresh key base
+    per strategy keeps them apart.
     """
 
     def __init__(self, devices, cross_device_ops=None):

@@ -1,10 +1,7 @@
 """One forward and backward pass of a training model outside `fit`, on TensorFlow: a gradient tape.
 
-The start-up checks (`training.precision`) compare a step in float32 with
-one in mixed precision, and a compiled step with an uncompiled one. Taking
-gradients is where the backends differ in kind: TensorFlow records a tape
-(here), JAX transforms a pure function of the variables
-(`backend/jax/gradients.py`, the same function).
+For the start-up checks (`training.precision`): a step in float32 against one
+in mixed precision, and a compiled step against an uncompiled one.
 """
 
 from __future__ import annotations

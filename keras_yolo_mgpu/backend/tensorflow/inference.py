@@ -1,7 +1,6 @@
 """A detector's model over one or several devices on TensorFlow: one `tf.function`, a model replica per device.
 
-The JAX side: `backend/jax/inference.py`, the same functions. The runner
-takes numpy in and gives numpy out, any batch size without retracing.
+The runner takes numpy in and gives numpy out, any batch size without retracing.
 """
 
 from __future__ import annotations
