@@ -6,35 +6,17 @@
     python convert.py yolov3.cfg yolov3.weights model_data/yolo.h5            # keras-yolo3's line
     python convert.py -w yolov3.cfg yolov3.weights model_data/yolo_weights.h5
 
-The output's ending picks the format: ``.weights.h5`` Keras 3 weights,
-``.keras`` a Keras 3 archive (whole model), any other ``.h5`` keras-yolo3's
-own Keras 2 HDF5 layout: the whole model as ``model.save`` wrote it, or,
-with ``weights_only`` (keras-yolo3's ``-w``), the weights as
-``save_weights`` wrote them. Every one of them carries the project's
-metadata (``weights.metadata``) and loads with
-``weights.loading.load_weights`` and every command's ``--weights``.
+The output's ending picks the format (:func:`output_format`); every output carries the
+project's metadata (``weights.metadata``) and loads with ``weights.loading.load_weights``.
+When the cfg is one of our bodies (``yolo_body``, ``tiny_yolo_body``, the YOLOv4 ones: same
+weights and the same outputs on a test image, :func:`build_matching_body`), *that* model is
+saved; any other cfg (``darknet53.cfg``, an SPP variant) is saved as the generic cfg-built
+model (layers ``conv_<darknet index>``, ``bn_<i>``, ...), best as ``.keras``; a weights-only
+file of it gets a copy of the cfg beside it for :func:`load_converted`.
 
-What is saved:
-
-- When the cfg describes exactly our ``yolo_body`` (3 ``[yolo]`` sections)
-  or ``tiny_yolo_body`` (2) for the class count of its ``[yolo]`` sections
-  (same sequence of weight shapes, and the same outputs on a test image),
-  the weights are copied into a fresh ``yolo_body`` / ``tiny_yolo_body`` and
-  *that* model is saved. A ``.weights.h5`` output then loads with
-  ``body.load_weights(path)`` (or ``--weights`` of the other scripts).
-- Any other cfg (``darknet53.cfg`` alone, an SPP variant, ...) is saved as
-  the generic cfg-built model (layers named ``conv_<darknet index>``,
-  ``bn_<i>``, ...). ``.keras`` is the natural output for those: it loads
-  with ``keras.saving.load_model`` and needs no code (so does a whole-model
-  ``.h5``). A weights-only output only loads into the same generic model,
-  so a copy of the cfg is written next to it as ``<output>.cfg`` and
-  :func:`load_converted` rebuilds the model from that copy.
-
-Outputs are written to a temporary file in the output folder and renamed at
-the end, so a failed conversion never leaves a partial file behind, and are
-recorded as this project's (``outputs.record_written``). Whether an existing
-file may be replaced is the caller's check (``outputs.check_output``, which
-convert.py runs before converting).
+Outputs are written atomically and recorded as this project's; whether an existing file may
+be replaced is the caller's check (``outputs.check_output``). Keras is imported inside the
+functions that build, so convert.py answers usage errors before Keras loads.
 """
 
 from __future__ import annotations
@@ -130,8 +112,6 @@ def check_output_path(output_path: str | os.PathLike, weights_only: bool = False
 
 def _save(model, path: str, file_format: str) -> None:
     """Writes ``model`` to ``path`` in ``file_format`` (a key of :data:`OUTPUT_FORMATS`)."""
-    # keras_compat imports Keras, which this module leaves to its functions
-    # (convert.py answers usage errors before TensorFlow loads).
     from keras_yolo_mgpu import keras_compat
 
     if file_format == "keras3-weights":
@@ -165,7 +145,6 @@ def _yolo_heads(yolos: Sequence[darknet.YoloSpec]):
 
 def _compare_outputs(a, b, size: int = 64, seed: int = 0) -> float:
     """Max abs difference of two models' outputs on one random image, relative to the output scale."""
-    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     import keras
 
     rng = np.random.default_rng(seed)
@@ -225,7 +204,6 @@ def build_matching_body(generic, yolos: Sequence[darknet.YoloSpec], *, check: bo
         ``(model, architecture name)``, or ``(None, reason)`` when the cfg is
         not one of those networks.
     """
-    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     import keras
 
     from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body, yolo_body
@@ -398,7 +376,6 @@ def convert(
 
 def _check_scale_x_y(architecture: str, yolos: Sequence[darknet.YoloSpec]) -> None:
     """Warns when the cfg's ``scale_x_y`` (output order) differs from what decoding the body uses."""
-    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     from keras_yolo_mgpu.model.yolo4 import YOLO4_SCALE_X_Y, YOLO4_TINY_SCALE_X_Y
 
     if architecture == "generic":
@@ -462,7 +439,6 @@ def choose_masks(masks, cfg_masks: list, num_anchors: int) -> list:
     Raises:
         ValueError: unknown keyword or masks that do not fit the anchors.
     """
-    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     from keras_yolo_mgpu.model.boxes import anchor_masks, resolve_masks
 
     default = anchor_masks(len(cfg_masks)) if len(cfg_masks) in (2, 3) else None
@@ -492,7 +468,6 @@ def load_converted(path: str | os.PathLike):
     weights: build that network with your class count and call
     ``weights.loading.load_weights`` (this function raises, saying so).
     """
-    # Keras's modules in the functions that build: convert.py answers usage errors before Keras loads.
     import keras
 
     path = str(path)

@@ -14,20 +14,16 @@ literal numpy re-implementation of Darknet's layers):
 - Layer indices are Darknet's: the ``[net]`` section has none, the first
   layer after it is layer 0. ``[route]`` / ``[shortcut]`` negative indices
   are relative to the current layer, non-negative ones absolute.
-- Stride-2 convs: Darknet pads ``size // 2`` on every side; keras-yolo3 (and
-  our ``yolo_body``) pads top-left only (``ZeroPadding2D(((1, 0), (1, 0)))``
-  + ``valid``). For inputs divisible by the stride (every YOLO input is a
-  multiple of 32) the bottom/right padding is never read, so both give the
-  same numbers. The builder uses the smallest padding that gives Darknet's
-  output for such inputs, which for 3x3/2 is exactly keras-yolo3's.
-- Batch norm: at inference Darknet computes ``(x - mean) / d * gamma + beta``
-  with ``d = sqrt(var) + 1e-6`` in pjreddie/darknet's ``normalize_cpu`` and
-  ``d = sqrt(var + 1e-5)`` in AlexeyAB/darknet (and in pjreddie's own CUDA
-  ``normalize_kernel``); Keras divides by ``sqrt(var + epsilon)`` with
-  keras-yolo3's ``epsilon`` 1e-3 (:data:`BN_EPSILON`). :func:`fold_batch_norm`
-  rewrites the four BN arrays so that Keras's formula gives Darknet's
-  numbers; ``darknet_bn="keras-yolo3"`` keeps the raw arrays (keras-yolo3's
-  own conversion, 0.5-0.9 % off Darknet on the official tiny weights).
+- Stride-2 convs: Darknet pads ``size // 2`` on every side, keras-yolo3 (and
+  our ``yolo_body``) top-left only; for inputs divisible by the stride the
+  bottom/right padding is never read, and the builder pads only what is read
+  (:func:`_stride_padding`), which for 3x3/2 is exactly keras-yolo3's.
+- Batch norm: Darknet's two forks and Keras divide by different denominators
+  (:data:`_DARKNET_BN_DENOMINATORS`, Keras's ``epsilon`` 1e-3);
+  :func:`fold_batch_norm` rewrites the four BN arrays so that Keras's formula
+  gives Darknet's numbers; ``darknet_bn="keras-yolo3"`` keeps the raw arrays
+  (keras-yolo3's own conversion, 0.5-0.9 % off Darknet on the official tiny
+  weights).
 """
 
 from __future__ import annotations
@@ -63,9 +59,7 @@ class DarknetError(ValueError):
     """A cfg or weights file that cannot be converted (the message names the layer)."""
 
 
-# --------------------------------------------------------------------------
-# cfg parsing
-# --------------------------------------------------------------------------
+# ---- cfg parsing ----------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -171,9 +165,7 @@ def _resolve(section: CfgSection, offset: int) -> int:
     return target
 
 
-# --------------------------------------------------------------------------
-# Per-layer geometry (no Keras needed)
-# --------------------------------------------------------------------------
+# ---- Per-layer geometry (no Keras needed) ---------------------------------
 
 
 @dataclasses.dataclass
@@ -359,9 +351,7 @@ def alexeyab_only_features(sections: Sequence[CfgSection]) -> list[str]:
     return sorted(found)
 
 
-# --------------------------------------------------------------------------
-# Batch normalisation: Darknet's formula expressed in Keras's
-# --------------------------------------------------------------------------
+# ---- Batch normalisation: Darknet's formula expressed in Keras's ----------
 
 
 #: What Darknet divides ``x - mean`` by at inference, from the float64 rolling variance.
@@ -428,9 +418,7 @@ def fold_batch_norm(
     ]
 
 
-# --------------------------------------------------------------------------
-# .weights files
-# --------------------------------------------------------------------------
+# ---- .weights files -------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -515,9 +503,7 @@ def read_weights(path: str | os.PathLike, convs: Sequence[ConvSpec]) -> tuple[Da
     return header, weights
 
 
-# --------------------------------------------------------------------------
-# Keras model
-# --------------------------------------------------------------------------
+# ---- Keras model ----------------------------------------------------------
 
 
 def _stride_padding(size: int, stride: int, pad: int) -> tuple[int, int]:

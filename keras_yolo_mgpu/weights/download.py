@@ -1,15 +1,10 @@
 """The official Darknet weights by name: `yolov3-tiny` -> a verified file in the user's cache.
 
-`resolve_weights("yolov3-tiny")` (or `"yolov3-tiny.weights"` where no such
-file exists) returns `<cache>/weights/yolov3-tiny.weights`, downloading it
-first when the cache does not hold it. `<cache>` is `data.scan.cache_dir()`:
-`$KERAS_YOLO_MGPU_CACHE`, else `$XDG_CACHE_HOME/keras-yolo-mgpu`, else
-`~/.cache/keras-yolo-mgpu`.
-
-A download goes to a temporary file in the cache folder, is checked against
-the official size and checksum, and only then takes its final name
-(`fileio.atomic_write`), so the final name never holds half a file: an
-interrupted, truncated or corrupted download leaves nothing behind.
+`resolve_weights("yolov3-tiny")` returns `<cache>/weights/yolov3-tiny.weights`
+(`data.scan.cache_dir()`), downloading it first when the cache does not hold it.
+A download is checked against the official size and checksum before it takes its
+final name (`fileio.atomic_write`): an interrupted, truncated or corrupted download
+leaves nothing behind.
 
 `$KERAS_YOLO_MGPU_WEIGHTS_URL` replaces the published addresses with a mirror
 that holds the same file names (`<mirror>/yolov3-tiny.weights`): a local
@@ -80,7 +75,7 @@ class OfficialWeights:
         return self.name + DARKNET_SUFFIX
 
 
-# Sizes as in start_weights.OFFICIAL_SIZES. No checksum was found on pjreddie.com or on AlexeyAB's
+# No checksum was found on pjreddie.com or on AlexeyAB's
 # release pages; these are the ones public downloaders of the same addresses check:
 # * yolov3-tiny md5 and yolov3 md5: Darknet wrappers' Dockerfiles and Makefiles (both files), Streamlit's
 #   demo-self-driving app and other download scripts (yolov3), all alike.

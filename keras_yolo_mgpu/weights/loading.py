@@ -385,11 +385,8 @@ def _load_keras3(targets, handle, path, format_name, policy) -> LoadReport:
     }
 
     def coverage(root):
-        # The template can sit anywhere in the saved model (the body itself,
-        # a training model, a multi-device wrapper): take the sub-tree that
-        # holds the model's layers, by name, else by Keras's positional keys
-        # (files from models with other layer names but the same structure;
-        # what `model.load_weights` itself does), the shallowest on a tie.
+        # The sub-tree that holds the model's layers (module docstring), by
+        # name, else by positional key; the shallowest on a tie.
         named = sum(n in by_name[root] for n in names)
         placed = sum(k in roots[root] for k in positional)
         return (named == len(names), placed == len(names), named, -root.count("/") - (root != ""))

@@ -148,9 +148,7 @@ def make_metadata(anchors, class_names: Sequence[str], input_shape, masks=None, 
     return ModelMetadata(kind, input_shape, anchors, resolve_masks(masks, len(anchors)), class_names)
 
 
-# --------------------------------------------------------------------------
-# Files
-# --------------------------------------------------------------------------
+# ---- Files ----------------------------------------------------------------
 
 
 def sidecar_path(path: str | os.PathLike) -> str:
@@ -212,9 +210,7 @@ def read_metadata(path: str | os.PathLike) -> ModelMetadata | None:
     return None if text is None else ModelMetadata.from_json(text, path)
 
 
-# --------------------------------------------------------------------------
-# Flags against the file
-# --------------------------------------------------------------------------
+# ---- Flags against the file -----------------------------------------------
 
 
 def reconcile(

@@ -20,19 +20,14 @@ import tempfile
 from keras_yolo_mgpu.data.scan import cache_dir
 from keras_yolo_mgpu.resources import model_data_path
 from keras_yolo_mgpu.weights.convert import convert
+from keras_yolo_mgpu.weights.download import DARKNET_SUFFIX, OFFICIAL_WEIGHTS
 
 logger = logging.getLogger(__name__)
 
-DARKNET_SUFFIX = ".weights"
 CONVERTED = "start_weights.weights.h5"
 SOURCE_RECORD = "start_weights.json"
-# Bytes of the official Darknet files, header included (docs/training.md).
-OFFICIAL_SIZES = {
-    248_007_048: "yolov3",
-    35_434_956: "yolov3-tiny",
-    257_717_640: "yolov4",
-    24_251_276: "yolov4-tiny",
-}
+# Bytes of the official Darknet files, header included (docs/training.md) -> the net's name.
+OFFICIAL_SIZES = {entry.size: name for name, entry in OFFICIAL_WEIGHTS.items()}
 
 
 def find_cfg(weights_path: str, cfg_path: str | None = None) -> str:
