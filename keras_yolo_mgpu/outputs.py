@@ -193,8 +193,3 @@ def write_text_output(path: str | os.PathLike, text: str, **rule) -> str:
             handle.write(text)
 
     return write_output(path, write, **rule)
-
-
-def write_lines_output(path: str | os.PathLike, lines: Iterable[str], **rule) -> str:
-    """`write_text_output` of one line per item."""
-    return write_text_output(path, "".join(f"{line}\n" for line in lines), **rule)

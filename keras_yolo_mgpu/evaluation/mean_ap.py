@@ -51,8 +51,7 @@ MATCH_IOU = 0.5
 DEFAULT_MAX_MAP_DROP = 0.02  # mAP@0.5 an export may lose against the Keras weights without a warning
 
 
-# ----------------------------------------------------------------------
-# COCO conversion
+# ---- COCO conversion ------------------------------------------------------
 
 
 def _image_size(annotation) -> tuple[int, int]:
@@ -148,8 +147,7 @@ def _mean_valid(values: np.ndarray) -> float | None:
     return float(values.mean()) if values.size else None
 
 
-# ----------------------------------------------------------------------
-# Precision and recall at one threshold
+# ---- Precision and recall at one threshold --------------------------------
 
 
 def _iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -206,8 +204,7 @@ def precision_recall_at(
     }
 
 
-# ----------------------------------------------------------------------
-# The PR curve
+# ---- The PR curve ---------------------------------------------------------
 
 
 def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple[float, float] | None = None) -> str:
@@ -249,8 +246,7 @@ def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple
     return path
 
 
-# ----------------------------------------------------------------------
-# Public entry points
+# ---- Public entry points --------------------------------------------------
 
 
 def _load_annotations(annotations, root):
@@ -520,8 +516,7 @@ def evaluate_weights(
     return result
 
 
-# ----------------------------------------------------------------------
-# Command line
+# ---- Command line ---------------------------------------------------------
 
 
 def format_report(result: dict) -> str:

@@ -3,13 +3,9 @@
 `python -m keras_yolo_mgpu.export --weights W --classes C --anchors A --format savedmodel|tflite|onnx`
 
 The exported model contains the whole inference path after the letterbox:
-the network, decoding (`YoloDecode`) and per-class NMS (`YoloNMS`).
-
-Inputs: `image` (N, H, W, 3) float32 letterboxed RGB in [0, 1] (see
-`detector.letterbox_array`) and `image_shape` (N, 2) float32 original
-(height, width). Outputs: `boxes` (N, M, 4) x_min, y_min, x_max, y_max in
-original pixels (not clipped), `scores` (N, M), `classes` (N, M) int32 and
-`valid_detections` (N,) int32; rows past `valid_detections` are padding.
+the network, decoding (`YoloDecode`) and per-class NMS (`YoloNMS`); its inputs
+and outputs are `layers.build_inference_model`'s, with `decoded_boxes` and
+`decoded_scores` (all boxes before NMS, for a host's own NMS) added.
 
 * savedmodel: any batch size, TensorFlow's batched NMS op; signature
   `serving_default`.
@@ -18,15 +14,8 @@ original pixels (not clipped), `scores` (N, M), `classes` (N, M) int32 and
 * onnx: any batch size, through tf2onnx (opset 17) and checked with
   onnxruntime; both are optional (`pip install tf2onnx onnxruntime`).
 
-Every export also returns `decoded_boxes` (N, K, 4) and `decoded_scores`
-(N, K, C): all boxes before NMS, for a host's own NMS (`export_formats`).
-
-`--int8` / `--half` quantise a TFLite export (`quantize`).
-
-The check (on by default, `export_check`) runs the export and the Keras
-model on real images (`images`) or generated scenes with objects, compares
-every decoded box and score and the detections, counts what it compared,
-and fails when the export differs or nothing was compared.
+`--int8` / `--half` quantise a TFLite export (`quantize`); the check against the
+Keras model is on by default (`export_check`).
 """
 
 from __future__ import annotations

@@ -8,11 +8,9 @@ and `yolo_video.py` measure and run the file a user deploys, by the runtime
 that deploys it: TensorFlow for a SavedModel, the stock TFLite interpreter
 for `.tflite`, onnxruntime for `.onnx`.
 
-Every export also returns `decoded_boxes` and `decoded_scores` (all boxes
-before NMS); the detector runs NMS on those on the host with the score and
-IoU asked for now (evaluation needs a floor of 0.001, a deployment 0.3),
-with the same NMS (`layers.non_max_suppression`) as the `YoloNMS` layer the
-export has inside. The network and the
+The detector runs NMS on the export's `decoded_boxes` and `decoded_scores` on the
+host, with the score and IoU asked for now (evaluation needs a floor of 0.001, a
+deployment 0.3) and the export's own `YoloNMS` arithmetic; the network and the
 decoding (where quantisation acts) are always the export's own.
 """
 

@@ -1,22 +1,11 @@
 """Decoding and NMS as Keras layers, for inference and export, on every backend.
 
-`YoloDecode` turns the raw head outputs into boxes in original-image pixels
-and per-class scores, with keras-yolo3's `yolo_head` + `yolo_correct_boxes`
-arithmetic, but for a whole batch of images of different sizes at once.
-`YoloNMS` keeps the best boxes per class (keras-yolo3's per-class NMS) and
-returns a fixed number of detections per image, padded, with a count of the
-valid ones: fixed shapes batch, serialise and export (SavedModel, TFLite,
-ONNX), where the original's ragged per-image output did not.
-
-Decoding is written once, in `keras.ops`. NMS is the one thing the backends
-do differently, in one function, `non_max_suppression`: TensorFlow runs its
-own NMS kernels (what SavedModel, TFLite and ONNX export), JAX runs
-`greedy_nms`, the same selection written in `keras.ops` (the backend's
-`nms` module, `keras_yolo_mgpu.backend`).
-
-Both layers compute in float32 whatever the body's dtype policy, have
-`get_config` and are registered serializable, so an inference model saved
-as `.keras` loads back without custom objects or `Lambda` layers.
+`YoloDecode` does keras-yolo3's `yolo_head` + `yolo_correct_boxes` for a batch of images of
+different sizes; `YoloNMS` its per-class NMS, with a fixed number of detections per image, padded:
+fixed shapes batch, serialise and export, where the original's ragged per-image output did not.
+Decoding is `keras.ops`; NMS is the one step the backends do differently (`non_max_suppression`).
+Both layers compute in float32 whatever the body's dtype policy and are registered serializable,
+so a `.keras` inference model loads back without custom objects or `Lambda` layers.
 """
 
 from __future__ import annotations
@@ -167,17 +156,11 @@ NMS_METHODS = ("combined", "padded")
 def non_max_suppression(boxes, scores, **options):
     """Per-class NMS with a fixed number of outputs per image: the one step where the backends differ.
 
-    The backend's `nms.non_max_suppression` runs it (`keras_yolo_mgpu.backend`).
-    TensorFlow runs its own NMS kernels (`backend/tensorflow/nms.py`): they
-    are what a SavedModel, a TFLite file and an ONNX export carry (`method`,
-    see `YoloNMS`). JAX runs `greedy_nms` (`backend/jax/nms.py`): the same
-    selection in `keras.ops`, compiled with the network into one XLA program.
-    It was chosen over NMS in numpy on the host because it is as exact
-    (TensorFlow's selection rule and IoU arithmetic, see `greedy_nms`), it
-    needs no copy of every box's per-class scores to the host (3.6 MB per
-    image for YOLOv3-416 with 80 classes) on the GPU machines where JAX
-    runs, and on a CPU its cost follows the candidates as the TensorFlow
-    kernel's does, where a Python loop per class and kept box would not.
+    TensorFlow runs its NMS kernels, which exports carry (`method`, see `YoloNMS`); JAX runs
+    `greedy_nms` (`backend/jax/nms.py`), the same selection in `keras.ops`, compiled with the
+    network. Not numpy on the host: that would copy every box's per-class scores off the GPU
+    (3.6 MB per image for YOLOv3-416, 80 classes), and a Python loop per class and kept box
+    would not scale with the candidates as the kernels do.
 
     Args:
         boxes: (N, K, 4) float32 corners, (x_min, y_min, x_max, y_max) or

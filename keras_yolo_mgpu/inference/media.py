@@ -5,14 +5,7 @@ decodes and letterboxes; the calling thread runs the model on batches of
 whatever frames are ready; a writer thread draws and encodes. Frames stay in
 OpenCV's BGR order from decoder to encoder (no full-size conversion either
 way); the model gets RGB: each letterboxed frame is converted, which is what
-keras-yolo3 forgot. `process_images` annotates image files, and
-`process_image_names` one file at a time as they are named (keras-yolo3's
-`Input image filename:` loop). All can write every detection as JSON lines.
-
-Every output goes through an `OutputRule` (`keras_yolo_mgpu.outputs`): an
-output that is one of the inputs is refused, always, before anything is
-read; the commands pass a strict rule, under which an existing file is
-replaced only when this project wrote it or with `--overwrite`.
+keras-yolo3 forgot. Every output goes through an `OutputRule`.
 """
 
 from __future__ import annotations
@@ -417,13 +410,7 @@ def process_images(
                     bar.update(1)
     finally:
         rule.record()
-    return {
-        "images": done,
-        "failed": failed,
-        "detections": boxes,
-        "seconds": time.perf_counter() - start,
-        "output_dir": str(out) if out else None,
-    }
+    return _summary(done, failed, boxes, start, out)
 
 
 def check_image_outputs(
@@ -459,6 +446,16 @@ def check_image_outputs(
     checks = [(str(target), "annotated image") for target in targets.values()]
     _check_all(rule, checks + ([(save_json, "--save-json")] if save_json else []))
     return targets
+
+
+def _summary(done: int, failed: int, boxes: int, start: float, out: Path | None) -> dict:
+    return {
+        "images": done,
+        "failed": failed,
+        "detections": boxes,
+        "seconds": time.perf_counter() - start,
+        "output_dir": str(out) if out else None,
+    }
 
 
 def _image_record(path: str, image: np.ndarray, found, class_names) -> dict:
@@ -558,13 +555,7 @@ def process_image_names(
         if show:
             with contextlib.suppress(cv2.error):
                 cv2.destroyWindow(_SHOW_WINDOW)
-    return {
-        "images": done,
-        "failed": failed,
-        "detections": boxes,
-        "seconds": time.perf_counter() - start,
-        "output_dir": str(out) if out else None,
-    }
+    return _summary(done, failed, boxes, start, out)
 
 
 def _read_named_image(path: str) -> np.ndarray:

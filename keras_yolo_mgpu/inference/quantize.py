@@ -2,15 +2,13 @@
 
 * float16: weights stored as float16 (half the file); the interpreter
   computes in float32 on a CPU, float16 on a GPU delegate.
-* INT8: weights and activations of the network in 8 bits (about a quarter
-  of the file), with ranges calibrated on a few hundred training images
-  (and their mirrors) letterboxed exactly as at inference. Input and outputs stay float32.
-  Decoding and NMS stay float32 (only the network's layer is quantised): box corners are
-  pixels up to the image size, where 8 bits would leave steps of several
-  pixels, and NMS has only a float kernel. The export's batch is fixed at
-  1 so NMS is unrolled in the main graph, where the float list applies
-  (`export.export_savedmodel`). The whole model is still TFLite builtins
-  only, so the stock interpreter runs it.
+* INT8: the network's weights and activations in 8 bits (about a quarter of
+  the file), ranges calibrated on a few hundred training images (and their
+  mirrors) letterboxed as at inference. Inputs, outputs, decoding and NMS stay
+  float32: box corners are pixels up to the image size, where 8 bits would
+  leave steps of several pixels, and NMS has only a float kernel. The batch is
+  fixed at 1 so NMS is unrolled in the main graph, where the float list
+  applies (`export.export_savedmodel`). Still TFLite builtins only.
 """
 
 from __future__ import annotations

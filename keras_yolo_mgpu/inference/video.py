@@ -3,23 +3,12 @@
 keras-yolo3's video loop read, detected, drew and wrote one frame at a time
 on one thread, fed OpenCV's BGR frames to a model trained on RGB, crashed on
 the `None` frame at the end of every file and wrote with a codec taken from
-the input that often would not open. Here:
-
-* `VideoReader` decodes on its own thread, converts BGR to RGB and can run a
-  per-frame transform there too (the letterbox), a few frames ahead;
-* `VideoWriter` converts back to BGR and encodes on its own thread, with
-  `mp4v` (or `MJPG` for `.avi`) and an `.avi`/`MJPG` fallback when the first
-  choice does not open;
-* the end of the stream is a normal end, and an input that cannot be opened
-  or read raises `VideoError` with a message that says which and why;
-* network streams (`rtsp://`, `rtmp://`, `http(s)://`) open like files,
-  through OpenCV's FFmpeg backend; a stream that drops, or a read error
-  mid-file, ends the input like its end (`VideoReader.input_ended`,
-  `read_error` tell the caller);
-* the annotated video is written under a temporary name beside its
-  destination and renamed onto it when the writer closes, on an error or
-  Ctrl-C too: the destination only ever holds a finished video (an MP4 is
-  unreadable until its index is written at the end).
+the input that often would not open. Here `VideoReader` and `VideoWriter` each
+run on a thread; the end of a file, a dropped network stream (`rtsp://`, `rtmp://`,
+`http(s)://`, through OpenCV's FFmpeg backend) and a read error all end the input
+normally; the writer picks `mp4v` (`MJPG` for `.avi`) with an `.avi` fallback and
+renames the finished video onto its destination, on an error or Ctrl-C too (an MP4
+is unreadable until its index is written at the end).
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """YOLOv4 and YOLOv4-tiny networks (AlexeyAB/darknet's yolov4.cfg and yolov4-tiny.cfg).
 
-Same conventions as `model/yolo3.py`, so everything built for YOLOv3 works
-on them unchanged:
+The conventions of `model/yolo3.py`, so everything built for YOLOv3 works on them unchanged:
+outputs coarse to fine (stride 32 first, although the v4 cfg lists its fine scale first), so
+YOLOv3's anchor masks, targets and loss apply; role-named layers (`darknet_*` the CSP backbone,
+`yolo_*` the neck and heads, `yolo_output_<l>` the output convolutions); Darknet's top-left
+padding for stride 2, the cfg's L2 weight decay (5e-4) and Keras's BatchNormalization epsilon
+(the converter folds Darknet's batch norm into it, `weights/darknet.py`).
 
-* outputs ordered coarse to fine (stride 32 first), although the v4 cfg
-  lists its fine scale first: the anchor masks are YOLOv3's
-  (`[[6,7,8],[3,4,5],[0,1,2]]` and tiny `[[3,4,5],[1,2,3]]`), and so are the
-  targets and the loss;
-* role-named layers: `darknet_*` is the backbone (CSPDarknet53, or the tiny
-  CSP backbone), `yolo_*` the neck and heads, `yolo_output_<l>` the output
-  convolutions; `freeze_layers` and transfer by name work as for YOLOv3;
-* Conv2D + BatchNormalization + activation blocks with Darknet's top-left
-  padding for stride 2, the L2 weight decay of the cfg (5e-4) and Keras's
-  BatchNormalization epsilon (the converter folds Darknet's batch norm into
-  it, `weights/darknet.py`).
-
-The layers are created in the cfg's order; `build_with_darknet_order`
-returns that order, which is how `weights/convert.py` maps a Darknet
-`.weights` file onto these bodies.
+The layers are created in the cfg's order; `build_with_darknet_order` returns that order, which
+is how `weights/convert.py` maps a Darknet `.weights` file onto these bodies.
 """
 
 from __future__ import annotations
