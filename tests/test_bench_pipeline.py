@@ -16,6 +16,7 @@ from keras_yolo_mgpu.bench import cpu_time
 from keras_yolo_mgpu.bench.pipeline import GENERATORS, parse_rows, run_benchmark, run_rounds
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.check import check_annotations
+from keras_yolo_mgpu.optional import LazyModule
 from keras_yolo_mgpu.resources import get_anchors, model_data_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -180,7 +181,7 @@ sys.stdin.read()
 
 def _hide_psutil(monkeypatch):
     """As where psutil is not installed (`sys.modules["psutil"] = None` would break the suite's memory sampler)."""
-    monkeypatch.setattr(cpu_time, "_optional_module", lambda name: None)
+    monkeypatch.setattr(cpu_time, "psutil", LazyModule("no_such_module", "none"))
 
 
 @pytest.mark.parametrize("source", ["proc", "psutil"])

@@ -1,22 +1,19 @@
 """CPU time of this process and of every process it started: what the benchmarks' CPU figures count.
 
 The process feed (`train.py --feed processes`, `bench pipeline`'s
-`pyprocesses` row) makes its batches in worker processes, so
-`time.process_time()` (this process's threads) misses nearly all of its
-work: without the workers its row read 0.065 CPU-ms per image against the
-threads' 2.18. `tree_cpu_seconds` adds the workers without optional
-packages: on Linux from `/proc` (each live descendant's `stat`), elsewhere
-through psutil where it is installed (it is only in the test extra), and
-the children this process has already waited for from `os.times()`.
-Where neither `/proc` nor psutil is there, the workers cannot be found and
-the reading is None: the figure is "not measured" rather than wrong.
+`pyprocesses` row) makes its batches in worker processes, where
+`time.process_time()` (this process's threads) misses nearly all of its work.
+`tree_cpu_seconds` adds the workers: on Linux from `/proc`, elsewhere through
+psutil where it is installed (only in the test extra); where neither is there
+the reading is None, "not measured" rather than wrong.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
+
+from keras_yolo_mgpu.optional import psutil
 
 # Linux's process table; a module constant so that the tests can take it away.
 PROC = "/proc"
@@ -45,8 +42,7 @@ def tree_cpu_seconds() -> float | None:
 def _descendants_cpu_seconds() -> float | None:
     if os.path.exists(os.path.join(PROC, "self", "stat")):
         return sum(_proc_cpu_seconds(pid) for pid in _proc_descendants(os.getpid()))
-    psutil = _optional_module("psutil")
-    if psutil is None:
+    if not psutil.available:
         return None
     seconds = 0.0
     for child in psutil.Process().children(recursive=True):
@@ -56,14 +52,6 @@ def _descendants_cpu_seconds() -> float | None:
             continue
         seconds += times.user + times.system + getattr(times, "children_user", 0) + getattr(times, "children_system", 0)
     return seconds
-
-
-def _optional_module(name: str):
-    """The module `name`, or None where it is not installed."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
 
 
 def _proc_stat_fields(pid: int) -> list[str] | None:

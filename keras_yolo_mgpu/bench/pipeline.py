@@ -1,47 +1,29 @@
-"""Input pipeline throughput: `python -m keras_yolo_mgpu.bench pipeline ...`.
+"""Input pipeline throughput: `python -m keras_yolo_mgpu.bench pipeline ...` (usage: `cli/bench_pipeline.py`).
 
-    python scripts/make_bench_images.py --out /tmp/bench_images --num 256
-    python -m keras_yolo_mgpu.bench pipeline --annotations /tmp/bench_images/train.txt \\
-        --classes model_data/voc_classes.txt --input-size 416 --batch-size 32 --batches 20 \\
-        --generator decode-only,tfdata-device,pydataset,pydataset@ram --rounds 3
+Each row is a generator, optionally with its own image cache (`NAME@ram`, `NAME@/some/folder`;
+`--cache` is the default for rows without one). Rows are timed in interleaved rounds, so load
+from other processes disturbs them alike. A row times `--batches` batches after `--warmup`
+(at least one more than the parallel workers, whose first batches arrive at once); a row with
+a cache is timed warm, after one full pass fills it (`cache_seconds`). `cpu_ms_per_image` is
+the CPU time of the process, all threads, and of its worker processes (`bench.cpu_time`) per
+image: on a shared machine the robust figure; None where the workers cannot be found.
+`main_cpu_ms_per_image` is the training process's share of it.
 
-Each row is a generator, optionally with its own image cache (`NAME@ram`,
-`NAME@/some/folder`; `--cache` is the default for rows without one). Rows
-are timed in interleaved rounds (every row once per round, in order), so
-load from other processes disturbs them alike. A row times `--batches`
-training batches after `--warmup` batches (at least one more than the
-parallel workers, whose first batches arrive at once); a row with a cache is timed
-warm: every image is decoded into the cache first (one full pass,
-`cache_seconds`). `cpu_ms_per_image` is the CPU time of the process, all
-threads, and of its worker processes (`bench.cpu_time`), per image: on a
-shared machine the robust figure; None ("not measured") where the workers
-cannot be found (no `/proc`, no psutil). `main_cpu_ms_per_image` is the
-training process's share of it (all of it but worker processes').
+- `tfdata-device`: `data.tf_dataset.make_dataset(training=True)`, the host's part of
+  TensorFlow's training input (uint8 images, padded boxes, HSV draws), which
+  `data.device_side.DeviceInputs` finishes in the step;
+- `pydataset`: the same batches from `data.py_dataset.make_py_dataset` through Keras's
+  `PyDataset` worker threads, JAX's training input (`--without-tensorflow` proves it needs
+  no TensorFlow); on JAX each batch is placed on the first device, as the trainer places it;
+- `pyprocesses`: `pydataset` with worker processes (`--feed processes`, `data.host_processes`);
+- `grain`: the same batches from google/grain's worker processes (`data.grain_feed`; needs
+  `pip install grain`), placed as the trainer would place them;
+- `reference`: keras-yolo3's single-threaded generator (from a checkout, `bench.baseline`);
+- `decode-only`: the files read, decoded and resized (bilinear) with TF's native ops in a
+  parallel map, no augmentation, no targets: the reference the ratios are taken against.
 
-- `tfdata-device`: `data.tf_dataset.make_dataset(training=True)`, what
-  TensorFlow's training reads: the host's part (uint8 images, padded boxes,
-  HSV draws), which `data.device_side.DeviceInputs` finishes in the step;
-- `pydataset`: the same batches from `data.py_dataset.make_py_dataset`
-  through Keras's `PyDataset` workers (threads): the pipeline of JAX
-  training, no TensorFlow needed (`--without-tensorflow` makes
-  `import tensorflow` fail, to prove it); on JAX each batch is placed on
-  the first device, in the workers' threads, as the trainer places it;
-- `pyprocesses`: `pydataset` with worker processes (`--feed processes` of
-  `train.py`, `data.host_processes`): the same batches, made past the
-  training process's interpreter lock; its CPU time adds the workers';
-- `grain`: the same batches made by google/grain's worker processes
-  (`data.grain_feed`, `mp_prefetch`; needs `pip install grain`), placed on
-  the first device in a thread of grain's as the trainer would place them;
-  its CPU time adds the workers';
-- `reference`: keras-yolo3's single-threaded generator (see
-  `tests/keras_yolo3_generator.py`; from a checkout only, `bench.baseline`), the baseline;
-- `decode-only`: the same files read, decoded and resized (bilinear) to the
-  input size with TF's native ops in a parallel tf.data map; no
-  augmentation, no targets: the reference the ratios are taken against.
-
-The last line is one JSON object: the row's record for one row and one
-round (`images_per_sec`, `cpu_ms_per_image`, ...), otherwise `rows` with
-each row's per-round figures, medians and `cpu_ratio_to_decode_only`.
+The last line is one JSON object: the row's record for one row and one round, otherwise
+`rows` with each row's per-round figures, medians and `cpu_ratio_to_decode_only`.
 """
 
 from __future__ import annotations

@@ -4,12 +4,9 @@ Feeds one generated batch from memory (a repeated tf.data dataset on
 TensorFlow; on JAX the batch placed on the devices once, with the data
 sharding of the run's distribution), so the number measures the model step
 and the replica communication, not the input pipeline (`bench pipeline`
-measures that). Each round is one `fit` of `steps` steps, timed from its
-first step's start to the epoch end, after Keras has read the last step's
-loss back: the steps run as `train.py` runs them, dispatched without
-waiting for the device, and the figure holds for any `steps_per_execution`. It runs on Keras's backend
-(`KERAS_BACKEND`); on JAX it needs no TensorFlow. `bench.backend_rounds`
-times both backends against each other.
+measures that). Each round is one `fit` of `steps` steps, dispatched as `train.py`
+dispatches them (`_step_timer`). It runs on Keras's backend; on JAX it needs no
+TensorFlow. `bench.backend_rounds` times both backends against each other.
 
 With `reference="keras-yolo3"`, keras-yolo3's model and scalar loss under
 Keras 2 (`tf_keras`; from a checkout: `tests/keras_yolo3_model.py`) is built next to ours in the
