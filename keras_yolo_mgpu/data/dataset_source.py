@@ -8,11 +8,8 @@
                   images (formats.voc_xml)
 
 Every reader gives the same records (`data.annotations.Annotation`, boxes in
-pixels) that the training pipeline, evaluation and k-means take, so the
-format changes nothing downstream. `Dataset.checked(split, num_classes)`
-runs the dataset checker over a split: problems name the file and line, and
-the report says where the reader looked for labels
-(`CheckReport.no_boxes_message`, `unlabelled_warning`).
+pixels), so the format changes nothing downstream; `Dataset.checked` runs
+the dataset checker (`data.check`) over a split.
 
 Class names: the dataset's (YOLO `names`, COCO categories, VOC object
 names) unless the dataset has none, then the `--classes` file; both given

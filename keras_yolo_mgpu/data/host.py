@@ -102,16 +102,12 @@ HSV_PARAMS = 12
 NEUTRAL_HSV = (0.0, 1.0, 1.0)
 
 _RAM_CACHE_NAMES = ("ram", "memory")
-# The RAM cache is shared by every dataset of the process (training stages,
-# training and validation): (image path, canvas (w, h)) -> (mtime, size,
-# pixels, stored size). An entry whose file's mtime or size changed is
-# decoded again and replaced.
+# The process's RAM cache (`ImageSource`): (image path, canvas (w, h)) -> (mtime, size, pixels, stored size).
 _ram_cache: dict[tuple[str, tuple[int, int]], tuple[int, int, np.ndarray, tuple[int, int]]] = {}
 # Files already reported as unreadable: warn once per file, not once per use.
 _warned_paths: set[str] = set()
 _warned_lock = threading.Lock()
-# v3: a header of the file's mtime and size (v2 kept them in the name only).
-_CACHE_VERSION = "v3"
+_CACHE_VERSION = "v3"  # in every disk cache entry's name: a new layout never reads an old entry
 _CACHE_HEADER = 6  # int64: mtime_ns, file size, stored w, h, cached w, h
 
 

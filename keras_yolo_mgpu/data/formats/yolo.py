@@ -5,10 +5,9 @@
 
 An image's label file is its path with the last `images` folder replaced by
 `labels` and the extension by `.txt`; an image without one is a background
-image, counted as unlabelled (an empty label file is a background on
-purpose): when no image of the training split has a box, training refuses
-to start, naming where labels were looked for. `train` / `val` may each be
-a folder of images, a text file listing image paths, or a list of those.
+image, counted as unlabelled (`data.check`; an empty label file is a
+background on purpose). `train` / `val` may each be a folder of images, a
+text file listing image paths, or a list of those.
 Relative paths resolve against `path` (itself relative to the YAML's
 folder), else the YAML's folder; Roboflow's `../train/images` is also tried
 without its `../`, as ultralytics does. `names` is a list or a
