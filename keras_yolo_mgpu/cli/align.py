@@ -4,11 +4,10 @@
         --weights start.weights.h5 --gpus 4 --steps 10 --float64
     python -m keras_yolo_mgpu.align diff run1/trained_weights_final.weights.h5 run2/ep010.weights.h5 --tiny
 
-The first form trains `--steps` steps from the same weights on one device
-and on `--gpus` replicas, prints per layer the largest weight difference,
-how far that layer moved, their ratio (largest difference first), and last
-one JSON object; exit status 0 when the difference is under the threshold,
-1 when not. The second compares two weight files tensor by tensor.
+The first form trains `--steps` steps from the same weights on one device and on
+`--gpus` replicas and prints per layer the largest weight difference, how far the
+layer moved and their ratio, then one JSON object; exit status 0 when the difference
+is under the threshold. The second compares two weight files tensor by tensor.
 """
 
 from __future__ import annotations
@@ -108,7 +107,6 @@ def build_diff_parser() -> cli.ArgumentParser:
 
 
 def _make_optimizer(name: str, learning_rate: float):
-    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     import keras
 
     from keras_yolo_mgpu.training.fused_adam import FusedAdam
@@ -123,12 +121,9 @@ def _make_optimizer(name: str, learning_rate: float):
 def _load_batches(args, anchors, num_classes, kind):
     """The first `--steps` global batches of train.py's pipeline for model `kind`, as arrays in floatx.
 
-    The host's batches (`data.host`, no TensorFlow needed) finished by the
-    training model's own `DeviceInputs` (HSV jitter, scaling, targets), run
-    here once so that every engine of the comparison trains on the same
+    `DeviceInputs` runs here once, so every engine of the comparison trains on the same
     dense arrays: `({"image": (B, H, W, 3), "y_true_0": ..., ...}, (B, 1) zeros)`.
     """
-    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     import keras
 
     from keras_yolo_mgpu.data.device_side import DeviceInputs
@@ -147,7 +142,6 @@ def _load_batches(args, anchors, num_classes, kind):
         augment=not args.no_augment,
         seed=args.seed,
     )
-    # The targets train.py builds for the model (float32 images, as the pipeline's).
     finish = DeviceInputs(anchors, num_classes, args.masks, resolve_iou_thresh(args.iou_thresh, kind), dtype="float32")
     dtype = keras.config.floatx()
     batches = []
@@ -183,7 +177,6 @@ def _classes_anchors_and_kind(args):
 
 def run_alignment(args, devices):
     """Runs `parallel.align.align` as the parsed flags say, on `devices`; returns its report."""
-    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     from keras_yolo_mgpu.parallel import align
     from keras_yolo_mgpu.training.training_model import create_model
 
@@ -235,7 +228,6 @@ def print_report(report, top: int) -> None:
 
 
 def run(args) -> int:
-    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     from keras_yolo_mgpu.parallel.engine import select_devices
 
     for flag, path in (("--classes", args.classes), ("--anchors", args.anchors), ("--weights", args.weights)):
@@ -275,7 +267,6 @@ def _diff_settings(args):
 
 
 def diff(args) -> int:
-    # Here, not at the top: the command starts without Keras (cli/runner.py sets TensorFlow's logging first).
     from keras_yolo_mgpu.model.yolo3 import build_body
     from keras_yolo_mgpu.parallel.align import tensor_differences
     from keras_yolo_mgpu.weights.loading import load_weights

@@ -1,9 +1,4 @@
-"""Command-line flags shared by every command, defined once.
-
-Commands call the `add_*` functions and convert parsed arguments to library
-parameters explicitly; the library itself never reads argv. The parser class
-and the error handling every command shares live in `runner.py`.
-"""
+"""Command-line flags shared by every command, defined once; the parser class and error handling are in `runner.py`."""
 
 from __future__ import annotations
 
@@ -18,10 +13,9 @@ from keras_yolo_mgpu.weights.metadata import settings_for
 def flag_values(target, args: argparse.Namespace, **converted) -> dict:
     """Keyword arguments for `target` (a function or a dataclass) from parsed flags.
 
-    Every parameter of `target` named like a flag's `dest` takes that flag's
-    value as parsed; `converted` gives the others (a flag renamed or read
-    differently, e.g. `sync_bn=not args.no_sync_bn`) and wins over a flag of
-    the same name. Parameters with neither keep `target`'s default.
+    Every parameter of `target` named like a flag's `dest` takes its value as
+    parsed; `converted` gives the others (e.g. `sync_bn=not args.no_sync_bn`)
+    and wins over a flag of the same name. Others keep `target`'s default.
     """
     parsed = vars(args)
     same_named = {name: parsed[name] for name in inspect.signature(target).parameters if name in parsed}
@@ -46,14 +40,19 @@ def input_size(text: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, kind, accepts, expected: str):
+    """`kind(text)` when it parses and `accepts` it, else an ArgumentTypeError saying `expected`."""
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = None
+    if value is None or not accepts(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda value: value > 0, "a positive integer")
 
 
 def batch_size_or_auto(text: str) -> int | str:
@@ -62,23 +61,11 @@ def batch_size_or_auto(text: str) -> int | str:
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    return _number(text, float, lambda value: value > 0, "a positive number")
 
 
 def unit_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
+    return _number(text, float, lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]")
 
 
 def masks_arg(text: str):
@@ -101,11 +88,8 @@ def add_model_args(
 ) -> None:
     """--classes, --anchors, --model, --tiny, --masks, --input-size, --weights.
 
-    Files the project writes carry their classes, anchors, masks and input
-    size (`weights.metadata`): these flags then default to the file's values
-    and must agree with them; they are needed for files without metadata.
-    `model_flag` names the network flag (yolo_video.py keeps keras-yolo3's
-    `--model` for the weights file and uses `--architecture`).
+    They default to the weights' metadata and must agree with it. `model_flag` names the network
+    flag (yolo_video.py keeps keras-yolo3's `--model` for the weights file and uses `--architecture`).
     """
     parser.add_argument(
         "--classes",
@@ -174,17 +158,15 @@ def add_detection_args(parser: argparse.ArgumentParser, *, score: float = 0.3, i
 def detector_params(args: argparse.Namespace, weights: str | None) -> dict:
     """`settings`, `score` and `iou` keywords from the `add_model_args` and `add_detection_args` flags.
 
-    Every library entry point that builds a detector from weights (`YOLO`,
-    `evaluate_weights`, `export_model`) takes these three keywords.
-
     Raises:
         weights.metadata.MetadataError (a ValueError): a flag contradicts the file.
     """
     return {"settings": resolve_model_settings(args, weights), "score": args.score, "iou": args.iou}
 
 
-def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:
-    """--gpu_num (keras-yolo3's name) / --gpus: GPUs an inference command spreads its batches over."""
+def add_inference_run_args(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """--batch-size, --gpu_num (keras-yolo3's name) / --gpus, --no-progress: how a detecting command runs `what`."""
+    parser.add_argument("--batch-size", type=positive_int, default=8, help=f"most {what} per forward pass (default: 8)")
     parser.add_argument(
         "--gpu_num",
         "--gpus",
@@ -193,12 +175,6 @@ def add_gpu_num_arg(parser: argparse.ArgumentParser, *, what: str) -> None:
         default=1,
         help=f"GPUs to spread batches of {what} over (default: 1)",
     )
-
-
-def add_inference_run_args(parser: argparse.ArgumentParser, *, what: str) -> None:
-    """--batch-size, --gpu_num / --gpus, --no-progress: how a detecting command runs its batches of `what`."""
-    parser.add_argument("--batch-size", type=positive_int, default=8, help=f"most {what} per forward pass (default: 8)")
-    add_gpu_num_arg(parser, what=what)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

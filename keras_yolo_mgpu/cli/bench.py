@@ -1,8 +1,6 @@
 """`python -m keras_yolo_mgpu.bench {pipeline,train,infer,e2e,exports} ...`: dispatch to one benchmark's command.
 
-Each benchmark prints progress, then one JSON object as its last line. Each
-has its own parser (`cli/bench_<name>.py`), so a misspelt flag gets a
-suggestion from the flags of that benchmark.
+Each benchmark has its own parser (`cli/bench_<name>.py`) and prints one JSON object as its last line.
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(args) -> int:
-    # Here: the benchmark's part (Keras, TensorFlow) loads once the command has set TensorFlow's logging.
     from keras_yolo_mgpu.bench.e2e import run_e2e
 
     model = "yolov3-tiny" if args.tiny else args.model

@@ -37,7 +37,6 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args) -> int:
-    # Here: the benchmark's part (Keras, TensorFlow) loads once the command has set TensorFlow's logging.
     from keras_yolo_mgpu.bench.exports import benchmark_exports, format_table
 
     result = benchmark_exports(

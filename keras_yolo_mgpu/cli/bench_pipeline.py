@@ -4,10 +4,8 @@
         --classes model_data/voc_classes.txt --input-size 416 --batch-size 32 --batches 20 \\
         --generator decode-only,tfdata-device,pydataset,pydataset@ram --rounds 3
 
-Prints progress, then one JSON object as the last line (see `bench/pipeline.py`).
-With `--without-tensorflow` (and `KERAS_BACKEND=jax`), `import tensorflow`
-fails in the process: the `pydataset` row then shows the pipeline runs, and
-what it costs, where TensorFlow is not installed.
+Prints progress, then one JSON object as the last line (see `bench/pipeline.py`). `--without-tensorflow`
+shows the pipeline runs, and what it costs, where TensorFlow is not installed.
 """
 
 from __future__ import annotations

@@ -7,11 +7,8 @@
 
     python -m keras_yolo_mgpu.bench train --backends tensorflow,jax --tiny --input-size 128 --rounds 3
 
-Prints one line per round (or per step with one round and one side), a
-table of the step's parts with `--breakdown`, then a JSON object as the last
-line (`ratio_vs_keras-yolo3`: ours / keras-yolo3). It runs on Keras's
-backend (`KERAS_BACKEND`); `--backends tensorflow,jax` times the step on both,
-one process each, in interleaved rounds (`ratio_jax_vs_tensorflow`).
+Prints one line per round, a table of the step's parts with `--breakdown`, then a JSON object as the
+last line (`ratio_vs_keras-yolo3`: ours / keras-yolo3; `ratio_jax_vs_tensorflow` with `--backends`).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from keras_yolo_mgpu.cli.runner import run_command
 
 
 def _variant_list(text: str) -> list[str]:
-    # Here: bench/train.py imports Keras; this module stays free of it (the command sets TensorFlow's logging first).
     from keras_yolo_mgpu.bench.train import VARIANTS
 
     names = [name for name in text.split(",") if name]
@@ -44,7 +40,6 @@ def _backend_pair(text: str) -> list[str]:
 
 
 def build_parser() -> cli.ArgumentParser:
-    # Here: bench/train.py imports Keras; this module stays free of it (the command sets TensorFlow's logging first).
     from keras_yolo_mgpu.bench.train import INPUTS, OPTIMIZERS, REFERENCES, VARIANTS
 
     parser = cli.ArgumentParser(
@@ -114,7 +109,6 @@ def _print_breakdown(breakdown):
 
 
 def run(args) -> int:
-    # Here: the benchmark's part (Keras, TensorFlow) loads once the command has set TensorFlow's logging.
     from keras_yolo_mgpu.bench.train import run_train_benchmark
 
     settings = cli.flag_values(

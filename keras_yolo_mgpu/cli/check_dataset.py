@@ -4,13 +4,11 @@
     python -m keras_yolo_mgpu.check_dataset train.txt --classes model_data/voc_classes.txt
 
 Prints `FILE:LINE: problem` lines and a summary per split, then, when a split
-has no box left (training would refuse it) or more than half of its images
-have no labels, where the labels were looked for. Exit status: 0 clean, 1
-when there are problems or a split without a box, 2 when the command itself
-is wrong (a missing file, a bad classes file). Never modifies a file; never
-imports TensorFlow. Images are checked by their headers (`data.scan`; `--full`
-decodes them), and what was read and scanned is recorded in the user's cache
-folder (`--scan-cache`), so checking the same dataset again takes seconds.
+has no box left or more than half of its images have no labels, where the
+labels were looked for. Exit status: 0 clean, 1 when there are problems or a
+split without a box, 2 when the command itself is wrong. Never modifies a
+file; never imports TensorFlow. What was read and scanned is recorded
+(`--scan-cache`), so checking the same dataset again takes seconds.
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def run(args) -> int:
 
 def _plot(model, path: str) -> None:
     """keras-yolo3's `-p`: `keras.utils.plot_model` to `path`; a warning, not an error, without pydot/graphviz."""
-    import keras  # here: the command starts without Keras (TensorFlow is imported quietly first)
+    import keras
 
     try:
         atomic_write(path, lambda temporary: keras.utils.plot_model(model, to_file=temporary, show_shapes=True))
@@ -170,11 +170,7 @@ def _plot(model, path: str) -> None:
 
 
 def _shipped_cfg_if_absent(config_path: str) -> str:
-    """`config_path`, or the shipped copy of an official cfg of that name (`yolov3.cfg`, ...) when it is absent.
-
-    keras-yolo3 keeps yolov3.cfg, yolov3-tiny.cfg and darknet53.cfg beside its
-    convert.py; this project ships them (and YOLOv4's) in model_data/.
-    """
+    """`config_path`, or when absent model_data/'s copy of an official cfg (keras-yolo3's sit beside convert.py)."""
     if os.path.exists(config_path) or os.path.dirname(config_path):
         return config_path
     try:

@@ -1,9 +1,4 @@
-"""`--data`, `--split`, `--image-dir`, `--scan-cache`: a dataset of any kind for the commands that read one.
-
-train.py, evaluate.py, kmeans.py and the dataset checker take these flags;
-`checked_records` opens the dataset (`data.dataset_source`), runs the
-dataset checker over the split and logs what it skipped.
-"""
+"""`--data`, `--split`, `--image-dir`, `--scan-cache`: a dataset of any kind for the commands that read one."""
 
 from __future__ import annotations
 

@@ -2,16 +2,11 @@
 
     python -m keras_yolo_mgpu.demo [--out demo_output] [--quick]
 
-1. Generates a synthetic detection dataset (shapes with exact boxes on
-   cluttered backgrounds, train and validation splits, `synthetic.py`).
+1. Generates a synthetic detection dataset (`data/synthetic.py`).
 2. Fits anchors to its boxes (k-means) and trains tiny YOLOv3 from scratch
-   with every visible GPU, or, without a GPU, on 2 simulated devices (the
-   CPU split in two), so the multi-GPU code path runs on any machine, with
-   the best measured recipe (`RECIPE`: validation mAP every epoch, the best
-   weights by it, EMA of the weights, the objectness prior, Darknet's
-   multi-anchor assignment, one stage).
-3. Evaluates mAP@[.5:.95] and mAP@0.5 (COCO protocol) of the best weights
-   on the validation split.
+   with every visible GPU, or on 2 simulated devices (the CPU split in two),
+   so the multi-GPU code path runs on any machine, with `RECIPE`.
+3. Evaluates mAP@[.5:.95] and mAP@0.5 of the best weights on the validation split.
 4. Runs the detector on a generated video clip.
 5. Prints where every output is, and a summary with the wall time and mAP.
 
@@ -45,18 +40,9 @@ from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS
 
 logger = logging.getLogger(__name__)
 
-# The data and schedule that reach mAP@[.5:.95] >= 0.6 (mAP@0.5 >= 0.95) from
-# scratch in under 10 minutes on a 2-core CPU (BENCHMARKS.md, "Demo"): many distinct synthetic
-# images seen a few times each generalise better than a few hundred seen
-# often (600 images x 30 epochs overfit: val loss 18 vs train 7, mAP@0.5
-# 0.55). Without EMA a 10x learning-rate drop for the last quarter mattered
-# (mAP@0.5 0.67 after epoch 6, 0.94 after two more epochs at lr / 10); with
-# the EMA of `RECIPE` one stage at `lr` is better (`drop_epoch` None; the
-# recipe table's `no_drop` row), and Adam at 3e-3 edges out 2e-3 (its `lr3`
-# row). A `drop_epoch` uses train()'s two stages: stage 1 with nothing
-# frozen at `lr`, stage 2 at `lr / 10`. With Darknet's anchor assignment
-# (`iou_thresh` in `RECIPE`) 6 epochs reach mAP@[.5:.95] 0.64, more than 8
-# epochs without it (0.57; the table's `iou_thresh` row).
+# The data and schedule that reach mAP@[.5:.95] >= 0.6 from scratch in under 10 minutes on a 2-core CPU
+# (BENCHMARKS.md, "Demo"): many distinct images seen a few times each generalise better than a few hundred
+# seen often. A `drop_epoch` uses train()'s two stages: stage 1 at `lr`, stage 2 at `lr / 10`.
 DEFAULTS = dict(
     num_train=2400,
     num_val=150,
@@ -67,17 +53,8 @@ DEFAULTS = dict(
     lr=RECIPES[DEFAULT_RECIPE]["lr1"],
     max_objects=4,
 )
-# The training recipe of `make demo` (TrainConfig's recipe fields): the best
-# row of BENCHMARKS.md's recipe table (`tools/reports.py recipe-table`, same data,
-# epochs and seed): validation mAP every epoch, best.weights.h5 by val_mAP,
-# EMA 0.99, the objectness prior 0.01, one stage (`no_drop`, `lr3`), and
-# Darknet's `iou_thresh` 0.213 (yolov4.cfg's: every anchor with IoU > 0.213
-# learns a box, not only the best; `iou_thresh` row). Cosine with warm-up,
-# multi-scale, mosaic and the CIoU box loss cost mAP at the demo's length.
-# With `lr_schedule="cosine"` the rate decays over one stage.
-# It is train.py's default recipe (training/named_recipes.py), less the schedule
-# fields that `demo_train_config` sets from DEFAULTS (one stage at `lr`,
-# nothing frozen: the default recipe's too).
+# train.py's default recipe, less the schedule fields `demo_train_config` sets from DEFAULTS: the best row
+# of BENCHMARKS.md's recipe table (`tools/reports.py recipe-table`, same data, epochs and seed).
 RECIPE: dict = {
     key: RECIPES[DEFAULT_RECIPE][key]
     for key in ("eval_every", "monitor", "ema", "objectness_prior", "iou_thresh", "save_period")
@@ -85,9 +62,7 @@ RECIPE: dict = {
 # A smoke run: every stage, tiny sizes (tests/test_demo.py).
 QUICK = dict(num_train=24, num_val=8, image_size=64, epochs=1, drop_epoch=None, batch_size=8, lr=1e-3, max_objects=3)
 
-# Anchor 0 belongs to no output scale with the tiny masks [[3,4,5],[1,2,3]]:
-# a box whose best anchor is 0 would get no target. The demo's anchor 0 is
-# this many times smaller than the smallest box, so it is never the best.
+# Anchor 0 belongs to no output scale of the tiny masks: this fraction of the smallest box is never a best anchor.
 _UNUSED_ANCHOR_FRACTION = 0.25
 _OUTPUTS = ("data", "anchors.txt", "train", "eval", "video", "summary.json")
 
@@ -104,12 +79,7 @@ def _fit_anchors(annotation_path: str, out_path: Path) -> np.ndarray:
 
 
 def _devices_plan(gpus: int | None) -> tuple[int | None, bool, str]:
-    """(gpus, simulate_devices, description) for TrainConfig.
-
-    Reads the physical device list only: the logical layout (the simulated
-    split) is still free to be set by `train()`.
-    """
-    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
+    """(gpus, simulate_devices, description) for TrainConfig, from the physical devices only (`train()` splits them)."""
     from keras_yolo_mgpu.backend import distribution
 
     visible = len(distribution.visible_accelerators(cpu_devices=gpus or 2))
@@ -143,22 +113,15 @@ def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = N
     Args:
         out_dir: folder for every output; the previous demo's outputs in it
             are replaced.
-        settings: `DEFAULTS`' keys and `seed` (summary.json's `settings`):
-            num_train, num_val: synthetic images per split.
-            image_size: network input side, a multiple of 32, and the longer
-                side of every image (half are square, half 4:3 or 3:4).
-            epochs: training epochs (all layers trained from scratch).
-            drop_epoch: epochs at `lr` before it drops to `lr / 10` (None or
-                >= `epochs`: no drop).
-            batch_size: global batch; rounded up to a multiple of the devices.
-            lr: Adam learning rate; `lr / 10` after `drop_epoch` epochs.
-            max_objects: most objects per image.
-            seed: seeds the data and the training.
+        settings: `DEFAULTS`' keys and `seed` (summary.json's `settings`);
+            `image_size` is the network input side and the longer side of
+            every image, `drop_epoch` the epochs at `lr` before `lr / 10`
+            (None: no drop), `batch_size` the global batch, rounded up to
+            a multiple of the devices.
         gpus: devices to train on (default: all visible GPUs, else 2
             simulated devices).
         video_frames: length of the generated clip.
     """
-    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
     from keras_yolo_mgpu.training.trainer import train
 
     s = settings
@@ -212,12 +175,7 @@ def _summary(settings, config, result, metrics, video, outputs, device_text, sec
 
 
 def _planned_train_config(data, anchors_path, log_dir, *, gpus: int | None, batch_size: int, **options):
-    """`(demo_train_config(...), the devices in words)` for the devices `_devices_plan` picks.
-
-    The global batch is `batch_size` rounded up to a multiple of the
-    replicas. Devices are chosen from the physical list only; train() makes
-    the logical split before TensorFlow initialises its devices.
-    """
+    """`(demo_train_config(...), the devices in words)`; the global batch is `batch_size` rounded up to the replicas."""
     gpu_count, simulate, device_text = _devices_plan(gpus)
     replicas = gpu_count or 1
     global_batch = -(-batch_size // replicas) * replicas
@@ -250,7 +208,6 @@ def _detect_demo_video(
     weights: str, data, anchors_path: Path, image_size: int, video_dir: Path, num_frames: int, seed: int
 ) -> tuple[str, dict]:
     """Generates a 320x240 clip and runs the detector on it; returns (clip path, `process_video`'s stats)."""
-    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
     from keras_yolo_mgpu.inference.detector import YOLO
 
     frame_size = (240, 320)
@@ -290,8 +247,7 @@ def _demo_outputs(out: Path, data, anchors_path: Path, result, weights: str, met
 
 def make_demo_data(out: Path, num_train: int, num_val: int, image_size: int, max_objects: int, seed: int):
     """The synthetic dataset under `out/data` and its anchors file: (DatasetPaths, anchors path)."""
-    # Half square, half 4:3 or 3:4 images: training sees letterbox bars as
-    # it will on the video's 320x240 frames.
+    # Half square, half 4:3 or 3:4 images: training sees letterbox bars as on the video's 320x240 frames.
     short = image_size * 3 // 4
     sizes = [(image_size, image_size), (image_size, image_size), (short, image_size), (image_size, short)]
     data = make_synthetic_dataset(out / "data", num_train, num_val, sizes, seed=seed, max_objects=max_objects)
@@ -327,8 +283,6 @@ def demo_train_config(
         tiny=True,
         input_shape=(image_size, image_size),
         batch_size=global_batch,
-        # No pretrained weights: every layer trains from the start. Stage 1
-        # (nothing frozen, freeze_body=0) runs at lr, stage 2 at lr / 10.
         freeze_epochs=min(drop_epoch or epochs, epochs),
         epochs=epochs,
         freeze_body=0,

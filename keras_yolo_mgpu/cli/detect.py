@@ -28,11 +28,7 @@ _PROMPT = "Input image filename:"  # keras-yolo3's, verbatim
 
 
 class _Parser(cli.ArgumentParser):
-    """Positionals may sit on either side of flags (`yolo_video.py --model W clip.mp4 --score 0.5 out.mp4`).
-
-    Plain argparse fills every optional positional from the first run of
-    words and then refuses the second one as unrecognized.
-    """
+    """Positionals may sit on either side of flags (`yolo_video.py --model W clip.mp4 --score 0.5 out.mp4`)."""
 
     def parse_args(self, args=None, namespace=None):
         return self.parse_intermixed_args(args, namespace)
@@ -141,9 +137,7 @@ def _typed_names() -> Iterator[str]:
 
 def run(args) -> int:
     stats = detection(args)
-    # At the prompt a name that fails was answered "Try again!" and the
-    # session goes on: its end is a clean end. Named up front, a failed
-    # image fails the command.
+    # At the prompt a failed name was answered "Try again!"; named up front, a failed image fails the command.
     return 1 if stats.get("failed") and args.image else 0
 
 
@@ -154,7 +148,6 @@ def detection(args) -> dict:
     weights = resolve_weights(args.weights) or os.path.join("model_data", "yolo.h5")
     rule, image_folder = _checked_outputs(args, weights, video, output)
     quiet.import_tensorflow(args.verbose)
-    # Here: the command starts without Keras, and TensorFlow is imported quietly just above.
     from keras_yolo_mgpu.inference.export_formats import open_detector
 
     weights = darknet_as_keras(weights)

@@ -53,9 +53,7 @@ def build_parser() -> cli.ArgumentParser:
     cli.add_detection_args(parser)
     parser.add_argument("--root", default=None, help="folder for relative image paths in the annotation file")
     cli.add_inference_run_args(parser, what="images")
-    # No default file: evaluate writes nothing unless told where (its report
-    # goes to stdout), so it never drops or overwrites a plot in the current
-    # folder, or in the weights' folder, behind the user's back.
+    # No default file: evaluate writes nothing unless told where, so it never overwrites a plot behind the user's back.
     parser.add_argument(
         "--pr-curve",
         default=None,
@@ -136,11 +134,7 @@ def evaluation(args) -> dict:
 
 
 def _use_held_out_when_data_has_no_val(args) -> None:
-    """--data without a val split, and weights of a run that trained on it: score the images that run held out.
-
-    Scoring all of --data would count the run's training images as
-    validation images and inflate the mAP without a word.
-    """
+    """--data without a val split, and weights of a run that trained on it: score the images that run held out."""
     held_out = held_out_list(args.weights, args.data)
     if held_out is None:
         return

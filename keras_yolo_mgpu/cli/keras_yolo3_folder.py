@@ -1,12 +1,8 @@
 """`python train.py` with no dataset flag in a keras-yolo3 folder: keras-yolo3's hard-coded paths.
 
-keras-yolo3's train.py takes no flags: it reads `train.txt`, the classes of
-`model_data/voc_classes.txt`, the anchors of `model_data/yolo_anchors.txt`,
-starts from `model_data/tiny_yolo_weights.h5` when the anchors are 6 (tiny
-YOLOv3), else `model_data/yolo_weights.h5`, and writes `logs/000/`. Its users
-run it as it is, or as this project's `python train.py --gpus 4`. This
-module fills the flags a keras-yolo3 folder implies, from the folder the
-command runs in; a flag the user gives wins over the folder's file.
+keras-yolo3's train.py takes no flags: it reads `train.txt`, `model_data/voc_classes.txt`,
+`model_data/yolo_anchors.txt` and `model_data/yolo_weights.h5` (`tiny_yolo_weights.h5` for 6
+anchors). This module fills those flags from the folder the command runs in; a flag given wins.
 """
 
 from __future__ import annotations
@@ -35,10 +31,9 @@ def is_keras_yolo3_folder(folder: str = ".") -> bool:
 def apply_keras_yolo3_paths(args: argparse.Namespace) -> None:
     """Sets --annotations, --classes, --anchors and --weights to keras-yolo3's paths where not given.
 
-    A file keras-yolo3 reads from `model_data/` and the folder lacks comes
-    from this project's `model_data/` (the same shipped files), said in the
-    log. The start weights are never silently skipped: without them the
-    command stops, naming the file and how keras-yolo3's README makes it.
+    A file the folder's `model_data/` lacks comes from this project's (the
+    same shipped files), said in the log. Missing start weights stop the
+    command, naming the file and how keras-yolo3's README makes it.
 
     Raises:
         CommandError: keras-yolo3's start weights are missing and no --weights was given.

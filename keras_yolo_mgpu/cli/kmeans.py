@@ -124,11 +124,9 @@ def _take_keras_yolo3_defaults(args) -> None:
 def keras_yolo3_anchors_text(anchors) -> str:
     """`(N, 2)` integer anchors (width, height) as keras-yolo3's kmeans.py writes `yolo_anchors.txt`.
 
-    `w,h, w,h, ...` on one line without a newline: its `result2txt` joins
-    `%d,%d` pairs with `", "`; `resources.get_anchors` (and keras-yolo3's own
-    `get_anchors`) read it. The anchors are this command's: rounded to whole
-    pixels and sorted by area, where keras-yolo3 truncates and sorts by width
-    (the masks pick anchors by index, smallest area first).
+    `w,h, w,h, ...` on one line without a newline, as its `result2txt`. The
+    anchors are this command's: rounded and sorted by area, where keras-yolo3
+    truncates and sorts by width (the masks pick anchors by index, smallest area first).
     """
     return ", ".join(f"{int(w)},{int(h)}" for w, h in anchors)
 

@@ -1,22 +1,10 @@
 """Quiet start-up: TensorFlow's C++ log lines and known harmless warnings, hidden unless `-v`.
 
-A normal run of TensorFlow 2.21 on a machine without CUDA prints lines such
-as `cudart_stub.cc:31] Could not find cuda drivers`, `failed call to cuInit`,
-`oneDNN custom operations are on` and, during training, `meta_optimizer.cc]
-layout failed`: information for TensorFlow's developers that reads as a
-failure to a user. Three mechanisms hide them:
-
-* `TF_CPP_MIN_LOG_LEVEL=3` (set before TensorFlow is imported, and only when
-  the user has not set it) silences the C++ logger once it is initialised;
-* lines TensorFlow's shared libraries log while they load, before that
-  setting is read (absl's "All log messages before absl::InitializeLog()"
-  notice and the INFO/WARNING lines after it), are captured during
-  `import tensorflow` and dropped; anything else printed then is passed on;
-* Python warnings that are known to be harmless for this project are
-  filtered by message (`KNOWN_WARNINGS`), and TensorFlow's Python logger is
-  kept at WARNING.
-
-With `-v` none of this happens: TensorFlow logs everything it wants to.
+TensorFlow prints lines such as `Could not find cuda drivers` or
+`meta_optimizer.cc] layout failed` that read as failures to a user. Hidden by:
+`TF_CPP_MIN_LOG_LEVEL=3` (unless the user set it), dropping the lines its
+libraries log while they load (before that setting is read), filtering
+`KNOWN_WARNINGS` and keeping TensorFlow's Python logger at WARNING.
 """
 
 from __future__ import annotations
@@ -38,8 +26,7 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     ),
 )
 
-# Loader-time lines: absl's notice, and INFO/WARNING lines in absl's format
-# (`I0000 00:00:1795418012.604492   10224 port.cc:153] ...`).
+# Loader-time lines: absl's notice, and INFO/WARNING lines (`I0000 00:00:1795418012.604492   10224 port.cc:153] ...`).
 _LOAD_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] .*)$"
@@ -51,8 +38,7 @@ _LOG_HEADER = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ")
 def _without_load_noise(text: str) -> list[str]:
     """The lines of `text` that are not loader noise; a noise entry's continuation lines go with it.
 
-    (`cpu_feature_guard.cc` logs one entry over two lines: "This TensorFlow
-    binary is optimized ..." then "To enable the following instructions ...".)
+    (`cpu_feature_guard.cc` logs one entry over two lines.)
     """
     kept, in_noise = [], False
     for line in text.splitlines():
@@ -80,8 +66,7 @@ def configure(verbose: bool = False) -> None:
         return
     for message, category, _ in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    # The root logger is at INFO for the project's lines; TensorFlow's logger
-    # would inherit it and log every MirroredStrategy all-reduce.
+    # TensorFlow's logger would inherit the root's INFO and log every MirroredStrategy all-reduce.
     for name in ("tensorflow", "absl"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -105,11 +90,9 @@ def keras_backend_name() -> str:
 def import_tensorflow(verbose: bool = False) -> None:
     """Imports TensorFlow, dropping the log lines its libraries print while loading.
 
-    Output written to stderr during the import (file descriptor 2, where C++
-    logs go) is captured; lines that match `_LOAD_NOISE` are dropped, all
-    others are written back to stderr. No-op when TensorFlow is already
-    imported, with `verbose`, or when Keras runs on another backend (JAX
-    needs no TensorFlow; the input pipeline imports it where it uses it).
+    File descriptor 2 (where C++ logs go) is captured during the import;
+    lines that match `_LOAD_NOISE` are dropped, the others written back.
+    No-op when TensorFlow is already imported or Keras runs on another backend.
     """
     if "tensorflow" in sys.modules or keras_backend_name() != "tensorflow":
         return

@@ -1,18 +1,13 @@
 """What every command shares: the parser, `-v`, quiet start-up, and the error epilogue.
 
-Each command module in this package defines `build_parser()` and a body
-`run(args) -> int`, and its `main(argv=None)` is one call to `run_command`.
-So every command:
+Each command module defines `build_parser()` and a body `run(args) -> int`;
+its `main(argv=None)` is one call to `run_command`. So every command refuses
+abbreviated flags and suggests the flag a misspelt one meant, takes `-v`
+(debug logging, TensorFlow's logs, tracebacks), reports an expected error as
+one `error: ...` line, and starts quietly (`quiet.py`).
 
-* refuses abbreviated flags and answers a misspelt one with a suggestion
-  (`--epoch 3` -> "did you mean --epochs?") and exit status 2;
-* takes `-v/--verbose`: debug logging, TensorFlow's own logs, third-party
-  warnings and the traceback of an error;
-* reports an expected error (a missing file, bad input: `OSError`,
-  `ValueError` and the command's own kinds) as one `error: ...` line on
-  stderr and exit status 1, never as a traceback;
-* starts quietly: TensorFlow's C++ start-up lines and known harmless
-  third-party warnings are hidden unless `-v` (see `quiet.py`).
+Command modules import Keras only inside their functions: `--help` and flag
+errors stay instant, and TensorFlow's logging is set before it loads.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ from keras_yolo_mgpu.cli import quiet
 
 logger = logging.getLogger(__name__)
 
-# Expected failures: bad input the user can fix. Anything else is a bug and
-# keeps its traceback.
+# Expected failures: bad input the user can fix. Anything else is a bug and keeps its traceback.
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 
 
@@ -66,8 +60,7 @@ class ArgumentParser(argparse.ArgumentParser):
         return [option for action in self._actions for option in action.option_strings]
 
     def parse_known_args(self, args=None, namespace=None):
-        # Unknown flags first: argparse would otherwise report a missing
-        # required argument and hide the typo that caused it.
+        # Unknown flags first: argparse would otherwise report a missing required argument and hide the typo.
         tokens = list(sys.argv[1:] if args is None else args)
         known = set(self._known_options())
         unknown = []
@@ -100,8 +93,7 @@ class ArgumentParser(argparse.ArgumentParser):
 def setup_logging(verbose: bool = False) -> None:
     """The project's log lines on stderr: INFO by default, DEBUG with `-v`."""
     level = logging.DEBUG if verbose else logging.INFO
-    # A no-op where logging is already set up (an embedding program, pytest):
-    # its handlers stay; only -v lowers the level.
+    # A no-op where logging is already set up (an embedding program, pytest); only -v lowers the level.
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if verbose:
         logging.getLogger().setLevel(level)
@@ -131,8 +123,7 @@ def run_command(
             arguments parse, so `--help` and flag errors stay instant.
 
     Returns:
-        The exit status: the body's, 2 for a usage error (argparse, or the
-        body raising `UsageError`: the parser exits),
+        The exit status: the body's, 2 for a usage error (argparse, or `UsageError`: the parser exits),
         `error_status` for an expected error, 130 on Ctrl-C.
     """
     parser = build_parser()

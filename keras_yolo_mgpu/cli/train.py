@@ -364,8 +364,7 @@ def _add_data_and_loss_args(group) -> None:
     cli.add_iou_thresh_arg(group)
 
 
-# Command-line names whose TrainConfig field differs, and how to read them;
-# every other flag named like a TrainConfig field sets it as parsed.
+# Flags whose TrainConfig field differs, and how to read them; every other flag sets its field as parsed.
 _FLAG_FIELDS = {
     "input_size": ("input_shape", lambda value: tuple(value or (416, 416))),
     "no_augment": ("augment", lambda value: not value),
@@ -373,8 +372,7 @@ _FLAG_FIELDS = {
     "quiet": ("verbose", lambda value: 0 if value else 1),
     "no_pictures": ("pictures", lambda value: not value),
 }
-# Flags that name the run to resume or set the logging, not a setting of the
-# run: `verbose` is -v (debug logging), not TrainConfig.verbose (--quiet).
+# Flags that name the run to resume or set the logging: `verbose` is -v, not TrainConfig.verbose (--quiet).
 _RUN_FLAGS = ("resume", "log_dir", "verbose")
 _PATH_FIELDS = {"annotations", "val_annotations", "classes", "anchors", "weights", "cfg", "data", "image_dir"}
 
@@ -401,9 +399,8 @@ def config_from_args(args):
     )
 
 
-# Flags that say how a resumed run executes, not what it computes: they
-# apply to the resumed process. Every other flag given with --resume must
-# agree with the run's args.json.
+# Flags that say how a resumed run executes, not what it computes: they apply to the resumed process.
+# Every other flag given with --resume must agree with the run's args.json.
 RESUME_OVERRIDES = ("quiet", "gpus", "simulate_devices", "cache", "scan_cache", "no_pictures", "feed", "workers")
 
 
@@ -418,9 +415,8 @@ def given_flags(argv=None) -> dict:
 def apply_resume_flags(config, args, given: dict) -> tuple:
     """Checks flags given with --resume against the saved run; returns (the config to run, the contradictions).
 
-    Flags in `RESUME_OVERRIDES` apply to the returned config (logged); every
-    other flag that agrees with the saved setting is accepted (logged), one
-    that differs is returned as a contradiction, naming both values.
+    Flags in `RESUME_OVERRIDES` apply to the returned config; any other that
+    differs from the saved setting is a contradiction, naming both values.
     """
     problems, overrides = [], {}
     for dest, value in sorted(given.items()):
@@ -469,8 +465,7 @@ def run(args, given: dict | None = None) -> int:
 def config_for(args, given: dict | None = None):
     """The run's `TrainConfig`, resolved once from the parsed flags: a new run's, or the saved run's (--resume).
 
-    `given`: the flags present on the command line (for --resume). None when
-    no dataset is named and the folder is no keras-yolo3 folder.
+    None when no dataset is named and the folder is no keras-yolo3 folder.
 
     Raises:
         UsageError: flags that do not fit together, or contradict a resumed run.
@@ -533,8 +528,7 @@ def _check_new_run_flags(args) -> None:
         ("--weights", args.weights),
     ):
         if flag == "--weights" and path:
-            # An official net's name (`yolov3-tiny`) is downloaded once into the cache. Checked last, so a
-            # mistyped file above fails before a download starts.
+            # An official net's name (`yolov3-tiny`) is downloaded once; checked last, so a typo fails first.
             path = resolve_weights(path)
             if path != args.weights:
                 logger.info("--weights %s: the official Darknet weights, cached at %s", args.weights, path)
@@ -547,7 +541,6 @@ def _check_new_run_flags(args) -> None:
 
 def run_training(config):
     """`training.trainer.train(config)`, an out-of-memory error said in one paragraph (a CommandError)."""
-    # Here: the command starts without Keras (TensorFlow's logging is set first, cli/runner.py).
     from keras_yolo_mgpu.training.trainer import train
 
     try:
@@ -565,7 +558,6 @@ def _gib(size: int | None) -> str:
 
 def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     """What to tell a user whose run ran out of device memory, in one paragraph; None for any other error."""
-    # Here: the command starts without Keras; this runs after a training error, when Keras is loaded.
     from keras_yolo_mgpu.backend import memory
 
     found = memory.out_of_memory(error)

@@ -1,9 +1,7 @@
 """`import tensorflow` made to fail in this process, as on a JAX machine where it is not installed.
 
-For `bench pipeline --without-tensorflow` and the tests that prove a JAX path
-needs no TensorFlow: a TensorFlow import anywhere after `block_tensorflow()`
-raises `ModuleNotFoundError`, as it would there (Keras's own optional
-imports handle that error as they do without the package).
+For `bench pipeline --without-tensorflow` and the tests that prove a JAX path needs no TensorFlow:
+a later TensorFlow import raises `ModuleNotFoundError`, which Keras's optional imports handle.
 """
 
 import importlib.abc

@@ -1,20 +1,12 @@
 """How well a run's anchors fit its training boxes, and `--anchors auto`.
 
 At the start of every run `report_anchor_fit` logs, at the network's input
-size (boxes scaled as the letterbox scales them):
-
-- best possible recall (BPR), as YOLOv5's AutoAnchor defines it: for a box
-  (w, h) and an anchor (aw, ah) the ratio metric is
-  r = min(w / aw, aw / w, h / ah, ah / h); each box keeps its best anchor's
-  r; BPR is the fraction of boxes whose best r exceeds 1 / 4.0 (a box more
-  than 4x off every anchor in width or height is hard to learn);
-- the mean best IoU of the boxes with the anchors (centred width/height IoU,
-  keras-yolo3's assignment measure).
-
-Only anchors that an output scale uses (its masks) count: the tiny masks
-[[3,4,5],[1,2,3]] leave anchor 0 without an output. A BPR under 0.98
-(AutoAnchor's threshold) is warned about. `--anchors auto` fits the used
-anchors with the project's k-means (data/kmeans.py) instead.
+size, YOLOv5 AutoAnchor's best possible recall (BPR: the fraction of boxes
+whose best anchor's ratio metric r = min(w / aw, aw / w, h / ah, ah / h)
+exceeds 1 / 4) and the mean best IoU (keras-yolo3's assignment measure).
+Only anchors an output scale uses count (the tiny masks leave anchor 0
+out). A BPR under 0.98 is warned about; `--anchors auto` fits the used
+anchors with k-means (data/kmeans.py) instead.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """`--batch-size auto`: the largest global batch whose training step fits each device's memory.
 
-The step's bytes come from the backend (`backend.memory.training_step_bytes`:
-XLA's account of the compiled step on JAX, a measured trial on TensorFlow)
-on one device with one device's share of the batch: under data parallelism
-each device holds the weights, the optimizer state and its own images, so
-the global batch is that share times the replicas.
-
-The search measures 1 and 2 images per device, takes the line through them
-to the budget, then steps from there until a size fits and the next one up
-does not: the answer is checked by measurement, never extrapolated.
+The step's bytes on one device with its share of the batch come from
+`backend.memory.training_step_bytes`. The search measures 1 and 2 images per
+device, extrapolates the line to the budget, then steps from there until a
+size fits and the next does not: the answer is always measured.
 """
 
 from __future__ import annotations
@@ -32,9 +27,8 @@ class BatchFit:
     Attributes:
         per_device: images per device; the global batch is this times the replicas.
         step_bytes: what its step needs on one device.
-        next_step_bytes: what one image more per device needs (None: above
-            the budget by a trial that ran out of memory, or not measured because
-            `per_device` is the largest allowed).
+        next_step_bytes: what one image more per device needs (None: out of
+            memory, or not measured: `per_device` is the largest allowed).
         budget: the bytes per device it had to fit.
         largest_allowed: True when the dataset, not memory, set the size.
         measured: every size measured, with its bytes (None: out of memory).
@@ -95,10 +89,9 @@ def largest_fitting_batch(step_bytes: Callable[[int], int | None], budget: int, 
 def _bisect(fits: Callable[[int], bool], guess: int, most: int) -> tuple[int, int | None]:
     """`(low, high)`: the largest size in [1, `most`] that `fits` (1 must), and the next one, which does not.
 
-    `high` is None when `most` fits. From `guess`, steps that double bracket
-    the answer, and bisection closes the bracket.
+    `high` is None when `most` fits. From `guess`, doubling steps bracket the
+    answer (`low` fits, `high` does not), and bisection closes the bracket.
     """
-    # Bracket the answer: `low` fits, `high` (when known) does not.
     if fits(guess):
         low, high, stride = guess, None, 1
         while low < most:

@@ -19,13 +19,10 @@ logger = logging.getLogger(__name__)
 class StopOnInterrupt(keras.callbacks.Callback):
     """Stops training at the next step after Ctrl-C, even when Python dropped the `KeyboardInterrupt`.
 
-    Python ignores an exception raised while it runs a garbage-collection
-    callback ("Exception ignored in: <function _xla_gc_callback ...>"): a
-    Ctrl-C that lands in JAX's callback is lost, and the run trains on (seen
-    under load: docs/measurements.md, "Figures moved from the code's
-    comments"). The handler remembers the interrupt, and the next training
-    or validation step raises it again in the main thread, where Keras's
-    batch hooks begin. Only Python's default handler is replaced.
+    Python ignores an exception raised in a garbage-collection callback: a
+    Ctrl-C that lands in JAX's `_xla_gc_callback` is lost, and the run trains
+    on. The handler remembers the interrupt, and the next step raises it again
+    in the main thread. Only Python's default handler is replaced.
     """
 
     async_safe = True
@@ -59,16 +56,10 @@ class StopOnInterrupt(keras.callbacks.Callback):
 class Throughput(keras.callbacks.Callback):
     """Adds `images_per_sec` to the logs: images trained per second of wall time on the device.
 
-    The rate counts from the end of an epoch's first step (tracing,
-    compiling and the input's warm-up are left out) to the end of its latest
-    step, by the steps' own indices, so it is right for any
-    `steps_per_execution` (Keras calls the batch hooks once per execution).
-
-    Asynchronous: Keras dispatches the next step without waiting for the
-    device only when every callback is `async_safe`; it then runs the batch-end
-    hooks in a thread pool. This hook waits for its own step's loss in that
-    thread, so its clock reads when the step finished on the device, and the
-    step loop itself never reads a device value back.
+    The rate counts from the end of an epoch's first step (compiling left
+    out) to the end of its latest, by the steps' indices, so it is right for
+    any `steps_per_execution`. `async_safe`: the hook waits for its step's
+    loss in Keras's callback thread pool, never in the step loop.
     """
 
     async_safe = True
@@ -131,39 +122,17 @@ def overrides_batch_end(callback) -> bool:
 class EpochTensorBoard(keras.callbacks.TensorBoard):
     """Keras's TensorBoard callback with the epoch curves only.
 
-    Keras's batch-end hook writes every step's logs as `batch_*` scalars, a
-    read of the device's values per step that holds the step loop back; the
-    run's curves are per epoch (history.csv has the same). Nothing of
-    TensorFlow is imported before the first epoch's end.
+    Keras's batch-end hook reads the device's values every step, which holds
+    the step loop back.
     """
 
     on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
 
     def on_train_begin(self, logs=None):
-        # Keras's opens the training writer here for per-batch summaries, which epoch curves never write; opening
-        # it imports TensorFlow before the first step of a JAX run, hundreds of MB and seconds of its start
-        # (docs/measurements.md, "Figures moved from the code's comments"). The writers open when the first
-        # curves are written.
+        # Keras's opens the per-batch writer here, importing TensorFlow before a JAX run's first step
+        # (hundreds of MB, seconds of start-up); the writers open with the first curves instead.
         if self.update_freq != "epoch":
             super().on_train_begin(logs)
-
-
-class LossPlot(keras.callbacks.Callback):
-    """Writes a PNG of training and validation loss per epoch after each epoch.
-
-    Reads the CSV history (so a resumed run plots all its epochs).
-    """
-
-    def __init__(self, history_csv: str, output_png: str):
-        super().__init__()
-        self.history_csv = history_csv
-        self.output_png = output_png
-
-    def on_epoch_end(self, epoch, logs=None):
-        try:
-            plot_history(self.history_csv, self.output_png)
-        except (OSError, ValueError) as error:  # a plot must never stop training
-            logger.warning("could not plot %s: %s", self.history_csv, error)
 
 
 def read_history(history_csv: str) -> dict[str, list[float]]:
@@ -207,14 +176,11 @@ def plot_history(history_csv: str, output_png: str) -> None:
 class HistoryCSVLogger(keras.callbacks.CSVLogger):
     """`CSVLogger` whose columns stay the same for the whole run.
 
-    Keras's logger takes its columns from the first epoch it sees, so a key
-    that some epochs lack (`val_mAP` with `--eval-every N > 1`) would be
-    dropped or, after a resume, shift the columns under the file's header.
-    Here the columns are the existing file's header when appending to one,
-    else the first epoch's keys plus `required_columns`; a missing value is
-    written as `NA`. Epochs are numbered from 1, as the progress log and the
-    checkpoint names (`ep001-...`) number them, and each row records the
-    optimizer's learning rate at the epoch's end (`learning_rate`).
+    Keras's takes its columns from the first epoch, so a key some epochs
+    lack (`val_mAP` with `--eval-every N > 1`) would be dropped or shift the
+    columns after a resume. Here they are the existing header, else the first
+    epoch's keys plus `required_columns`; a missing value is `NA`. Epochs are
+    numbered from 1 (as checkpoint names), and each row records `learning_rate`.
     """
 
     def __init__(self, filename: str, required_columns=(), append: bool = True):

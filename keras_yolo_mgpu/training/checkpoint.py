@@ -2,9 +2,7 @@
 
 `TemplateModelCheckpoint` saves the *template* (the single-device `yolo_body`)
 during training, whatever wraps it for several devices or for the loss, so a
-checkpoint written on a 4-GPU box loads on a CPU-only one. Saves are atomic:
-an interrupted save never destroys the previous file. Loading every weight
-format lives in `keras_yolo_mgpu.weights.loading`.
+checkpoint written on a 4-GPU box loads on a CPU-only one (`weights.loading`).
 """
 
 from __future__ import annotations
@@ -24,23 +22,14 @@ from keras_yolo_mgpu.weights.metadata import write_metadata
 logger = logging.getLogger(__name__)
 
 _WEIGHTS_SUFFIX = ".weights.h5"
-_OUTPUT_PREFIX = "yolo_output_"  # kept in sync with model.OUTPUT_PREFIX
-# Weight-bearing layer counts of keras-yolo3's networks, for error hints.
-_KNOWN_LAYER_COUNTS = {147: "YOLOv3 (yolo_body)", 24: "tiny YOLOv3 (tiny_yolo_body)"}
-
-
-# --------------------------------------------------------------------------
-# Saving
-# --------------------------------------------------------------------------
 
 
 def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None]:
     """Where this worker writes `filepath`, and a temporary folder to delete after.
 
-    Every worker saves (saving is part of the same program on all of them),
-    but a non-chief worker writes into `<dir>/workertemp_<task_id>/`, which
-    the caller deletes, so only the chief's file lands at `filepath`. This is
-    the scheme Keras 2's `distributed_file_utils` used.
+    Every worker saves (saving is part of the same program on all of them);
+    a non-chief one writes into `<dir>/workertemp_<task_id>/`, which the
+    caller deletes (Keras 2's `distributed_file_utils` scheme).
 
     Returns:
         `(write_path, temp_dir)`; `temp_dir` is None on the chief.
@@ -52,14 +41,10 @@ def checkpoint_write_path(filepath: str, strategy=None) -> tuple[str, str | None
 
 
 def save_weights_atomic(model: keras.Model, filepath: str, metadata=None) -> None:
-    """`model.save_weights(filepath)`, but the old file survives any failure.
+    """`model.save_weights(filepath)` through `fileio.atomic_write`: the old file survives any failure.
 
     `metadata` (a `weights.metadata.ModelMetadata`, optional) is written into
     the temporary file before the rename, so it appears with the weights.
-
-    Written with `fileio.atomic_write`: a temporary `.weights.h5` beside
-    `filepath`, flushed, then renamed over it; on any failure the temporary
-    file is removed and `filepath` is untouched.
     """
     filepath = os.fspath(filepath)
     if not filepath.endswith(_WEIGHTS_SUFFIX):
@@ -77,11 +62,9 @@ def link_keras_yolo3_name(filepath: str) -> str:
     """Gives `<name>.weights.h5` its keras-yolo3 name `<name>.h5` too, as a hard link; returns that path.
 
     keras-yolo3's users look for `logs/000/trained_weights_final.h5` (and
-    `trained_weights_stage_1.h5`). A hard link shows the same file under both
-    names at no cost in disk; every loader here reads it by its content, not
-    its ending. Where the folder's file system has no hard links, a copy.
-    The link is made under a temporary name and renamed, so an interrupted
-    call leaves the previous `<name>.h5` whole.
+    `trained_weights_stage_1.h5`); every loader here reads a file by its
+    content, not its ending. A copy where the file system has no hard links;
+    made under a temporary name and renamed, so the previous `<name>.h5` stays whole.
     """
     filepath = os.fspath(filepath)
     if not filepath.endswith(_WEIGHTS_SUFFIX):
@@ -102,17 +85,14 @@ def link_keras_yolo3_name(filepath: str) -> str:
 class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """`ModelCheckpoint` that saves the template's weights, not the trained wrapper's.
 
-    Multi-device training (`parallel.py`) and the loss (`create_model`) wrap
-    the network, and the wrapper is what `fit` sees as `self.model`. Saving
-    the wrapper gives files that only an identical wrapper can load (Keras
-    2's "weight file containing 1 layers" problem); this callback saves the
-    plain body, which `load_weights` (or `body.load_weights`) reads on any
+    Multi-device training and the loss (`create_model`) wrap the network,
+    and a saved wrapper loads only into an identical wrapper (Keras 2's
+    "weight file containing 1 layers" problem); the plain body loads on any
     machine, with any number of devices.
 
     Args:
         filepath: where to save; must end in `.weights.h5`; may contain
-            `{epoch:03d}` and logged metrics, e.g.
-            `"ep{epoch:03d}-loss{loss:.3f}-val_loss{val_loss:.3f}.weights.h5"`.
+            `{epoch:03d}` and logged metrics, e.g. `{val_loss:.3f}`.
         template_model: the single-device model whose weights are saved
             (the `body` returned by `create_model`).
         monitor: metric for `save_best_only`.
@@ -122,14 +102,11 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
             Keras 3), counted from the first epoch this callback sees, as
             Keras 2 did. Exclusive with an integer `save_freq`.
         **kwargs: `verbose`, `mode`, `save_freq`, `initial_value_threshold`
-            of `keras.callbacks.ModelCheckpoint`. `save_weights_only` is
-            always True.
+            of `keras.callbacks.ModelCheckpoint`; `save_weights_only` is always True.
         metadata: optional `weights.metadata.ModelMetadata` stored in every
-            file (anchors, masks, classes, ...), so a checkpoint alone is
-            enough to detect with.
+            file, so a checkpoint alone is enough to detect with.
 
-    Saves are atomic (`save_weights_atomic`). In multi-worker training only
-    the chief writes to `filepath` (`checkpoint_write_path`).
+    Saves are atomic; in multi-worker training only the chief writes to `filepath`.
     """
 
     def __init__(
@@ -173,9 +150,7 @@ class TemplateModelCheckpoint(keras.callbacks.ModelCheckpoint):
         return self.save_freq == "epoch"
 
     def _save_model(self, epoch, batch, logs):
-        # Overrides ModelCheckpoint's single save routine: the decision logic
-        # (`_should_save_model`, `_get_file_path`) is reused as is; only what
-        # is saved, and how, changes.
+        # Overrides ModelCheckpoint's save routine; its decision logic is reused as is.
         if batch is None and self.period is not None:
             self._epochs_since_last_save += 1
             if self._epochs_since_last_save < self.period:

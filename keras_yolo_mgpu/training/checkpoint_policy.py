@@ -2,12 +2,9 @@
 
 `TrainConfig.save_period`:
 
-- None: keras-yolo3's `ep*.weights.h5` at every epoch whose monitored value
-  improves (35 MB each for tiny YOLOv3, ~240 MB for YOLOv3);
-- 0: none (`best` and `last` are always kept, and `--resume` has its own
-  run-state files);
-- N >= 1: the weights of every Nth epoch (epoch 2N, 3N, ... counted from
-  the run's first epoch, the same on a resumed run).
+- None: keras-yolo3's `ep*.weights.h5` at every epoch whose monitored value improves;
+- 0: none (`--resume` has its own run-state files);
+- N >= 1: the weights of every Nth epoch (epoch N, 2N, ..., the same on a resumed run).
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ PERIODIC_PATTERN = "ep{epoch:03d}-loss{loss:.3f}.weights.h5"
 class EveryNthEpochCheckpoint(TemplateModelCheckpoint):
     """The template's weights at the end of every epoch whose number (1-based) divides by `period`.
 
-    Counted from the epoch number, not from the first epoch the callback
-    sees, so both stages and a resumed run keep the same files.
+    By the epoch number, not the epochs this callback saw: both stages and a resumed run keep the same files.
     """
 
     def __init__(self, filepath, template_model, period: int, metadata=None):
@@ -54,12 +50,7 @@ def validate_save_period(save_period) -> None:
 
 
 def epoch_checkpoints(run) -> list:
-    """The epoch checkpoint callbacks of a run (a list of 0 or 1).
-
-    `run`: the `trainer._TrainingRun`; read: `config.save_period`, `recipe`
-    (its `RecipeCallbacks`, for the per-improvement checkpoint), `run_dir`,
-    `val_annotations`, and `body` and `metadata`, what `TemplateModelCheckpoint` saves.
-    """
+    """The epoch checkpoint callbacks (a list of 0 or 1) of `run`, a `trainer._TrainingRun`."""
     if run.config.save_period is None:
         pattern = IMPROVEMENT_PATTERN if run.val_annotations else PERIODIC_PATTERN
         if run.recipe.monitor in ("val_mAP", "val_mAP50"):

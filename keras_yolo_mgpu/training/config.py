@@ -1,9 +1,4 @@
-"""The configuration of a training run: `TrainConfig`, its validation and its args.json form, and `TrainResult`.
-
-`train.py` flags map onto `TrainConfig` fields 1:1; `training.trainer.train`
-runs one and returns a `TrainResult`. A run's folder records its
-`TrainConfig.to_json` as args.json, which `--resume` reads back.
-"""
+"""The configuration of a training run: `TrainConfig`, its validation and its args.json form, and `TrainResult`."""
 
 from __future__ import annotations
 
@@ -22,25 +17,21 @@ FEEDS = ("auto", "threads", "processes")
 class TrainConfig:
     """Everything a training run needs; `train.py` flags map onto these 1:1.
 
-    Frozen: a run's settings are resolved once (`cli.train.config_for`) and
-    no part of the run changes them. What the run itself settles (a drawn
-    seed, the backend, the start-up precision checks) makes a new config
-    (`dataclasses.replace`), which args.json records.
+    Frozen: resolved once (`cli.train.config_for`); what the run itself
+    settles (a drawn seed, the backend, the precision checks) makes a new
+    config (`dataclasses.replace`), which args.json records.
     """
 
-    # A keras-yolo3 annotation file, or (`data`) a dataset of any kind
-    # data.dataset_source reads; `classes` may be left out when it names them.
+    # A keras-yolo3 annotation file, or (`data`) a dataset of any kind; `classes` may be left out when it names them.
     annotations: str | None = None
     classes: str | None = None
     data: str | None = None
     image_dir: str | None = None
     anchors: str | None = None
     tiny: bool = False
-    # Network, one of model.architectures.MODEL_NAMES; None: the start
-    # weights' kind, else YOLOv3 (tiny YOLOv3 with `tiny` or 6 anchors).
+    # One of model.architectures.MODEL_NAMES; None: the start weights' kind, else YOLOv3 (tiny with `tiny`).
     model: str | None = None
-    # Anchor indices per output scale, coarsest first; None: keras-yolo3's
-    # (or those stored in the start weights' metadata).
+    # Anchor indices per output scale, coarsest first; None: the start weights' metadata's, else keras-yolo3's.
     masks: list | None = None
     input_shape: tuple[int, int] = (416, 416)
     weights: str | None = None
@@ -49,8 +40,7 @@ class TrainConfig:
     weights_partial: bool = False
     val_annotations: str | None = None
     val_split: float = 0.1
-    # The global batch, or "auto": the largest that fits each device's memory (`training.batch_fit`), resolved
-    # before the first step and recorded in args.json as the number chosen.
+    # The global batch, or "auto": the largest that fits each device's memory (`training.batch_fit`), recorded.
     batch_size: int | str = 32
     # GiB per device `batch_size="auto"` fits into; None: `batch_fit.DEFAULT_MARGIN` of the device's memory.
     memory_budget: float | None = None
@@ -70,23 +60,18 @@ class TrainConfig:
     strategy: str = "mirrored"
     parallel: str = "strategy"
     sync_bn: bool = True
-    # Keras's backend the run trains on, "tensorflow" or "jax" (`KERAS_BACKEND`),
-    # recorded by `train`: a resumed run continues on it. args.json of runs from
-    # before JAX had none: TensorFlow.
+    # Keras's backend the run trains on, "tensorflow" or "jax", recorded by `train`: a resumed run continues on it.
     backend: str | None = None
-    # None: the device's default (training/precision.py: on for GPUs, off
-    # for the CPU), checked at start-up; args.json records what ran.
+    # None: the device's default (training/precision.py), checked at start-up; args.json records what ran.
     mixed_precision: bool | None = None
     jit: bool | None = None
-    # The dtype policy the run trains under, as the start-up checks leave it
-    # ("float32", "mixed_float16", "mixed_bfloat16", "float64"); recorded.
+    # The dtype policy the run trains under, as the start-up checks leave it ("mixed_bfloat16", ...).
     dtype_policy: str | None = None
     resume: bool = False
     strict: bool = False
     cache: str | None = None
-    # JAX's input feed (data/py_dataset.py): worker "threads" of the training process, or "processes"
-    # (data/host_processes.py: each with its interpreter lock); `workers` of them (None: one per core).
-    # "auto": chosen by the run from its devices and cores (`data.streams.choose_feed`), recorded as chosen.
+    # JAX's input feed: worker "threads" or "processes", `workers` of them (None: one per core);
+    # "auto": chosen by `data.streams.choose_feed`, recorded as chosen.
     feed: str = "auto"
     workers: int | None = None
     # The folder of the records of what was read and scanned (data/scan.py); None: the user's cache folder.
@@ -103,32 +88,23 @@ class TrainConfig:
     ema: float = 0.0
     multi_scale: tuple[int, int] | None = None
     mosaic: float = 0.0
-    # Objectness probability the output convolutions start from where they
-    # are not loaded from `weights` (model.yolo3.set_objectness_prior); 0
-    # keeps keras-yolo3's zero bias (every cell starts at 0.5).
+    # Objectness the output convolutions not loaded from `weights` start at; 0: keras-yolo3's zero bias (0.5).
     objectness_prior: float = 0.0
     # "yolov3" or "ciou" (model.architectures.BOX_LOSSES); None: the model's own.
     box_loss: str | None = None
     # Weight of the CIoU term; None: the model's (Architecture.ciou_weight).
     ciou_weight: float | None = None
-    # Darknet's `iou_thresh` for the targets: a box also trains every other
-    # anchor of its masks with IoU above it (data.device_side); 1.0: its best
-    # anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
+    # Darknet's `iou_thresh`: a box also trains every other anchor of its masks with IoU above it;
+    # 1.0: its best anchor only (keras-yolo3); None: the model's (Architecture.iou_thresh).
     iou_thresh: float | None = None
-    # The run's pictures (training.pictures): labels.jpg, train_batch*.jpg,
-    # results.png, val_pred.jpg.
+    # The run's pictures (training.pictures).
     pictures: bool = True
-    # The named recipe the values came from (training/named_recipes.py); a run
-    # folder from before recipes existed resumes as keras-yolo3's.
+    # The named recipe the values came from (training/named_recipes.py); an args.json without one: keras-yolo3's.
     recipe: str = "keras-yolo3"
-    # Periodic checkpoints (training/checkpoint_policy.py): None writes
-    # keras-yolo3's ep*.weights.h5 at every improvement, 0 none (best and
-    # last only), N every Nth epoch.
+    # Epoch checkpoints besides best and last (training/checkpoint_policy.py).
     save_period: int | None = None
-    # EarlyStopping of a one-stage run with nothing frozen (the default
-    # recipe's shape): the run ends after this many evaluations without an
-    # improvement of `monitor`. None or 0: it runs every epoch (a two-stage
-    # run's stage 2 keeps `early_stopping_patience`, keras-yolo3's).
+    # EarlyStopping of a one-stage run with nothing frozen: evaluations without an improvement of `monitor`.
+    # None or 0: every epoch runs (a two-stage run's stage 2 keeps `early_stopping_patience`, keras-yolo3's).
     patience: int | None = None
 
     def validate(self) -> None:
@@ -172,8 +148,7 @@ class TrainConfig:
         model_name(self.model, self.tiny)  # raises on an unknown or contradicting choice
         if self.simulate_devices and self.strategy == "multiworker" and not self.gpus:
             raise ValueError("simulate_devices with multiworker needs gpus (devices per worker)")
-        # Imported here: both import Keras, and this module stays free of it for the commands' start-up
-        # (cli/train.py and cli/demo.py import it before they set TensorFlow's logging).
+        # Imported here: both import Keras, and the commands import this module before they set TensorFlow's logging.
         from keras_yolo_mgpu.training.checkpoint_policy import validate_save_period
         from keras_yolo_mgpu.training.recipe_options import validate_recipe
 
@@ -193,8 +168,7 @@ class TrainConfig:
         for key in ("input_shape", "multi_scale"):
             if values.get(key) is not None:
                 values[key] = tuple(values[key])
-        # A run saved before --iou-thresh existed trained each box's best
-        # anchor only, whatever its model's default is now; resuming keeps that.
+        # A run saved without iou_thresh trained each box's best anchor only; resuming keeps that.
         values.setdefault("iou_thresh", 1.0)
         values.setdefault("backend", "tensorflow")
         return cls(**values)

@@ -1,26 +1,15 @@
 """Exponential moving average of the weights (`--ema DECAY`).
 
 The average is the Keras optimizer's own (`use_ema=True`,
-`ema_momentum=DECAY`): after every step each trainable variable's average
-becomes `DECAY * average + (1 - DECAY) * weight` (the first step copies the
-weight). The averages are optimizer variables, so they are mirrored like the
-weights (identical on every replica, updated once per global step) and saved
-and restored with the optimizer in the run state (`training.run_state`:
-`--resume` keeps the average). At the end of each `fit` Keras writes the averages into the weights
-(`finalize_variable_values`), so a stage ends, and the final weights are
-saved, with the averaged weights.
+`ema_momentum=DECAY`): optimizer variables, so mirrored like the weights and
+restored by `--resume` with the optimizer. At the end of each `fit` Keras
+writes the averages into the weights (`finalize_variable_values`), so each
+stage ends, and is saved, with them.
 
-Under `mixed_float16` Keras's `compile` wraps the optimizer in a
-`LossScaleOptimizer`, whose own `use_ema` is False: the averages are its
-`inner_optimizer`'s (`averaging_optimizer` looks through the wrapper), and
-its `finalize_variable_values` is the inner one's.
-
-During training the averaged weights are what is validated and saved:
-`SwapInAverages` (placed first) writes the averages into the model at the end
-of each epoch and around the validation pass, and `SwapOutAverages` (after
-every callback that evaluates or saves, before the run-state saver, which
-must save the trained weights) puts the trained weights back, bit for bit,
-before the next step.
+During training the averages are what is validated and saved:
+`SwapInAverages` (placed first) puts them in at the end of each epoch and
+around validation; `SwapOutAverages` (after every callback that evaluates or
+saves, before the run-state saver) puts the trained weights back, bit for bit.
 """
 
 from __future__ import annotations
@@ -42,9 +31,7 @@ def make_ema_kwargs(decay: float | None) -> dict:
 def averaging_optimizer(optimizer) -> keras.optimizers.Optimizer | None:
     """The optimizer that keeps the moving averages: `optimizer` or the one a `LossScaleOptimizer` wraps; else None.
 
-    Asking the model's optimizer for `use_ema` is not enough: under
-    `mixed_float16` it is the wrapper, which keeps no averages itself, and
-    the EMA code then took a float16 run for one without averages.
+    Under `mixed_float16` the model's optimizer is the wrapper, whose own `use_ema` is False.
     """
     while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer
@@ -65,9 +52,7 @@ class _AverageSwap:
         pairs = moving_averages(averaging) if averaging is not None and averaging.built else []
         self.saved = [(variable, keras.ops.convert_to_numpy(variable)) for variable, _ in pairs]
         for variable, average in pairs:
-            # A copy, not the average's own buffer: on JAX the next compiled
-            # step (validation's too) donates the model's variables, which
-            # would delete the optimizer's average with them.
+            # A copy: on JAX the next compiled step donates the model's variables, deleting a shared average.
             variable.assign(keras.ops.copy(average))
 
     def swap_out(self):
@@ -118,13 +103,10 @@ def average_swap_callbacks() -> tuple[SwapInAverages, SwapOutAverages]:
 def untie_averages(model) -> None:
     """Gives `model`'s trainable variables buffers of their own again after a `fit` with an EMA.
 
-    Keras ends `fit` by writing the averages into the weights
-    (`finalize_variable_values`); on JAX the weights then hold the very
-    buffers the optimizer keeps its averages in, and the next `fit` on the
-    same optimizer, whose compiled step donates the weights' buffers, would
-    delete the averages with them ("Attempt to donate the same buffer
-    twice", then "'NoneType' object is not callable" from the emptied
-    variables). Does nothing where `model`'s optimizer keeps no averages.
+    On JAX `finalize_variable_values` leaves the weights holding the
+    optimizer's average buffers, and the next `fit`'s compiled step, which
+    donates the weights' buffers, would delete the averages ("Attempt to
+    donate the same buffer twice"). Does nothing without averages.
     """
     if averaging_optimizer(model.optimizer) is None:
         return

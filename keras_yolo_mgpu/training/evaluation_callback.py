@@ -1,26 +1,15 @@
 """Validation mAP during training (`--eval-every N`).
 
-Every N epochs (and after the last epoch of the run) the template weights
-(the averaged ones with `--ema`, see `ema.py`) are copied into a separate
-single-device inference body and scored with the project's evaluator
-(`evaluation.mean_ap.evaluate_detections`, the COCO protocol) on the
-validation annotations, at the validation input size. The results go into
-the epoch's logs as `val_mAP` (mAP@[.5:.95]) and `val_mAP50` (mAP@.5), so
-`history.csv`, TensorBoard, the progress line, checkpoints,
-ReduceLROnPlateau and EarlyStopping see them like `val_loss`;
-`val_mAP_seconds` and `epoch_seconds` say what the evaluation cost. On JAX
-the callback runs inside training's `keras.distribution.DataParallel`; the
-detector's body and compiled program stay outside it, on one device, so a
-validation batch of any size runs (`backend/jax/inference.py`).
+Every N epochs (and after the run's last) the template weights (averaged
+with `--ema`) are copied into a separate single-device inference body and
+scored with `evaluation.mean_ap.evaluate_detections` (the COCO protocol).
+The epoch's logs get `val_mAP` (mAP@[.5:.95]) and `val_mAP50` (mAP@.5), so
+history.csv, checkpoints, ReduceLROnPlateau and EarlyStopping see them like
+`val_loss`, and `val_mAP_seconds` / `epoch_seconds`. Callbacks that monitor
+them are wrapped in `OnEvaluatedEpochs`, so their patience counts evaluations.
 
-Epochs without an evaluation have no `val_mAP` in their logs; the callbacks
-that monitor it are wrapped in `OnEvaluatedEpochs`, so their patience counts
-evaluations, not epochs.
-
-Validation images are letterboxed once and kept in memory when they fit in
-`EVAL_CACHE_BYTES`; otherwise they are read again for every evaluation. An
-unreadable image is scored as a grey image (its boxes count as missed), with
-one warning, as in the training pipeline: a bad file never stops the run.
+An unreadable image is scored as a grey image (its boxes count as missed),
+with one warning: a bad file never stops the run.
 """
 
 from __future__ import annotations
@@ -147,11 +136,8 @@ class MeanAPEvaluation(keras.callbacks.Callback):
 
     def _detector_with_current_weights(self):
         if self._detector is None:
-            # A body of its own, so the detector's compiled function never
-            # touches the training's variables (TensorFlow's mirrored ones);
-            # on JAX built outside training's DataParallel distribution, so
-            # its weights sit on one device instead of every training device
-            # (`backend.inference.outside_distribution`).
+            # A body of its own, so the detector never touches the training's (mirrored) variables;
+            # on JAX outside training's DataParallel, so its weights sit on one device.
             with backend_inference.outside_distribution():
                 body = build_body(self.anchors, len(self.class_names), model=self.kind)
             self._detector = YOLO.from_body(
@@ -202,11 +188,10 @@ class MeanAPEvaluation(keras.callbacks.Callback):
 
 
 class OnEvaluatedEpochs(keras.callbacks.Callback):
-    """Runs `callback`'s epoch-end only on epochs whose logs hold `key`.
+    """Runs `callback`'s epoch-end only on epochs whose logs hold `key`; every other hook is passed through.
 
-    For callbacks that monitor `val_mAP` when it is computed every N > 1
-    epochs: their patience then counts evaluations, and no epoch without one
-    warns about a missing metric. Every other hook is passed through.
+    For callbacks that monitor `val_mAP` computed every N > 1 epochs: no
+    epoch without one warns about a missing metric.
     """
 
     def __init__(self, callback: keras.callbacks.Callback, key: str):

@@ -1,17 +1,10 @@
 """Adam whose per-variable update is TensorFlow's fused `ResourceApplyAdam` kernel.
 
 Keras 3's Adam (TensorFlow backend) updates each variable with about ten
-separate element-wise ops; keras-yolo3 trained with Keras 2's Adam, which
-called TensorFlow's fused kernel: one multi-threaded pass over the weight,
-both moments and the gradient, computing Keras 3's formula step for step
-(the kernel and the formula: `backend/tensorflow/optimizer.py`). On JAX,
-Keras's update runs, which XLA fuses into the step (`backend/jax/optimizer.py`).
-
-With N replicas every replica applies the update to its own copy of the
-weights, so the saving counts N times per step (BENCHMARKS.md, "Multi-GPU
-training"). AMSGrad, sparse gradients and JAX take Keras's own update.
-Everything else (schedules, EMA, gradient all-reduce, saved state) is
-Keras's: the moments are the same variables, so a run state saved with
+element-wise ops; keras-yolo3's Keras 2 Adam called the fused kernel, one
+pass computing Keras 3's formula step for step (`backend/tensorflow/optimizer.py`).
+AMSGrad, sparse gradients and JAX (where XLA fuses the update) take Keras's
+own update. The moments are the same variables, so a run state saved with
 Keras's Adam resumes with this one and back.
 """
 

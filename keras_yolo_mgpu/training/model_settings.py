@@ -1,8 +1,6 @@
 """What a run's model is: its classes, anchors, masks and kind, and its seeded start weights.
 
-Both are decided before any strategy exists, from the configuration, the
-dataset's classes and the start weights' metadata, so the device count
-changes neither.
+Both are decided before any strategy exists, so the device count changes neither.
 """
 
 from __future__ import annotations
@@ -34,13 +32,11 @@ def _target_cells_bound(iou_thresh: float | None, masks) -> int:
 def _model_settings(config: TrainConfig, class_names: list[str] | None = None):
     """Class names, anchors and masks of a run.
 
-    Classes are always the dataset's (`class_names`, default `config.classes`): training new
-    classes from pretrained weights is the usual case. Anchors and masks
-    come from the flags, else from the start weights' metadata (a converted
-    or trained file knows them), else the defaults. Start weights of another
-    model kind (tiny vs full) are an error naming both; other anchor values
-    or masks than the start weights' are allowed (keras-yolo3 users train
-    k-means anchors from COCO weights) with a warning.
+    Classes are always the dataset's (`class_names`, default `config.classes`).
+    Anchors and masks come from the flags, else the start weights' metadata,
+    else the defaults. Start weights of another model kind are an error;
+    other anchors or masks than theirs only a warning (keras-yolo3 users
+    train k-means anchors from COCO weights).
 
     Returns:
         `(class_names, anchors (N, 2), masks, kind)`, `kind` one of
@@ -79,10 +75,8 @@ def _model_settings(config: TrainConfig, class_names: list[str] | None = None):
 def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str | None = None) -> list:
     """The run's start weights: seeded init, then `config.weights`, built outside any strategy.
 
-    Built once, identically whatever the device count or strategy (the
-    strategy's model then receives these values), so `seed` alone decides
-    them. Raises ValueError when `config.weights` does not fit the model,
-    naming the layers, unless `config.weights_partial`.
+    `seed` alone decides them, whatever the device count. Raises ValueError
+    when `config.weights` does not fit the model, unless `config.weights_partial`.
     """
     set_random_seed(config.seed)
     template = build_body(anchors, num_classes, model=kind)
@@ -106,8 +100,7 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
                 "" if len(kept) <= 5 else f" and {len(kept) - 5} more",
             )
     if config.objectness_prior:
-        # Only output convolutions that start from their initialiser: the
-        # loaded ones keep what they learned.
+        # Only output convolutions not loaded from `config.weights`.
         fresh = None if not config.weights else {s.layer for s in report.skipped}
         set_objectness_prior(template, num_classes, config.objectness_prior, layer_names=fresh)
     weights = template.get_weights()

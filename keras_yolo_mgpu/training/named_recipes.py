@@ -2,21 +2,13 @@
 
 A recipe gives a value to every `TrainConfig` field in `RECIPE_FIELDS`;
 a flag given on the command line overrides its own field and nothing else.
-The resolved values are what a run records in `args.json`, so a run
-resumes and repeats without knowing which recipe named them.
+args.json records the resolved values, so a run resumes without the recipe.
 
-- `default`: the best recipe measured on real photos fine-tuned from the
-  official yolov3-tiny weights and on the demo's generated data
-  (docs/training.md, "Measured"): one stage with nothing frozen, Adam at
-  3e-3 from scratch and 1e-3 fine-tuning from `--weights`
-  (`PRETRAINED_VALUES`), EMA 0.99 of the weights, the objectness prior 0.01 on the fresh
-  output convolutions, Darknet's `iou_thresh` 0.213 anchor assignment,
-  validation mAP every epoch and `best.weights.h5` kept by mAP@0.5, only
-  `best` and `last` checkpoints.
+- `default`: the best measured (docs/training.md, "Measured"): one stage with
+  nothing frozen, EMA, objectness prior, Darknet's `iou_thresh` and
+  `best.weights.h5` kept by validation mAP@0.5.
 - `keras-yolo3`: the original's recipe exactly (two stages, 50 + 50 epochs,
-  all but the output convolutions frozen in stage 1, Adam 1e-3 then 1e-4
-  with ReduceLROnPlateau and EarlyStopping on val_loss, best anchor only,
-  zero output bias, a weights file per improving epoch).
+  ReduceLROnPlateau and EarlyStopping on val_loss in stage 2).
 """
 
 from __future__ import annotations
@@ -35,21 +27,14 @@ RECIPES: dict[str, dict] = {
         lr1=3e-3,
         lr2=3e-4,
         eval_every=1,
-        # mAP@0.5 picks best.weights.h5 (as Darknet's -map does): on real
-        # photos mAP@[.5:.95] kept a later epoch with a lower mAP@0.5
-        # (docs/training.md, "Measured").
+        # As Darknet's -map does: on real photos mAP@[.5:.95] kept a later, worse epoch (docs/training.md).
         monitor="val_mAP50",
         ema=0.99,
         objectness_prior=0.01,
         iou_thresh=0.213,
         save_period=0,
-        # Ends the one stage after 30 evaluations without a better val
-        # mAP@0.5 (docs/training.md, "How long"): fine-tuned for 100 epochs,
-        # the best came at epoch 59 on the raccoon photos (0.991) and 63 on
-        # the kangaroo photos (0.899), after which mAP fell. 30 is the
-        # smallest patience tried (5-30) that keeps both best epochs; 20
-        # stopped the raccoon run at epoch 50 with epoch 30's 0.989 (mAP@[.5:.95]
-        # 0.498 against 0.555).
+        # The smallest patience tried that kept the best epoch of both real-photo
+        # fine-tuning runs (docs/training.md, "How long").
         patience=30,
     ),
     "keras-yolo3": dict(
@@ -68,12 +53,8 @@ RECIPES: dict[str, dict] = {
     ),
 }
 RECIPE_FIELDS = tuple(RECIPES[DEFAULT_RECIPE])
-# A recipe's values that differ when the run starts from `--weights`. Fine-
-# tuning the official yolov3-tiny weights, Adam 1e-3 beat 3e-3 on both real
-# sets (raccoon, 16 epochs: mAP@0.5 0.971 against 0.915; kangaroo, 32 epochs:
-# 0.880 against 0.850; docs/training.md, "Measured"): the larger step
-# unlearns pretrained features the new data is too small to rebuild. From
-# scratch 3e-3 stays (the demo's `lr3` row beats 2e-3).
+# A recipe's values that differ when the run starts from `--weights`: fine-tuning, 1e-3 beat 3e-3 on both
+# real sets (docs/training.md, "Measured"); the larger step unlearns pretrained features.
 PRETRAINED_VALUES: dict[str, dict] = {
     "default": dict(lr1=1e-3, lr2=1e-4),
 }

@@ -4,12 +4,10 @@
     train_batch0.jpg..  the first training batches as the model receives them (augmentation, mosaic,
                         multi-scale applied), with the boxes their targets hold and the class names
     results.png         loss, val_mAP / val_mAP50 and learning rate per epoch (after every epoch)
-    loss.png            loss per epoch (as before)
+    loss.png            loss per epoch
     val_pred.jpg        ground truth beside predictions of the best weights on validation images (at the end)
 
-They cost a few seconds at the start and, at the end, building one
-detector; a picture that fails is logged and never stops the run.
-`TrainConfig.pictures` False (`--no-pictures`) leaves all but loss.png out.
+A picture that fails is logged and never stops the run; `--no-pictures` leaves all but loss.png out.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
+import keras
 from keras import ops
 
 from keras_yolo_mgpu.data.device_side import DeviceInputs
@@ -25,7 +24,7 @@ from keras_yolo_mgpu.plots.batches import draw_batch
 from keras_yolo_mgpu.plots.labels import plot_labels
 from keras_yolo_mgpu.plots.predictions import draw_predictions
 from keras_yolo_mgpu.plots.results import plot_results
-from keras_yolo_mgpu.training.callbacks import LossPlot, read_history
+from keras_yolo_mgpu.training.callbacks import plot_history, read_history
 from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS
 
 logger = logging.getLogger(__name__)
@@ -43,15 +42,17 @@ def _guarded(what: str, draw) -> None:
         logger.warning("could not draw %s: %s: %s", what, type(error).__name__, error)
 
 
-class RunPictures(LossPlot):
-    """loss.png and results.png after every epoch; `first_pictures()` once, before the first epoch.
+class RunPictures(keras.callbacks.Callback):
+    """loss.png and results.png after every epoch, from history.csv; `first_pictures()` once, before the first epoch.
 
     `first_pictures` is None on workers other than the chief, and on a
     resumed run that already drew them.
     """
 
     def __init__(self, history_csv: str, run_dir: str, first_pictures=None, *, results: bool = True):
-        super().__init__(history_csv, os.path.join(run_dir, "loss.png"))
+        super().__init__()
+        self.history_csv = history_csv
+        self.output_png = os.path.join(run_dir, "loss.png")
         self.results_png = os.path.join(run_dir, "results.png") if results else None
         self.first_pictures = first_pictures
 
@@ -61,10 +62,12 @@ class RunPictures(LossPlot):
             self.first_pictures = None  # stage 2 starts another fit: once per run
 
     def on_epoch_end(self, epoch, logs=None):
-        super().on_epoch_end(epoch, logs)
+        try:
+            plot_history(self.history_csv, self.output_png)
+        except (OSError, ValueError) as error:  # a plot must never stop training
+            logger.warning("could not plot %s: %s", self.history_csv, error)
         if self.results_png is None:
             return
-
         _guarded(self.results_png, lambda: plot_results(read_history(self.history_csv), self.results_png))
 
 
@@ -79,10 +82,7 @@ def write_data_pictures(run) -> None:
             run.train_annotations, run.class_names, run.anchors, config.input_shape, os.path.join(folder, "labels.jpg")
         ),
     )
-    # The training stream from its start, made as the trainer's pipeline makes
-    # it, so these are the very batches of the first steps (single worker),
-    # finished by the training model's own first layer: the HSV jitter, and
-    # the targets the boxes are drawn back from.
+    # The very batches of the first steps (single worker), finished by the training model's own first layer.
     host = run.host_batches(run.batch_sizes[0] if config.freeze_epochs > 0 else run.batch_sizes[1])
     # float32 whatever the run's dtype policy: the pictures do not depend on it.
     finish = DeviceInputs(

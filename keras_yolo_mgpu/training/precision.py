@@ -1,35 +1,15 @@
 """Mixed precision and XLA: on by default on GPUs, each checked once at start-up.
 
-On one H100, YOLOv3-416 trains at 215.7 images/s in float32 without XLA and
-653.4 with mixed precision (float16 compute, float32 variables and loss) and
-XLA (BENCHMARKS.md), so a run on GPUs uses both unless told otherwise
-(`train.py --precision float32`, `--no-jit`). On the CPU nothing changes on
-TensorFlow: float16 is slower there and XLA buys little.
+Both roughly triple YOLOv3's training speed on a GPU (BENCHMARKS.md); on the
+CPU TensorFlow keeps float32 without XLA (float16 is slower there). On JAX
+XLA compiles every step everywhere, and mixed precision is `mixed_bfloat16`
+where the GPU computes bfloat16 natively (no loss scaling), else
+`mixed_float16` with Keras's loss-scaling optimizer.
 
-On JAX every step is compiled by XLA, on every device count and on the CPU
-too (JAX without `jit` runs op by op); mixed precision on GPUs is
-`mixed_bfloat16` where the GPU computes bfloat16 natively (NVIDIA Ampere
-and later: same exponent range as float32, no loss scaling), else
-`mixed_float16` with Keras's loss-scaling optimizer. Measured: the bare
-jitted YOLOv3-416 step on one GPU runs nearly twice as fast in
-mixed_bfloat16 as in float32 (docs/measurements.md, "Figures moved from the
-code's comments").
-
-Neither is taken on trust. Before the first epoch:
-
-* `check_mixed_precision` runs a forward/backward pass of the training model
-  on the run's first batch in float32 and in mixed_float16 from the same
-  weights; the run falls back to float32, with a warning, when a loss or a
-  gradient is non-finite or the two losses are far apart (ultralytics' AMP
-  check does the same with its detection outputs).
-* `check_xla` compiles that step with XLA; the run falls back to no XLA,
-  with a warning, when compiling fails or its loss disagrees with the
-  uncompiled step's.
-
-A setting asked for explicitly (`--precision mixed`, `--jit`) is used as
-asked, without its check.
-
-`args.json` then records what the run actually does.
+A default is checked before the first epoch (`run_checks`): mixed precision
+against float32 on the first batch (as ultralytics' AMP check does), XLA
+against the uncompiled step; a failed check falls back with a warning. A
+setting asked for explicitly is used unchecked. args.json records what ran.
 """
 
 from __future__ import annotations
@@ -50,13 +30,10 @@ from keras_yolo_mgpu.parallel.engine import select_devices
 
 logger = logging.getLogger(__name__)
 
-# Largest relative difference between the float32 and the mixed-precision
-# loss the check accepts. float16 carries ~3 significant digits, so a sound
-# model differs by ~1e-3; a broken one by orders of magnitude or NaN.
+# float16 carries ~3 significant digits: a sound model's losses differ by ~1e-3, a broken one's by far more.
 MIXED_LOSS_RTOL = 0.05
 # XLA may reorder float additions; a miscompiled step is off by far more.
 XLA_LOSS_RTOL = 1e-3
-
 
 # Device names of accelerators: TensorFlow's "/device:GPU:0", JAX's "cuda:0", "rocm:0", "TPU_0".
 _ACCELERATOR_NAMES = ("GPU", "CUDA", "ROCM", "TPU")
@@ -107,20 +84,12 @@ def plan_settings(
 ) -> Plan:
     """Mixed precision and XLA for a run on `device_kind`; None means "the default there".
 
-    The defaults: both on for "GPU", both off for "CPU". XLA compiles one
-    input size, so multi-scale training (a new size every 10 steps) keeps it
-    off unless asked for (which `TrainConfig` then refuses). So do several
-    replicas: Keras 3.15 compiles the whole cross-replica step (every
-    replica's `train_step` and the reduction) as one XLA computation on one
-    device, which then cannot reach the other replicas' variables
-    ("Trying to access resource ... located in device CPU:1 from device
-    CPU:0"; measured with 2 and 4 logical devices: docs/gpu.md, "Defaults
-    and checks"). A default that turns a setting on is checked at start-up
-    (`run_checks`); one asked for explicitly is used as asked.
-
-    On JAX (`backend="jax"`) XLA is the default everywhere and is not
-    checked (it is the only compiled path), and mixed precision means
-    `mixed_bfloat16` where `bfloat16` says the GPUs have it.
+    The defaults: both on for "GPU", both off for "CPU". XLA stays off for
+    multi-scale training (XLA compiles one input size) and for several
+    replicas: Keras 3.15 compiles the whole cross-replica step as one XLA
+    computation on one device, which cannot reach the other replicas'
+    variables (docs/gpu.md, "Defaults and checks"). On JAX XLA is always on
+    and unchecked (the only compiled path).
     """
     reasons = []
     on_gpus = device_kind == "GPU"
@@ -217,13 +186,11 @@ class MixedPrecisionError(ValueError):
 
 
 def first_step_check(policy: str):
-    """A callback that stops the run, loudly, when its first training step's loss is not finite.
+    """A callback that raises `MixedPrecisionError` when the first training step's loss is not finite.
 
-    bfloat16's check (`run_checks`): one read, of the first step's loss, in
-    Keras's callback thread (`async_safe`), so no later step waits for it.
-    A failure raises `MixedPrecisionError` out of `fit`: a GPU that cannot
-    compute bfloat16 stops the run rather than train on NaNs or fall back to
-    half the speed unseen.
+    bfloat16's check (`run_checks`): one read in Keras's callback thread
+    (`async_safe`), so no later step waits for it; a GPU that cannot compute
+    bfloat16 stops the run rather than train on NaNs.
     """
 
     class FirstStepCheck(keras.callbacks.Callback):
@@ -276,8 +243,7 @@ def run_checks(plan: Plan, build_train_model: Callable[[], object], first_inputs
 
     if plan.check_mixed_precision and plan.mixed_policy == "mixed_bfloat16":
         # Checked at the first step instead (`first_step_check`): bfloat16 has float32's exponent, so the
-        # float16 failures the comparison looks for (overflow, gradients lost without loss scaling) cannot
-        # happen, and the comparison compiled the network twice more (49.0 s of YOLOv3-416 on one H100).
+        # float16 failures the comparison looks for cannot happen, and it would compile the network twice more.
         logger.info(
             "mixed precision: %s, checked at the first training step (its loss must be finite)", plan.mixed_policy
         )

@@ -1,8 +1,6 @@
 """The training recipe's options (--ema, --eval-every, ...): checked, and assembled per stage for `trainer.train`.
 
-Each option lives in its own module; this one checks the settings and
-builds, per stage, the optimizer and the callbacks in the order they must
-run at the end of an epoch:
+The callbacks, in the order they must run at the end of an epoch:
 
     SwapInAverages              --ema: averaged weights in (ema.py)
     MeanAPEvaluation            --eval-every: val_mAP, val_mAP50 (evaluation_callback.py)
@@ -11,9 +9,7 @@ run at the end of an epoch:
     SwapOutAverages             trained weights back
     RunStateCheckpoint          saves the *trained* weights and the optimizer for --resume
 
-Defaults are keras-yolo3's recipe: no mAP, `val_loss` monitored, constant
-rate with ReduceLROnPlateau, no warm-up, no EMA, one input size, no mosaic,
-zero objectness bias, the model's own box loss and anchor assignment.
+`TrainConfig`'s defaults are keras-yolo3's recipe (training/named_recipes.py names others).
 """
 
 from __future__ import annotations
@@ -99,10 +95,7 @@ class RecipeCallbacks:
     """Builds each stage's recipe callbacks; one instance per run.
 
     Args:
-        run: the `trainer._TrainingRun` whose data, models and metadata are
-            built; read: `config`, `body` (the single-device template),
-            `run_dir`, `val_annotations` (may be empty), `class_names`,
-            `anchors`, `metadata`, `masks`, `kind`.
+        run: the `trainer._TrainingRun` whose data, models and metadata are built.
     """
 
     def __init__(self, run):

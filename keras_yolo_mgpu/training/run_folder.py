@@ -1,9 +1,4 @@
-"""The run folder: creating it with args.json, rewriting args.json, and tidying it when a run stops or resumes.
-
-A new run starts in an empty folder; a resumed one finds its args.json there.
-A new run that stops before its first epoch ends takes its folder with it,
-and a resumed run drops the history.csv rows of epochs it repeats.
-"""
+"""The run folder: creating it with args.json, rewriting args.json, and tidying it when a run stops or resumes."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import logging
 import os
 import shutil
 
-from keras_yolo_mgpu.fileio import atomic_write
+from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -70,20 +65,15 @@ def _prepare_log_dir(config) -> None:
 
 
 def _write_args_json(config) -> None:
-    def write(temporary):
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(config.to_json() + "\n")
-
-    atomic_write(os.path.join(config.log_dir, "args.json"), write)
+    write_text_atomic(os.path.join(config.log_dir, "args.json"), config.to_json() + "\n")
 
 
 def lock_run_folder(log_dir: str) -> int:
     """Holds an exclusive lock on the run folder for this process's life; returns the lock's descriptor.
 
-    Two trainings writing one run would mix their weights, history and run
-    state: the second is refused. The lock is on the folder itself, so it
-    needs no file in it, and the system drops it when the process ends,
-    however it ends.
+    Two trainings writing one run would mix their files: the second is
+    refused. The lock is on the folder itself (no file in it), and the
+    system drops it however the process ends.
 
     Raises:
         BlockingIOError: another process holds the folder.

@@ -1,7 +1,6 @@
 """The steps of a training run before its first `fit`: the run folder, the settings and data, the models, the callbacks.
 
-`trainer._TrainingRun` adds the two stages, calls every step in order and
-lists the attributes each step fills in for the later ones.
+`trainer._TrainingRun` adds the two stages and lists the attributes each step fills in.
 """
 
 from __future__ import annotations
@@ -55,8 +54,7 @@ class RunSetup:
 
         A resumed run drops the files and history.csv rows of epochs after its
         last saved state. Returns that `RunState`, or None: a new run, or a
-        resumed one killed before its first epoch ended (it starts over, as it
-        began).
+        resumed one killed before its first epoch ended (it starts over).
         """
         config = self.config
         if self.chief:
@@ -83,12 +81,10 @@ class RunSetup:
     def read_settings_and_data(self) -> None:
         """The model's classes, anchors, masks and kind, the metadata it saves with, and the checked annotations."""
         config = self.config
-        # args.json names the weights as given (a Darknet file stays one, for --resume);
-        # the run itself starts from their conversion.
+        # args.json names the weights as given (a Darknet file stays one); the run starts from their conversion.
         self.weights_as_given = config.weights
         config = self.config = dataclasses.replace(config, weights=resolve_start_weights(config, self.run_dir))
-        # Several processes scan once: the chief reads and scans the dataset and writes the records
-        # (data/scan.py); the others wait for it, then read the records instead of the files.
+        # Several processes scan once: the chief writes the records (data/scan.py), the others then read them.
         if not self.chief:
             self.engine.wait_for_all_workers(DATA_BARRIER)
         data = TrainingData(config, write_record=self.chief)
@@ -114,8 +110,7 @@ class RunSetup:
     def choose_precision_and_jit(self) -> None:
         """Mixed precision and XLA: the device's defaults, checked on the first batch (training/precision.py).
 
-        A resumed run keeps what its args.json records; a new one rewrites
-        args.json with what passed the checks.
+        A resumed run keeps what its args.json records; a new one records there what passed the checks.
         """
         config = self.config
         kind = precision.training_device_kind(self.engine.devices)
@@ -142,7 +137,6 @@ class RunSetup:
             mixed_policy = config.dtype_policy  # as the run started
         precision.apply_policy(config.mixed_precision, mixed_policy)
         if planned:
-            # What the run trains under.
             config = self.config = dataclasses.replace(config, dtype_policy=keras.config.dtype_policy().name)
             if self.chief:
                 _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
@@ -150,9 +144,8 @@ class RunSetup:
     def choose_batch_size(self) -> None:
         """`--batch-size auto`: the largest global batch whose step fits each device (`training.batch_fit`).
 
-        Measured on the start-up check model with every layer trainable (the
-        stage that needs the most) under the run's precision; args.json then
-        records the batch chosen, so a resumed run continues with it.
+        Measured with every layer trainable (the stage that needs the most)
+        under the run's precision; args.json records the batch chosen.
         """
         config = self.config
         if config.batch_size != "auto":
@@ -205,9 +198,7 @@ class RunSetup:
             input_shape=(None, None) if config.multi_scale else config.input_shape,
             anchors=self.anchors,
             num_classes=len(self.class_names),
-            # The ignore mask compares each prediction with at most as many true
-            # boxes per scale as the pipeline's targets can hold: exact, static
-            # shapes (XLA, JAX), and far less memory than every cell.
+            # As many true boxes per scale as the targets can hold: exact, static shapes, less memory.
             max_true_boxes=_target_cells_bound(self.iou_thresh, self.masks),
             masks=self.masks,
             model=self.kind,
@@ -256,11 +247,9 @@ class RunSetup:
         return inputs
 
     def build_models(self, freeze_body: int) -> None:
-        """The template body and its training model under the strategy, with the run's start weights.
+        """The template body and its training model under the strategy; a new run's start weights in it.
 
-        A resumed run takes every weight from its backup later (`fit_stage`);
-        a new one starts from the seeded template (and --weights), built once
-        outside the strategy.
+        A resumed run takes every weight from its backup later (`fit_stage`).
         """
         initial_weights = self.start_weights() if self.state is None else None
         with self.engine.strategy.scope():
@@ -269,8 +258,7 @@ class RunSetup:
             )
             if initial_weights is not None:
                 self.body.set_weights(initial_weights)
-                # The variables hold them now: a copy of every weight less for the whole run (35 MB for tiny
-                # YOLOv3 with 80 classes, 248 MB for YOLOv3).
+                # The variables hold them now: one copy of every weight less for the whole run.
                 self._start_weights = None
             self.fit_model = self.engine.wrap(train_model)
         if self.config.strategy == "multiworker":
@@ -287,8 +275,7 @@ class RunSetup:
         self.common_callbacks = [
             StopOnInterrupt(),
             self.throughput,
-            # Append: both stages (and a resumed run) add rows to one file; a new
-            # run always starts in an empty folder.
+            # Append: both stages (and a resumed run) add rows to one file; a new run starts in an empty folder.
             HistoryCSVLogger(self.history_csv, self.recipe.required_columns, append=True),
             RunPictures(
                 self.history_csv,
@@ -309,8 +296,7 @@ def _repeated(inputs: dict, size: int) -> dict:
 def _tensorboard(run_dir: str) -> list:
     """Keras's TensorBoard callback, where TensorFlow is installed (it writes through `tf.summary`).
 
-    A JAX run on a machine without TensorFlow keeps the same curves in
-    history.csv and results.png.
+    Without it the same curves are in history.csv and results.png.
     """
     try:
         installed = importlib.util.find_spec("tensorflow") is not None

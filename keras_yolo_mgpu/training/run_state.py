@@ -1,21 +1,16 @@
 """Where a run stands, saved at every epoch end, so `--resume` continues it exactly.
 
 Keras's `BackupAndRestore` restores the epoch, the weights and the optimizer,
-but not the callbacks' counters (ReduceLROnPlateau's and EarlyStopping's
-`wait` and `best`, the best checkpoint's `best`) nor the position in the
-training data stream; a run resumed with it is not the run that was
-interrupted. `RunStateCheckpoint` saves all of it, atomically, in two steps:
+but not the callbacks' counters (`wait`, `best`) nor the position in the
+data stream. `RunStateCheckpoint` saves all of it, atomically, in two steps:
 
-1. the trained model's weights and optimizer state (iterations, moments,
-   learning rate) to `backup/stage<S>-epoch<EEE>.weights.h5`
-   (`save_weights_atomic`);
+1. the model's weights and optimizer state to `backup/stage<S>-epoch<EEE>.weights.h5`;
 2. `run_state.json`, replaced in one `os.replace`, which names that file
-   and holds the stage, the epochs done, the stream position (training
-   images drawn so far) and the callbacks' state.
+   and holds the stage, the epochs done, the stream position and the
+   callbacks' state.
 
 `run_state.json` is the commit point: a kill before step 2 leaves the
-previous state and its weights file (deleted only after step 2), a kill
-after it the new ones. Either way every file the run folder holds opens.
+previous state and its weights file (deleted only after step 2).
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ BACKUP_DIR = "backup"
 _BACKUP_PREFIX = "stage"
 _WEIGHTS_SUFFIX = ".weights.h5"
 
-# The counters each Keras callback resets in `on_train_begin` and updates at
-# epoch end. A callback of another class can take part by defining
-# `get_run_state() -> dict` and `set_run_state(dict)`.
+# The counters each Keras callback resets in `on_train_begin` and updates at epoch end. A callback of
+# another class can take part by defining `get_run_state() -> dict` and `set_run_state(dict)`.
 _CALLBACK_ATTRIBUTES = {
     keras.callbacks.ReduceLROnPlateau: ("wait", "cooldown_counter", "best"),
     keras.callbacks.EarlyStopping: ("wait", "stopped_epoch", "best", "best_epoch"),
@@ -53,16 +47,12 @@ class RunState:
 
     Attributes:
         stage: 1 (frozen body) or 2 (everything trains).
-        epoch: epochs finished, counted over both stages (Keras's epoch index
-            of the next epoch).
-        stream_position: training images drawn from the data stream so far;
-            the next epoch starts at this element (`make_dataset`'s
-            `start_position`).
-        weights: the trained model's weights file, relative to the run
-            folder: with the optimizer state (`weights_kind="fit"`) or the
-            template body only (`"body"`: stage 1's final weights, stage 2
-            then starts with a fresh optimizer, as an uninterrupted run does).
-        weights_kind: `"fit"` or `"body"`.
+        epoch: epochs finished over both stages (Keras's index of the next epoch).
+        stream_position: training images drawn from the data stream so far.
+        weights: the weights file, relative to the run folder.
+        weights_kind: `"fit"`, the trained model with its optimizer state, or
+            `"body"`, the template alone (stage 1's final weights: stage 2
+            starts with a fresh optimizer, as an uninterrupted run does).
         callbacks: each tracked callback's counters, by `callback_key`.
         stopped: EarlyStopping ended the stage: nothing is left to train.
         finished: the final weights are written.
@@ -102,12 +92,7 @@ def write_run_state(run_dir: str, state: RunState) -> None:
 
 
 def remove_stale_files(run_dir: str, keep: str | None) -> None:
-    """Deletes this module's backup files other than `keep`, and temporaries of interrupted saves.
-
-    Only names this project writes are touched: `backup/stage*.weights.h5`,
-    and hidden `.*.tmp*` files left by `fileio.atomic_write` when a kill
-    interrupted it.
-    """
+    """Deletes `backup/stage*.weights.h5` files but `keep`, and `fileio.atomic_write`'s hidden `.*.tmp*` files."""
     backup = os.path.join(run_dir, BACKUP_DIR)
     keep_path = os.path.abspath(os.path.join(run_dir, keep)) if keep else None
     for folder in (run_dir, backup):
@@ -167,14 +152,12 @@ def _plain(value):
 class RunStateCheckpoint(keras.callbacks.Callback):
     """Saves the run's state at every epoch end; restores the callbacks' counters on resume.
 
-    Put it LAST in the callback list: it must save after the other callbacks
-    have updated their counters (and the learning rate) for the epoch, and
-    restore after their `on_train_begin` has reset them.
+    Put it LAST: it saves after the other callbacks update their counters,
+    and restores after their `on_train_begin` resets them.
 
     Args:
         run_dir: folder to write `run_state.json` and `backup/` into (a
-            non-chief worker passes a scratch folder: saving reads mirrored
-            variables on every worker alike).
+            non-chief worker's is a scratch folder: every worker saves).
         stage: 1 or 2.
         initial_epoch: the epoch this `fit` starts at.
         start_position: the stream position of the dataset this `fit` reads.
@@ -227,8 +210,7 @@ class RunStateCheckpoint(keras.callbacks.Callback):
 def restore_fit_weights(fit_model, path: str) -> None:
     """Loads a `RunStateCheckpoint` backup: the model's weights and its optimizer's state.
 
-    Call inside the strategy scope, after `compile`: the optimizer's
-    variables are created here so the file's values have somewhere to go.
+    Call inside the strategy scope, after `compile`: the optimizer's variables are created here.
     """
     if fit_model.optimizer is not None and not fit_model.optimizer.built:
         fit_model.optimizer.build(fit_model.trainable_variables)

@@ -1,24 +1,17 @@
 """Learning-rate schedules: linear warm-up, then constant (plateau) or cosine.
 
-Both are functions of the position in the run, counted in epochs from the
-start of training (`first_epoch + step / steps_per_epoch`, where `step` is
-the optimizer's iteration count in the current stage). The position, not a
-wall clock or a per-replica counter, is what makes them exact on N replicas
-and across `--resume`: the optimizer's `iterations` is one per global step on
-every replica and is restored with the optimizer's other variables.
+Both are functions of the position in the run in epochs,
+`first_epoch + step / steps_per_epoch` with `step` the optimizer's
+iterations in the stage: one per global step on every replica and restored
+with the optimizer, which makes them exact on N replicas and across `--resume`.
 
-- Warm-up (Darknet's `burn_in`, linear here as in ultralytics): the rate
-  grows linearly from `start_fraction * base` at position 0 to `base` at
-  `warmup_epochs`, per step.
-- Cosine (`--lr-schedule cosine`): after warm-up the rate follows
-  `base * (final + (1 - final) * (1 + cos(pi * position / epochs)) / 2)`,
-  from `base` to `final * base` at the end of the run. Each stage scales it
-  by its own base rate (`--lr1`, `--lr2`).
-- Plateau (`--lr-schedule plateau`, keras-yolo3's recipe): the rate stays at
-  the stage's base and `ReduceLROnPlateau` lowers it. Keras cannot assign a
-  rate that a schedule object computes, so plateau's warm-up is a callback
-  (`LinearWarmup`) that assigns the rate before each warm-up step; the
-  reductions wait until warm-up is over (`PlateauAfterWarmup`).
+- Warm-up (Darknet's `burn_in`, linear as in ultralytics): from
+  `start_fraction * base` at 0 to `base` at `warmup_epochs`, per step.
+- Cosine: `base * (final + (1 - final) * (1 + cos(pi * position / epochs)) / 2)`
+  after warm-up; each stage scales it by its base rate (`--lr1`, `--lr2`).
+- Plateau (keras-yolo3's): the stage's base, lowered by `ReduceLROnPlateau`.
+  Keras cannot assign a rate a schedule object computes, so its warm-up is
+  a callback (`LinearWarmup`); reductions wait for its end (`PlateauAfterWarmup`).
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ import keras
 
 from keras_yolo_mgpu.serialization import SERIALIZABLE_PACKAGE, constructor_config
 
-# The warm-up starts at this fraction of the base rate (ultralytics starts
-# its bias rate elsewhere, its weights at 0; 0 would waste the first step).
+# The warm-up starts at this fraction of the base rate (0 would waste the first step).
 WARMUP_START_FRACTION = 0.01
 # Cosine ends at this fraction of the base rate (ultralytics' `lrf`).
 COSINE_FINAL_FRACTION = 0.01
@@ -120,10 +112,9 @@ class StageSchedule(keras.optimizers.schedules.LearningRateSchedule):
 class LinearWarmup(keras.callbacks.Callback):
     """Plateau recipe's warm-up: assigns the rate before each warm-up step.
 
-    Reads the step from the optimizer (restored on `--resume`), so a resumed
-    run continues the ramp where it stopped. After the last warm-up step the
-    rate is set to `base_rate` once; later changes (ReduceLROnPlateau) are
-    left alone, also after a resume.
+    Reads the step from the optimizer (restored on `--resume`). After the
+    last warm-up step the rate is set to `base_rate` once; later changes
+    (ReduceLROnPlateau) are left alone.
 
     Args:
         base_rate: the stage's rate.
@@ -142,8 +133,7 @@ class LinearWarmup(keras.callbacks.Callback):
         self._finished = self.first_epoch >= self.warmup_epochs
 
     def on_epoch_begin(self, epoch, logs=None):
-        # One read of the step count per epoch, then counted here: a read per
-        # step would make every step wait for the one before it.
+        # One read of the step count per epoch: a read per step would make every step wait for the one before.
         if not self._finished:
             self._epoch_start_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
 

@@ -2,34 +2,17 @@
 
 Stage 1 trains with the body frozen (`freeze_body`), stage 2 unfreezes
 everything with a lower learning rate, ReduceLROnPlateau and EarlyStopping.
-Each run writes into one log directory: `args.json`, best checkpoints of the
-template (single-device) weights, `best.weights.h5`, `last.weights.h5`,
-`history.csv`, `loss.png`, TensorBoard logs,
-`trained_weights_final.weights.h5` and the pictures of `training.pictures`. The modern recipe's options (validation
-mAP, monitor, schedules, EMA, multi-scale, mosaic) are assembled by
-`training.recipe_options`; their defaults are keras-yolo3's recipe.
+Each run writes into one log directory (`training.run_folder`); the recipe's
+options are assembled by `training.recipe_options`.
 
-Reproducibility: `seed` seeds every random draw of the run (the initial
-weights, the validation split, the data order and augmentation). The
-initial weights are built once, outside any strategy, and copied into the
-model the strategy builds, so they do not depend on the device count.
+`seed` seeds every random draw. The initial weights are built once, outside
+any strategy, so they do not depend on the device count. The training data
+is one stream over both stages; `run_state.RunStateCheckpoint` saves the
+stream position with the model, optimizer and callbacks' counters at every
+epoch end, and `resume=True` ends with the weights of the uninterrupted run.
 
-Stream and resume: the training data is one stream over both stages; each
-epoch reads the next `steps * global_batch` images of it. At every epoch
-end `run_state.RunStateCheckpoint` saves the model, the optimizer, the
-callbacks' counters and the stream position; `resume=True` continues from
-there and ends with the weights of the uninterrupted run.
-
-Devices: `parallel="strategy"` (default) uses MirroredStrategy over the
-selected GPUs (or MultiWorkerMirroredStrategy), `parallel="multi_gpu_model"`
-the in-graph replica model. Under a strategy the global batch must divide by
-the number of replicas, so that every replica sees the same batch size; the
-replica model slices any batch (8 over 3 devices: 3, 3, 2).
-
-Where the parts live: `training.config` (TrainConfig, args.json),
-`training.run_folder` (the log directory), `training.model_settings`
-(classes, anchors, masks, start weights), `training.run_setup` (the steps
-before the first `fit`); this module runs the two stages.
+Under a strategy the global batch must divide by the replicas; the replica
+model (`parallel="multi_gpu_model"`) slices any batch (8 over 3: 3, 3, 2).
 """
 
 from __future__ import annotations
@@ -67,7 +50,7 @@ STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
 
 
 def train(config: TrainConfig) -> TrainResult:
-    """Runs both stages; see the module docstring for what is written."""
+    """Runs both stages into `config.log_dir`."""
     config.validate()
     config = _check_backend(config)
     limit_arenas()  # before the feed's and the engine's threads first allocate
@@ -89,12 +72,9 @@ def train(config: TrainConfig) -> TrainResult:
     distribution.use_compilation_cache(cache_dir(config.scan_cache))
     distribution.return_memory_after_compiles()
 
-    # The dtype policy is process-global: a mixed-precision run must not
-    # leave it set for whatever the process builds next (nor pin it to this
-    # run's floatx, which Keras does when a layer first asks for it).
+    # The dtype policy is process-global: a mixed-precision run must not leave it set for what the process builds next.
     previous_policy = global_dtype_policy_setting()
-    # A new run that stops before its first epoch ends (refused weights, bad
-    # data) takes the folder it created with it: no empty run is left behind.
+    # A new run that stops before its first epoch ends (refused weights, bad data) removes the folder it created.
     new_folder = not config.resume and not (os.path.isdir(config.log_dir) and os.listdir(config.log_dir))
     training_run = None
     try:
@@ -143,14 +123,11 @@ def _per_replica(batch: int, replicas: int) -> str:
 def _first_error_reported():
     """Raises the exception that stopped a `fit`, not one that Keras's clean-up of it raised.
 
-    Keras 3.15's JAX trainer empties the model's variables while a step runs
-    and puts them back from the last finished step; when its first step stops
-    (Ctrl-C while it compiles, an error in its first batch) there is none, and
-    its `finally` (`finalize_variable_values` with --ema) fails on the empty
-    variables with "TypeError: 'NoneType' object is not callable", hiding the
-    cause: without this, a Ctrl-C mostly ends the run with that traceback and
-    status 1 instead of "interrupted" and 130 (docs/measurements.md, "Figures
-    moved from the code's comments").
+    Keras 3.15's JAX trainer empties the model's variables while a step runs;
+    when its first step stops (Ctrl-C while it compiles, an error in its
+    first batch) its `finally` (`finalize_variable_values` with --ema) fails
+    on them with "TypeError: 'NoneType' object is not callable", which would
+    hide the cause (a Ctrl-C would end with status 1 instead of 130).
     """
     try:
         yield
@@ -169,13 +146,11 @@ def _extend_history(history: dict[str, list[float]], stage_history: dict[str, li
 class _TrainingRun(RunSetup):
     """One run of both stages on a built engine, as named steps; `run` calls them in order.
 
-    The steps fill in, in this order: `state` (the `run_state.RunState` a
-    resumed run continues, else None), the model settings (`class_names`,
-    `anchors` (N, 2), `masks`, `kind`, `metadata`), the checked
-    `train_annotations` / `val_annotations`, the models (`body`, the
-    single-device template that every saved file holds, and `fit_model`,
-    what `fit` runs on the engine), and the callbacks (`recipe`,
-    `common_callbacks`, both stages').
+    The steps fill in, in order: `state` (the `run_state.RunState` a resumed
+    run continues, else None), `class_names`, `anchors` (N, 2), `masks`,
+    `kind`, `metadata`, `train_annotations` / `val_annotations`, `body` (the
+    single-device template every saved file holds), `fit_model` (what `fit`
+    runs on the engine), `recipe` and `common_callbacks`.
     """
 
     def __init__(self, config: TrainConfig, engine):
@@ -209,7 +184,6 @@ class _TrainingRun(RunSetup):
         self.read_settings_and_data()
         self.choose_precision_and_jit()
         self.choose_batch_size()
-        # Whether stage 1 (frozen body) still has epochs to run.
         stage1_left = self.config.freeze_epochs > 0 and (self.state is None or self.state.stage == 1)
         self.build_models(freeze_body=self.config.freeze_body if stage1_left else 0)
         self.make_callbacks()
@@ -218,8 +192,7 @@ class _TrainingRun(RunSetup):
         epoch = last.epoch if last else 0
         position = last.stream_position if last else 0
         if last is not None and last.stopped and last.weights_kind == "fit":
-            # EarlyStopping ended the run before it was interrupted: its last
-            # epoch's weights (restored by fit_stage) become the final ones.
+            # EarlyStopping ended the run before it was interrupted: its last epoch's weights become the final ones.
             stage, end = last.stage, last.epoch
             rate = (self.config.lr1, self.config.lr2)[stage - 1]
             _, last = self.fit_stage(stage, rate, self.batch_sizes[stage - 1], end, end, [], position, last)
@@ -235,18 +208,12 @@ class _TrainingRun(RunSetup):
         return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
 
     def datasets(self, batch: int, start_position: int):
-        """`(train, validation or None, steps per epoch)` for a global `batch`, the stream from `start_position`.
-
-        The engine's pipeline (`data.streams`): uint8 images, padded boxes and
-        HSV draws from the host; the training model finishes them on the device.
-        """
+        """`(train, validation or None, steps per epoch)` for a global `batch`, the stream from `start_position`."""
         config = self.config
-        # Both sets alike: input size, anchors, classes, global batch.
         encoding = (config.input_shape, self.anchors, len(self.class_names), batch)
         shared = dict(
             seed=config.seed, cache=config.cache, max_boxes=MAX_BOXES, masks=self.masks, iou_thresh=self.iou_thresh
         )
-        # Several workers or processes: each reads only its share.
         train_ds = training_stream(
             self.engine,
             self.train_annotations,
@@ -274,8 +241,7 @@ class _TrainingRun(RunSetup):
         config, fit_model, recipe = self.config, self.fit_model, self.recipe
         train_ds, val_ds, steps = self.datasets(batch, position)
         self.throughput.global_batch_size = batch
-        # Schedules count the optimizer's steps from the stage's first epoch
-        # (a resumed stage restores the step count with the optimizer).
+        # Schedules count the optimizer's steps from the stage's first epoch (restored with it on resume).
         stage_start = 0 if stage == 1 else config.freeze_epochs
         self.compile_stage(learning_rate, stage_start, steps, restore)
         # The recipe's best/last checkpoints before the stage's own callbacks:
@@ -292,8 +258,7 @@ class _TrainingRun(RunSetup):
         )
         if initial_epoch >= end_epoch:  # a resumed stage whose last epoch was done (or that had stopped early)
             if restore is not None and restore.weights_kind == "fit":
-                # What the end of the interrupted `fit` would have done: with
-                # --ema the averages become the weights (ema.py).
+                # What the end of the interrupted `fit` would have done: with --ema the averages become the weights.
                 with self.engine.strategy.scope():
                     fit_model.optimizer.finalize_variable_values(fit_model.trainable_weights)
             return {}, restore
@@ -353,15 +318,13 @@ class _TrainingRun(RunSetup):
         Returns (history, the RunState stage 2 starts from).
         """
         config = self.config
-        # A one-stage run with nothing frozen (the default recipe's) stops
-        # early on `patience`; keras-yolo3's frozen stage 1 never does.
+        # A one-stage run with nothing frozen stops early on `patience`; keras-yolo3's frozen stage 1 never does.
         only_stage = config.freeze_epochs >= config.epochs and config.freeze_body == 0
         stopping = self.recipe.early_stopping(config.patience) if only_stage else []
         stage_history, last = self.fit_stage(
             1, config.lr1, self.batch_sizes[0], epoch, config.freeze_epochs, stopping, position, self.state
         )
-        # Stage 2 starts from stage 1's weights with a fresh optimizer, so
-        # its starting point is the body's weights alone.
+        # Stage 2 starts from stage 1's weights with a fresh optimizer: the body's weights alone.
         stage2_start = run_state.RunState(
             stage=2,
             epoch=last.epoch,  # freeze_epochs, unless EarlyStopping ended a one-stage run
@@ -387,12 +350,10 @@ class _TrainingRun(RunSetup):
         resumed one had stopped early.
         """
         config = self.config
-        # Stage 2 continues a saved state only on resume; after stage 1 in this
-        # process its callbacks and weights are already where they should be.
+        # Stage 2 continues a saved state only on resume; after stage 1 in this process everything is in place.
         resume = self.state if self.state is not None and self.state.stage == 2 else None
         if resume is not None and resume.weights_kind == "body":
-            # Stage 1's final weights: stage 2's start, or the final weights
-            # of a one-stage run killed before it saved them.
+            # Stage 1's final weights: stage 2's start, or those of a one-stage run killed before it saved them.
             self.body.load_weights(os.path.join(config.log_dir, resume.weights))
         if config.epochs <= config.freeze_epochs or (resume is not None and resume.stopped):
             return {}, last

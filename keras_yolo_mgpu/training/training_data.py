@@ -1,20 +1,14 @@
 """A run's class names and its checked training and validation records.
 
-`config.data` (`--data`) names a dataset of any kind `data.dataset_source`
-reads; `config.annotations` (+ `config.val_annotations`) a keras-yolo3
-annotation file as before. Either way every split goes through the dataset
-checker (image headers, `data.scan`; what was read and scanned is recorded in
-`config.scan_cache`, the user's cache folder by default): problems are listed
-in the run folder (`skipped_lines_<split>.txt`) and skipped, or refused with
-`strict`. Validation is the dataset's own `val` split, else
-`val_annotations`, else `val_split` of the training records drawn with the
-run's seed.
-
-A training split with no box left after the checks is refused, naming where
-labels were looked for (a labels folder in the wrong place trains a detector
-that detects nothing); so is a validation split without a box when the run
-monitors mAP. More than half of a split's images without labels is a
-warning. The rules are the checker's (`data.check.CheckReport`).
+`config.data` names a dataset of any kind `data.dataset_source` reads,
+`config.annotations` a keras-yolo3 annotation file. Every split goes through
+the dataset checker (`data.check.CheckReport`, records in `config.scan_cache`):
+problems are listed in the run folder (`skipped_lines_<split>.txt`) and
+skipped, or refused with `strict`. Validation is the dataset's own `val`
+split, else `val_annotations`, else `val_split` of the training records drawn
+with the run's seed. A training split with no box is refused (a labels folder
+in the wrong place trains a detector that detects nothing); so is a
+validation split without a box when the run monitors mAP.
 """
 
 from __future__ import annotations
@@ -155,14 +149,12 @@ class TrainingData:
                         "would replace it: drop one"
                     )
                 return train, self._checked("val", None, run_dir, need_boxes=val_boxes), False
-            if config.val_annotations:
-                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes), False
             source = config.data
         else:
             train = self._checked("train", config.annotations, run_dir)
-            if config.val_annotations:
-                return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes), False
             source = config.annotations
+        if config.val_annotations:
+            return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes), False
         train, val = _split_off_validation(train, config.val_split, config.seed, source)
         if val_boxes and val and not any(len(a.boxes) for a in val):
             raise ValueError(

@@ -1,10 +1,7 @@
 """The training model: a network with keras-yolo3's loss on top (keras-yolo3 train.py's `create_model`).
 
-The network comes from `model/`; this module puts the loss layer after it,
-and either takes keras-yolo3's inputs (the image and the dense targets) or
-the input pipeline's host batch, whose targets and HSV jitter then run in
-the compiled step (`data.device_side.DeviceInputs`). Start weights of any
-format are loaded into the network here (`weights.loading`).
+The model takes keras-yolo3's inputs (the image and the dense targets) or the
+input pipeline's host batch, finished in the compiled step (`data.device_side`).
 """
 
 from __future__ import annotations
