@@ -91,6 +91,41 @@ def record_path(folder: str, what: str, key: dict) -> str:
     return os.path.join(folder, f"{what}-{digest}.npz")
 
 
+def save_record(path: str, meta: dict, texts: dict[str, list[str]], **arrays) -> None:
+    """Writes a record atomically: `meta` as JSON, each of `texts` NUL-joined (no path holds a NUL), `arrays`."""
+
+    def write(temporary: str) -> None:
+        with open(temporary, "wb") as handle:
+            encoded = {name: np.frombuffer("\0".join(values).encode(), np.uint8) for name, values in texts.items()}
+            np.savez(handle, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **encoded, **arrays)
+
+    atomic_write(path, write)
+
+
+def record_text(array: np.ndarray) -> list[str]:
+    """A `texts` entry of `save_record`, read back."""
+    return array.tobytes().decode().split("\0")
+
+
+def load_record(path: str, expected: dict, read: Callable, log: logging.Logger, unreadable: str):
+    """`read(meta, data)` of the record at `path`, with its npz open; None when missing, damaged, or stale.
+
+    Args:
+        expected: what `meta` must hold (the version, the key).
+        unreadable: the log message of a damaged record, with `%s` for its path, the error's type and the error.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(data["meta"].tobytes().decode())
+            if any(meta.get(name) != value for name, value in expected.items()):
+                return None
+            return read(meta, data)
+    except Exception as error:  # noqa: BLE001 - a damaged record is rebuilt, never trusted
+        if not isinstance(error, FileNotFoundError):
+            log.info(unreadable, path, type(error).__name__, error)
+        return None
+
+
 # --- one image -------------------------------------------------------------------------
 
 
@@ -212,37 +247,20 @@ class ScanRecord:
 
     def save(self, path: str, mode: str) -> None:
         """Writes the record atomically (a reader sees the old file or the new one)."""
-        meta = json.dumps({"version": SCAN_VERSION, "mode": mode, "messages": self.messages})
-
-        def write(temporary: str) -> None:
-            with open(temporary, "wb") as handle:
-                np.savez(
-                    handle,
-                    meta=np.frombuffer(meta.encode(), np.uint8),
-                    paths=np.frombuffer("\0".join(self.paths).encode(), np.uint8),
-                    stats=self.stats,
-                    sizes=self.sizes,
-                    status=self.status,
-                )
-
-        atomic_write(path, write)
+        meta = {"version": SCAN_VERSION, "mode": mode, "messages": self.messages}
+        save_record(path, meta, {"paths": self.paths}, stats=self.stats, sizes=self.sizes, status=self.status)
 
     @classmethod
     def load(cls, path: str, mode: str) -> ScanRecord | None:
         """The record at `path`, or None when it is missing, unreadable, or of another version or mode."""
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                meta = json.loads(data["meta"].tobytes().decode())
-                if meta.get("version") != SCAN_VERSION or meta.get("mode") != mode:
-                    return None
-                paths = data["paths"].tobytes().decode().split("\0")
-                record = cls(paths, data["stats"], data["sizes"], data["status"], {})
-                record.messages = {int(k): v for k, v in meta["messages"].items()}
-        except Exception as error:  # noqa: BLE001 - a damaged record is rebuilt, never trusted
-            if not isinstance(error, FileNotFoundError):
-                logger.info("scan record %s unreadable (%s: %s): scanning again", path, type(error).__name__, error)
-            return None
-        if not (len(paths) == len(record.stats) == len(record.sizes) == len(record.status)):
+
+        def read(meta, data):
+            messages = {int(k): v for k, v in meta["messages"].items()}
+            return cls(record_text(data["paths"]), data["stats"], data["sizes"], data["status"], messages)
+
+        expected = {"version": SCAN_VERSION, "mode": mode}
+        record = load_record(path, expected, read, logger, "scan record %s unreadable (%s: %s): scanning again")
+        if record is None or not (len(record.paths) == len(record.stats) == len(record.sizes) == len(record.status)):
             return None
         return record
 

@@ -8,7 +8,6 @@ so the next start loads arrays instead of parsing the file again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import Annotation
-from keras_yolo_mgpu.fileio import atomic_write
+from keras_yolo_mgpu.data.scan import load_record, record_text, save_record
 
 logger = logging.getLogger(__name__)
 
@@ -131,23 +130,14 @@ def save_split_record(path: str, split: SplitRecords, names: list[str] | None, k
         "problems": [[p.source, p.line_number, p.kind, p.message] for p in split.problems],
     }
     boxes = [r.boxes for r in records if len(r.boxes)]
-
-    def text(values) -> np.ndarray:  # NUL never occurs in a path or a source name
-        return np.frombuffer("\0".join(values).encode(), np.uint8)
-
-    def write(temporary: str) -> None:
-        with open(temporary, "wb") as handle:
-            np.savez(
-                handle,
-                meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                paths=text(r.image_path for r in records),
-                sources=text(r.source for r in records),
-                lines=np.array([r.line_number for r in records], np.int64),
-                counts=np.array([len(r.boxes) for r in records], np.int64),
-                boxes=np.concatenate(boxes).astype(np.float32) if boxes else np.zeros((0, 5), np.float32),
-            )
-
-    atomic_write(path, write)
+    save_record(
+        path,
+        meta,
+        {"paths": [r.image_path for r in records], "sources": [r.source for r in records]},
+        lines=np.array([r.line_number for r in records], np.int64),
+        counts=np.array([len(r.boxes) for r in records], np.int64),
+        boxes=np.concatenate(boxes).astype(np.float32) if boxes else np.zeros((0, 5), np.float32),
+    )
 
 
 def load_split_record(path: str, key: dict) -> tuple[SplitRecords, list[str] | None] | None:
@@ -156,18 +146,16 @@ def load_split_record(path: str, key: dict) -> tuple[SplitRecords, list[str] | N
     Each record's boxes are a view into one (M, 5) array: about 160 bytes of
     Python objects per image instead of a list per box.
     """
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(data["meta"].tobytes().decode())
-            if meta.get("version") != RECORDS_VERSION or meta.get("key") != key:
-                return None
-            paths = data["paths"].tobytes().decode().split("\0")
-            sources = data["sources"].tobytes().decode().split("\0")
-            lines, counts, boxes = data["lines"], data["counts"], data["boxes"]
-    except Exception as error:  # noqa: BLE001 - a damaged record is rebuilt, never trusted
-        if not isinstance(error, FileNotFoundError):
-            logger.info("record %s unreadable (%s: %s): reading the dataset again", path, type(error).__name__, error)
+
+    def read(meta, data):
+        texts = record_text(data["paths"]), record_text(data["sources"])
+        return meta, *texts, data["lines"], data["counts"], data["boxes"]
+
+    unreadable = "record %s unreadable (%s: %s): reading the dataset again"
+    found = load_record(path, {"version": RECORDS_VERSION, "key": key}, read, logger, unreadable)
+    if found is None:
         return None
+    meta, paths, sources, lines, counts, boxes = found
     if not len(counts):
         paths, sources = [], []
     if not (len(paths) == len(sources) == len(lines) == len(counts)) or counts.sum() != len(boxes):
