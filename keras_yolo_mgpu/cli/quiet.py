@@ -53,10 +53,7 @@ def _without_load_noise(text: str) -> list[str]:
 
 
 def configure_environment(verbose: bool = False) -> None:
-    """Sets TensorFlow's C++ log level; must run before TensorFlow is imported.
-
-    A value the user set in the environment wins.
-    """
+    """Sets TensorFlow's C++ log level (a value the user set wins); must run before TensorFlow is imported."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
 
 

@@ -120,11 +120,7 @@ def overrides_batch_end(callback) -> bool:
 
 
 class EpochTensorBoard(keras.callbacks.TensorBoard):
-    """Keras's TensorBoard callback with the epoch curves only.
-
-    Keras's batch-end hook reads the device's values every step, which holds
-    the step loop back.
-    """
+    """Keras's TensorBoard with the epoch curves only: its batch-end hook would read the device every step."""
 
     on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
 

@@ -268,7 +268,6 @@ class RunSetup:
 
     def make_callbacks(self) -> None:
         """The recipe's callbacks and those both stages share (throughput, CSV, plot, TensorBoard, checkpoints)."""
-
         run_dir = self.run_dir
         self.recipe = RecipeCallbacks(self)
         self.throughput = Throughput(self.batch_sizes[0])
