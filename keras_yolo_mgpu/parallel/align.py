@@ -199,9 +199,8 @@ def layer_differences(names, start, reference, other) -> list[LayerDifference]:
 class AlignmentReport:
     """The outcome of `align`: per-layer rows (largest difference first) and the verdict.
 
-    `passed` is `max_abs_diff <= threshold`; the threshold is absolute (1e-9
-    by default in float64, or as given), or in float32 by default
-    `relative_threshold * max_step`.
+    `passed` is `max_abs_diff <= threshold`: an absolute threshold (float64's
+    default, or as given), or in float32 by default `relative_threshold * max_step`.
     """
 
     layers: list[LayerDifference]
@@ -290,10 +289,8 @@ def align(
         sync_bn: synchronised BatchNormalization in the replica run.
         optimizer: optimizer factory (default plain SGD 1e-4); each run gets
             a fresh one.
-        threshold: absolute bound on the largest difference (default 1e-9
-            in float64; in float32 `relative_threshold * max_step`).
-        relative_threshold: the float32 default's fraction of the largest
-            step (default `FLOAT32_RELATIVE_THRESHOLD`).
+        threshold, relative_threshold: the verdict's bounds (see `AlignmentReport`;
+            defaults `FLOAT64_THRESHOLD` and `FLOAT32_RELATIVE_THRESHOLD`).
 
     Returns:
         An `AlignmentReport`.

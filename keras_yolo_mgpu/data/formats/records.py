@@ -78,11 +78,8 @@ class SplitRecords:
             `degenerate-box`: that box alone is left out.
         num_entries: images (or lines) the split lists, read or not.
         source: the file or folder the split comes from.
-        num_unlabelled: images for which no labels were found at all (a
-            YOLO image without a label file, a COCO image no annotation
-            names, a VOC XML without an object or missing, a keras-yolo3
-            line without a box). An empty YOLO label file marks a background
-            on purpose and is not counted.
+        num_unlabelled: images for which no labels were found at all (each
+            reader's module says what that is in its format).
         labels_looked_for: where the reader looked for labels, with one
             example, to end "labels are looked for ..." (`data.check`).
     """
