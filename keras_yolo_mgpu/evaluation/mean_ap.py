@@ -37,7 +37,7 @@ from keras_yolo_mgpu.fileio import write_text_atomic
 from keras_yolo_mgpu.optional import faster_coco_eval
 from keras_yolo_mgpu.optional import pyplot as plt
 from keras_yolo_mgpu.outputs import record_written
-from keras_yolo_mgpu.plots.evaluation import write_evaluation_pictures
+from keras_yolo_mgpu.plots.evaluation import MATCH_IOU, greedy_matches, iou_matrix, write_evaluation_pictures
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
 from keras_yolo_mgpu.weights.metadata import settings_for
 
@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 # the COCO protocol ranks detections down to very low scores.
 EVAL_MIN_SCORE = 0.001
 EVAL_MAX_DETECTIONS = 100  # COCO's maxDets
-MATCH_IOU = 0.5
 DEFAULT_MAX_MAP_DROP = 0.02  # mAP@0.5 an export may lose against the Keras weights without a warning
 
 
@@ -150,17 +149,6 @@ def _mean_valid(values: np.ndarray) -> float | None:
 # ---- Precision and recall at one threshold --------------------------------
 
 
-def _iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of (n, 4) and (m, 4) x1, y1, x2, y2 boxes -> (n, m)."""
-    top_left = np.maximum(a[:, None, :2], b[None, :, :2])
-    bottom_right = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=-1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=-1)
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
-
-
 def precision_recall_at(
     annotations, detections: list[dict], score: float, num_classes: int, iou: float = MATCH_IOU
 ) -> dict:
@@ -184,16 +172,9 @@ def precision_recall_at(
             if not len(gt_boxes):
                 fp += len(dets)
                 continue
-            ious = _iou_matrix(det_boxes, gt_boxes)
-            matched = np.zeros(len(gt_boxes), bool)
-            for row in ious:  # best score first
-                row = np.where(matched, -1.0, row)
-                best = int(np.argmax(row))
-                if row[best] >= iou:
-                    matched[best] = True
-                    tp += 1
-                else:
-                    fp += 1
+            matched = greedy_matches(iou_matrix(det_boxes, gt_boxes), iou)  # dets are best score first
+            tp += matched
+            fp += len(dets) - matched
     fn = total_gt - tp
     return {
         "precision": tp / (tp + fp) if tp + fp else 0.0,

@@ -36,11 +36,11 @@ from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.data.synthetic import render_sample
 from keras_yolo_mgpu.inference.media import collect_images
+from keras_yolo_mgpu.plots.evaluation import MATCH_IOU, greedy_matches, iou_matrix
 
 logger = logging.getLogger(__name__)
 
 SCORE_FLOOR_MIN = 1e-3  # below this an image carries no signal (evaluate's floor)
-MATCH_IOU = 0.5
 
 
 class Tolerance(NamedTuple):
@@ -144,16 +144,6 @@ def score_floor(decoded_scores: np.ndarray, score: float) -> float:
     return float(min(score, max(SCORE_FLOOR_MIN, 0.5 * top.min())))
 
 
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(n, 4) x (m, 4) corner boxes -> (n, m) IoU."""
-    low = np.maximum(a[:, None, :2], b[None, :, :2])
-    high = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(high - low, 0, None), axis=-1)
-    area = lambda x: np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), axis=-1)  # noqa: E731
-    union = area(a)[:, None] + area(b)[None, :] - inter
-    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
-
-
 def compare_detection_lists(reference: dict, other: dict) -> dict:
     """Two padded detection outputs (`boxes`, `scores`, `classes`, `valid_detections`), image by image.
 
@@ -184,15 +174,9 @@ def compare_detection_lists(reference: dict, other: dict) -> dict:
             ):
                 result[key] = max(result[key], float(np.abs(values).max()))
         if n and m:
-            ious = _iou(np.asarray(reference["boxes"][i, :n]), np.asarray(other["boxes"][i, :m]))
+            ious = iou_matrix(np.asarray(reference["boxes"][i, :n]), np.asarray(other["boxes"][i, :m]))
             ious[ref_classes[:, None] != other_classes[None, :]] = 0.0
-            taken = np.zeros(m, bool)
-            for row in ious:
-                row = np.where(taken, 0.0, row)
-                best = int(np.argmax(row))
-                if row[best] >= MATCH_IOU:
-                    taken[best] = True
-                    result["found"] += 1
+            result["found"] += greedy_matches(ious, MATCH_IOU)
     return result
 
 

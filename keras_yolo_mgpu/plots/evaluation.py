@@ -1,6 +1,7 @@
 """evaluate.py's pictures beside the PR curve: a confusion matrix and F1 / precision / recall against confidence.
 
-Matching follows COCO's greedy rule at IoU 0.5: detections in descending
+Matching (here, and `evaluation.mean_ap`'s and the export check's through
+`iou_matrix` and `greedy_matches`) follows COCO's greedy rule at IoU 0.5: detections in descending
 score order each take the unmatched ground-truth box of their class with the
 highest IoU >= 0.5. A detection's match then depends only on higher-scored
 detections, so one pass gives the true positives at every confidence
@@ -13,11 +14,13 @@ import os
 
 import numpy as np
 
-from keras_yolo_mgpu.plots.results import _figure
+from keras_yolo_mgpu.plots.results import _figure, _save
 
 __all__ = [
     "confidence_curves",
     "confusion_matrix",
+    "greedy_matches",
+    "iou_matrix",
     "plot_confidence_curves",
     "plot_confusion_matrix",
     "write_evaluation_pictures",
@@ -26,14 +29,29 @@ __all__ = [
 MATCH_IOU = 0.5
 
 
-def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """IoU of one x1, y1, x2, y2 box with (K, 4) boxes."""
-    low = np.maximum(box[:2], boxes[:, :2])
-    high = np.minimum(box[2:4], boxes[:, 2:4])
-    inter = np.prod(np.clip(high - low, 0, None), axis=1)
-    area = np.prod(box[2:4] - box[:2])
-    areas = np.prod(boxes[:, 2:4] - boxes[:, :2], axis=1)
-    return inter / np.maximum(area + areas - inter, 1e-12)
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of (n, 4) and (m, 4) x1, y1, x2, y2 boxes -> (n, m); 0 where the union is empty."""
+    top_left = np.maximum(a[:, None, :2], b[None, :, :2])
+    bottom_right = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
+    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=-1)
+    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=-1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
+
+
+def greedy_matches(ious: np.ndarray, threshold: float = MATCH_IOU) -> int:
+    """How many rows of (n, m) `ious` (detections, best first) take a column (ground truth, m >= 1).
+
+    Each row takes the free column of highest IoU >= `threshold`, if any.
+    """
+    taken = np.zeros(ious.shape[1], bool)
+    for row in ious:
+        row = np.where(taken, -1.0, row)
+        best = int(np.argmax(row))
+        if row[best] >= threshold:
+            taken[best] = True
+    return int(taken.sum())
 
 
 def _by_image(detections: list[dict], num_images: int) -> list[list[dict]]:
@@ -43,9 +61,14 @@ def _by_image(detections: list[dict], num_images: int) -> list[list[dict]]:
     return [sorted(g, key=lambda d: -float(d["score"])) for g in grouped]
 
 
-def _xyxy(detection: dict) -> np.ndarray:
+def _match(detection: dict, truth: np.ndarray, free: np.ndarray) -> int | None:
+    """The index of the `free` ground-truth box with the highest IoU >= 0.5 with `detection`, else None."""
+    if not free.any():
+        return None
     x, y, w, h = (float(v) for v in detection["bbox"])
-    return np.array([x, y, x + w, y + h])
+    ious = np.where(free, iou_matrix(np.array([[x, y, x + w, y + h]]), truth[:, :4])[0], -1)
+    best = int(np.argmax(ious))
+    return best if ious[best] >= MATCH_IOU else None
 
 
 def confidence_curves(annotations, detections: list[dict], num_classes: int, thresholds=None) -> dict:
@@ -69,16 +92,12 @@ def confidence_curves(annotations, detections: list[dict], num_classes: int, thr
         np.add.at(gt_counts, truth[:, 4].astype(int), 1)
         taken = np.zeros(len(truth), bool)
         for detection in found:
-            candidates = (truth[:, 4] == detection["category_id"]) & ~taken
-            hit = False
-            if candidates.any():
-                ious = np.where(candidates, _iou(_xyxy(detection), truth[:, :4]), -1)
-                best = int(np.argmax(ious))
-                if ious[best] >= MATCH_IOU:
-                    taken[best], hit = True, True
+            best = _match(detection, truth, (truth[:, 4] == detection["category_id"]) & ~taken)
+            if best is not None:
+                taken[best] = True
             scores.append(float(detection["score"]))
             classes.append(int(detection["category_id"]))
-            hits.append(hit)
+            hits.append(best is not None)
     gt_counts[num_classes] = gt_counts[:num_classes].sum()
     scores, classes, hits = np.array(scores), np.array(classes, int), np.array(hits, bool)
     shape = (num_classes + 1, len(thresholds))
@@ -108,34 +127,20 @@ def confusion_matrix(annotations, detections: list[dict], num_classes: int, scor
         taken = np.zeros(len(truth), bool)
         for detection in (d for d in found if float(d["score"]) >= score):
             predicted = int(detection["category_id"])
-            if len(truth) and (~taken).any():
-                ious = np.where(~taken, _iou(_xyxy(detection), truth[:, :4]), -1)
-                best = int(np.argmax(ious))
-                if ious[best] >= MATCH_IOU:
-                    taken[best] = True
-                    matrix[predicted, int(truth[best, 4])] += 1
-                    continue
-            matrix[predicted, num_classes] += 1
+            best = _match(detection, truth, ~taken)
+            if best is not None:
+                taken[best] = True
+            matrix[predicted, num_classes if best is None else int(truth[best, 4])] += 1
         for box in truth[~taken]:
             matrix[num_classes, int(box[4])] += 1
     return matrix
-
-
-def _save(plt, figure, path: str) -> str:
-    figure.tight_layout()
-    root, extension = os.path.splitext(path)
-    temporary = f"{root}.tmp{extension}"
-    figure.savefig(temporary)
-    plt.close(figure)
-    os.replace(temporary, path)
-    return path
 
 
 def plot_confusion_matrix(matrix: np.ndarray, class_names, path: str, score: float) -> str:
     """The matrix, each column normalised by its true class's count, with the counts written in."""
     names = [*class_names, "background"]
     size = min(14, 3 + 0.5 * len(names))
-    plt, figure, axes = _figure(1, 1, (size + 1, size))
+    _, figure, axes = _figure(1, 1, (size + 1, size))
     totals = matrix.sum(axis=0, keepdims=True)
     shares = np.divide(matrix, totals, out=np.zeros(matrix.shape), where=totals > 0)
     image = axes[0].imshow(shares, cmap="Blues", vmin=0, vmax=1)
@@ -150,12 +155,12 @@ def plot_confusion_matrix(matrix: np.ndarray, class_names, path: str, score: flo
             if count:
                 colour = "white" if shares[row, column] > 0.5 else "black"
                 axes[0].text(column, row, str(count), ha="center", va="center", fontsize=7, color=colour)
-    return _save(plt, figure, path)
+    return _save(figure, path)
 
 
 def plot_confidence_curves(curves: dict, class_names, path: str) -> str:
     """F1, precision and recall against confidence: a thin line per class, the bold line over all classes."""
-    plt, figure, axes = _figure(1, 3, (15, 4.2))
+    _, figure, axes = _figure(1, 3, (15, 4.2))
     thresholds = curves["thresholds"]
     for axis, key in zip(axes, ("f1", "precision", "recall")):
         values = curves[key]
@@ -172,7 +177,7 @@ def plot_confidence_curves(curves: dict, class_names, path: str) -> str:
         axis.grid(True, alpha=0.3)
         axis.set_title(f"{'F1' if key == 'f1' else key.capitalize()}-confidence")
         axis.legend(fontsize=7)
-    return _save(plt, figure, path)
+    return _save(figure, path)
 
 
 def write_evaluation_pictures(annotations, detections, class_names, pr_curve: str, score: float) -> dict:

@@ -8,7 +8,7 @@ import numpy as np
 
 from keras_yolo_mgpu.data.images import image_size
 from keras_yolo_mgpu.plots.boxes import class_colour
-from keras_yolo_mgpu.plots.results import _figure
+from keras_yolo_mgpu.plots.results import _figure, _save
 
 __all__ = ["letterboxed_boxes", "plot_labels"]
 
@@ -48,9 +48,9 @@ def plot_labels(annotations, class_names, anchors, input_hw: tuple[int, int], ou
     """
     boxes = letterboxed_boxes(annotations, input_hw)
     height, width = input_hw
-    plt, figure, axes = _figure(1, 3, (14, 4.2))
+    _, figure, axes = _figure(1, 3, (14, 4.2))
     counts = np.bincount(boxes[:, 4].astype(int), minlength=len(class_names))[: len(class_names)]
-    colours = [tuple(v / 255 for v in _colour(i)) for i in range(len(class_names))]
+    colours = [tuple(v / 255 for v in class_colour(i)) for i in range(len(class_names))]
     axes[0].bar(range(len(class_names)), counts, color=colours)
     axes[0].set_xticks(range(len(class_names)), class_names, rotation=90 if len(class_names) > 8 else 0)
     axes[0].set_title(f"boxes per class ({len(boxes)} boxes, {len(annotations)} images)")
@@ -69,14 +69,5 @@ def plot_labels(annotations, class_names, anchors, input_hw: tuple[int, int], ou
     axes[2].set_title(f"box sizes at {height}x{width} and the anchors")
     axes[2].legend(fontsize=8)
     axes[2].grid(True, alpha=0.3)
-    figure.tight_layout()
-    root, extension = os.path.splitext(output_path)
-    temporary = f"{root}.tmp{extension}"
-    figure.savefig(temporary, pil_kwargs={"quality": 90} if extension.lower() in (".jpg", ".jpeg") else None)
-    plt.close(figure)
-    os.replace(temporary, output_path)
-    return output_path
-
-
-def _colour(class_id: int):
-    return class_colour(class_id)
+    jpeg = os.path.splitext(output_path)[1].lower() in (".jpg", ".jpeg")
+    return _save(figure, output_path, pil_kwargs={"quality": 90} if jpeg else None)

@@ -17,6 +17,17 @@ def _figure(rows: int, columns: int, size):
     return plt, figure, np.atleast_1d(axes).ravel()
 
 
+def _save(figure, path: str, **options) -> str:
+    """Writes `figure` to `path` through a temporary file of the same ending (`savefig`'s `options`); closes it."""
+    figure.tight_layout()
+    root, extension = os.path.splitext(path)
+    temporary = f"{root}.tmp{extension}"
+    figure.savefig(temporary, **options)
+    plt.close(figure)
+    os.replace(temporary, path)
+    return path
+
+
 def _panel(axis, epochs, history, keys, title, log=False):
     drawn = False
     for key, label in keys:
@@ -51,14 +62,9 @@ def plot_results(history: dict[str, list[float]], output_png: str) -> str | None
     epochs = history.get("epoch")
     if not epochs:
         return None
-    plt, figure, axes = _figure(1, 3, (13, 3.6))
+    _, figure, axes = _figure(1, 3, (13, 3.6))
     _panel(axes[0], epochs, history, (("loss", "training"), ("val_loss", "validation")), "loss (per image)", log=True)
     _panel(axes[1], epochs, history, (("val_mAP", "mAP@[.5:.95]"), ("val_mAP50", "mAP@.5")), "validation mAP")
     _panel(axes[2], epochs, history, (("learning_rate", "learning rate"),), "learning rate", log=True)
     figure.suptitle(os.path.basename(os.path.dirname(os.path.abspath(output_png))) or "training", fontsize=10)
-    figure.tight_layout()
-    temporary = output_png + ".tmp.png"
-    figure.savefig(temporary)
-    plt.close(figure)
-    os.replace(temporary, output_png)
-    return output_png
+    return _save(figure, output_png)
