@@ -112,15 +112,14 @@ def _loss_layer(anchors, num_classes, masks, architecture, ignore_thresh, max_tr
     elif ciou_weight is not None:
         raise ValueError(f"ciou_weight applies to the CIoU box loss only; this model's box loss is {box_loss!r}")
     else:
-        ciou = {}  # keeps the YOLOv3 loss layer's configuration exactly as before
+        ciou = {}  # the YOLOv3 loss layer's configuration has no CIoU keys
     return YoloLoss(
         anchors,
         num_classes,
         ignore_thresh=architecture.ignore_thresh if ignore_thresh is None else ignore_thresh,
         max_true_boxes=MAX_BOXES * anchors_per_scale if max_true_boxes is None else max_true_boxes,
         masks=masks,
-        # None keeps the YOLOv3 loss layer's configuration exactly as before.
-        scale_x_y=architecture.decode_scale_x_y,
+        scale_x_y=architecture.decode_scale_x_y,  # None for YOLOv3 (1.0): its layer configuration has none
         box_loss=box_loss,
         name="yolo_loss",
         **ciou,
