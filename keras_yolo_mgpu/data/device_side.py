@@ -215,10 +215,7 @@ def build_targets(boxes, input_shape, anchors, num_classes: int, masks=None, iou
     keras-yolo3's quirks are kept: centre `(x_min + x_max) // 2`; a later box
     in the same cell and anchor wins xywh and objectness while the class bits
     of all of them stay set; a box whose best anchor is in no mask (anchor 0
-    with tiny masks) gets no target, one in two masks gets two. No scatter:
-    each slot takes the xywh of its last box (a gather) and the count of
-    each class among its boxes (a batched matmul of 0/1 values), so the
-    work stays per image, also when the batch is split over devices.
+    with tiny masks) gets no target, one in two masks gets two.
     """
     anchors = np.asarray(anchors, dtype=np.float32)
     num_anchors = len(anchors)
@@ -278,9 +275,7 @@ def build_targets(boxes, input_shape, anchors, num_classes: int, masks=None, iou
             assigned.append(ops.logical_and(valid, slot))
         assigned = ops.stack(assigned, axis=1)  # (B, S, T)
         slots = len(masks[layer])
-        # match[b, g, s, t]: box t of image b goes to slot s of cell g. Comparisons and
-        # per-image reductions instead of a scatter: every image's grid is its own,
-        # so a batch split over devices needs no exchange.
+        # match[b, g, s, t]: box t of image b goes to slot s of cell g (no scatter: see the module docstring).
         in_cell = cell[:, None, :] == ops.arange(grid_h * grid_w, dtype="int32")[None, :, None]  # (B, G, T)
         match = ops.reshape(
             ops.logical_and(in_cell[:, :, None, :], assigned[:, None, :, :]), (batch, -1, num_boxes)
