@@ -81,9 +81,8 @@ def report_anchor_fit(sizes: np.ndarray, anchors: np.ndarray, masks, input_shape
 def fit_anchors(sizes: np.ndarray, num_anchors: int, masks, seed: int = 0) -> np.ndarray:
     """`(num_anchors, 2)` anchors fitted to `sizes` by k-means, one per index the masks use.
 
-    The used indices get the k-means centres in order of area; an unused
-    index (anchor 0 of the tiny masks) gets a quarter of the smallest box,
-    so it is never a box's best anchor and no box goes without a target.
+    The used indices get the centres in order of area; an unused index (anchor 0 of the tiny masks)
+    gets a quarter of the smallest box, so it is never a box's best anchor and no box goes without a target.
     """
     used = sorted({index for mask in masks for index in mask})
     if len(sizes) < len(used):
@@ -97,8 +96,7 @@ def fit_anchors(sizes: np.ndarray, num_anchors: int, masks, seed: int = 0) -> np
 def run_anchors(config, anchors: np.ndarray, masks, train_annotations, run_dir: str) -> np.ndarray:
     """The run's anchors: `anchors`, or with `config.anchors == "auto"` k-means ones; logs their fit.
 
-    A fitted set is written to `run_dir/anchors.txt`; a resumed run reads
-    it back, so it trains with the anchors it started with.
+    A fitted set is written to `run_dir/anchors.txt`; a resumed run reads it back.
     """
     sizes = box_sizes_at_input(train_annotations, config.input_shape)
     if config.anchors == AUTO:

@@ -26,9 +26,8 @@ LAST_WEIGHTS = "last.weights.h5"
 def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
     """The held-out list of the run whose folder holds `weights_path`, or None.
 
-    With `dataset` (a --data or --annotations path), only when the run
-    trained on that dataset (its args.json names it), so a list is never
-    applied to another dataset's images.
+    With `dataset` (a --data or --annotations path), only when the run's args.json names that
+    dataset, so a list is never applied to another dataset's images.
     """
     run_dir = os.path.dirname(os.path.abspath(weights_path))
     held_out = os.path.join(run_dir, HELD_OUT_FILE)

@@ -345,9 +345,8 @@ class _TrainingRun(RunSetup):
     def run_stage2(self, epoch: int, position: int, last):
         """Stage 2 (every layer trainable) from `epoch` to `epochs`, with ReduceLROnPlateau and EarlyStopping.
 
-        `last`: the RunState so far (None: none saved yet). Returns (history,
-        the last RunState); nothing runs when the run has no stage 2 or a
-        resumed one had stopped early.
+        `last`: the RunState so far (None: none saved yet). Returns (history, the last RunState);
+        nothing runs when the run has no stage 2 or a resumed one had stopped early.
         """
         config = self.config
         # Stage 2 continues a saved state only on resume; after stage 1 in this process everything is in place.

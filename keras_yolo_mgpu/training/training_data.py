@@ -34,10 +34,8 @@ logger = logging.getLogger(__name__)
 class TrainingData:
     """The run's dataset: `class_names` now, the checked records with `splits`.
 
-    Opening `config.data` (or reading `config.classes`) raises ValueError on a
-    class-name contradiction. `write_record`: whether this process writes the
-    records of what it read and scanned (`data.scan`): the chief does, the
-    other processes read them.
+    Raises ValueError on a class-name contradiction. `write_record`: whether this process writes
+    the records of what it read and scanned (`data.scan`): the chief does, the others read them.
     """
 
     def __init__(self, config, write_record: bool = True):
