@@ -5,9 +5,7 @@ gets a process of its own: both build the same network, compile their step
 and warm up, then the parent asks them for one round of timed steps at a
 time, alternating which goes first, as `bench train` alternates its sides.
 Their ratio then comes from one machine state: load that drifts during the
-run hits both.
-
-    python -m keras_yolo_mgpu.bench train --backends tensorflow,jax --tiny --input-size 128 --rounds 3
+run hits both (`bench train --backends tensorflow,jax`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""End to end: training from JPEG files against the step alone, on the same device.
-
-    python -m keras_yolo_mgpu.bench e2e --annotations /tmp/bench_images/train.txt \\
-        --classes model_data/voc_classes.txt --input-size 416 --batch-size 32
+"""End to end: training from JPEG files against the step alone, on the same device (`cli/bench_e2e.py`).
 
 Builds what `train.py` trains (the model, its compile settings, mixed
 precision and XLA as the device's defaults, `training.precision`) and fits

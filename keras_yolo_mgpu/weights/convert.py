@@ -267,15 +267,12 @@ def convert(
             is a ``yolo_body``.
         check: verify the ``yolo_body`` copy on a test image (see
             :func:`build_matching_body`).
-        darknet_bn: whose batch norm the converted model reproduces:
-            ``"pjreddie"`` (the default for cfgs the original Darknet runs:
-            it trained the official YOLOv3 weights), ``"alexeyab"``
-            (AlexeyAB/darknet; the default for cfgs only it runs, such as
-            yolov4.cfg and yolov4-tiny.cfg, see
-            :func:`~keras_yolo_mgpu.weights.darknet.alexeyab_only_features`) or
-            ``"keras-yolo3"`` (raw arrays with Keras's epsilon: keras-yolo3's
-            own conversion, bit for bit). See
-            :func:`~keras_yolo_mgpu.weights.darknet.fold_batch_norm`.
+        darknet_bn: whose batch norm the converted model reproduces
+            (:func:`darknet.fold_batch_norm`): ``"pjreddie"`` (the default for cfgs
+            the original Darknet runs: it trained the official YOLOv3 weights),
+            ``"alexeyab"`` (the default for cfgs only AlexeyAB/darknet runs, such as
+            yolov4.cfg, :func:`darknet.alexeyab_only_features`) or ``"keras-yolo3"``
+            (raw arrays with Keras's epsilon: keras-yolo3's own conversion, bit for bit).
         masks: the anchor masks the converted model decodes with:
             ``"cfg"`` (the ``[yolo] mask`` lines), ``"keras-yolo3"``
             (``[[6,7,8],[3,4,5],[0,1,2]]`` / tiny ``[[3,4,5],[1,2,3]]``),
