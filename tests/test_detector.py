@@ -193,6 +193,30 @@ def test_gpu_num_spreads_batches_with_identical_detections(body, yolo, logical_c
         YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, gpu_num=9)
 
 
+def test_a_weights_file_detector_folds_its_network_and_spreads_it_over_devices(files, yolo, logical_cpus):
+    """`YOLO(path)` runs the folded network, on every device `gpu_num` asks for, with the unfolded one's detections."""
+    spread = YOLO(
+        files["weights"],
+        TINY_ANCHORS_PATH,
+        files["classes"],
+        score=SCORE,
+        iou=IOU,
+        model_image_size=INPUT_SHAPE,
+        gpu_num=4,
+        batch_size=7,
+    )
+    assert not any(isinstance(layer, keras.layers.BatchNormalization) for layer in spread.body.layers)
+    assert len(set(spread.devices)) == 4
+    images = random_images(7, seed=6)
+    found = 0
+    for a, b in zip(yolo.detect_batch(images), spread.detect_batch(images)):
+        np.testing.assert_array_equal(a.classes, b.classes)
+        np.testing.assert_allclose(a.boxes, b.boxes, rtol=0, atol=1e-3)
+        np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-5)
+        found += a.num_boxes
+    assert found > 0
+
+
 def test_yolo_errors_are_clear(files, tmp_path):
     with pytest.raises(FileNotFoundError, match="model weights not found"):
         YOLO(str(tmp_path / "missing.h5"), TINY_ANCHORS_PATH, files["classes"])
