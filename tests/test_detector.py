@@ -62,6 +62,17 @@ def as_rows(boxes, scores, classes):
     return rows[np.lexsort(rows.T[::-1])]
 
 
+def assert_same_detections(found, expected) -> int:
+    """Equal classes, boxes within 1e-3 px and scores within 1e-5, image by image; returns the boxes counted."""
+    count = 0
+    for a, b in zip(found, expected, strict=True):
+        np.testing.assert_array_equal(a.classes, b.classes)
+        np.testing.assert_allclose(a.boxes, b.boxes, rtol=0, atol=1e-3)
+        np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-5)
+        count += a.num_boxes
+    return count
+
+
 # ---- the layers ------------------------------------------------------------------
 
 
@@ -208,13 +219,7 @@ def test_a_weights_file_detector_folds_its_network_and_spreads_it_over_devices(f
     assert not any(isinstance(layer, keras.layers.BatchNormalization) for layer in spread.body.layers)
     assert len(set(spread.devices)) == 4
     images = random_images(7, seed=6)
-    found = 0
-    for a, b in zip(yolo.detect_batch(images), spread.detect_batch(images)):
-        np.testing.assert_array_equal(a.classes, b.classes)
-        np.testing.assert_allclose(a.boxes, b.boxes, rtol=0, atol=1e-3)
-        np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-5)
-        found += a.num_boxes
-    assert found > 0
+    assert assert_same_detections(spread.detect_batch(images), yolo.detect_batch(images)) > 0
 
 
 def test_yolo_errors_are_clear(files, tmp_path):
@@ -260,14 +265,8 @@ def test_four_replica_training_checkpoint_gives_identical_detections(tmp_path, l
     loaded = YOLO(path, TINY_ANCHORS_PATH, classes, score=0.05, model_image_size=(64, 64))
     in_memory = YOLO.from_body(body, TINY_ANCHORS, CLASS_NAMES, score=0.05, model_image_size=(64, 64))
     test_images = random_images(3, seed=8)
-    found = 0
-    for a, b in zip(loaded.detect_batch(test_images), in_memory.detect_batch(test_images)):
-        # The file's detector folds the batch normalisations into the convolutions: float32 rounding apart.
-        np.testing.assert_array_equal(a.classes, b.classes)
-        np.testing.assert_allclose(a.boxes, b.boxes, rtol=0, atol=1e-3)
-        np.testing.assert_allclose(a.scores, b.scores, rtol=0, atol=1e-5)
-        found += a.num_boxes
-    assert found > 0
+    # The file's detector folds the batch normalisations into the convolutions: float32 rounding apart.
+    assert assert_same_detections(loaded.detect_batch(test_images), in_memory.detect_batch(test_images)) > 0
 
 
 # ---- pre- and post-processing ------------------------------------------------------
