@@ -69,9 +69,9 @@ def fold_batch_norm(body: keras.Model) -> keras.Model:
 
     The copy has its own variables (the folding is computed in float64 from
     `body`'s current weights), the same layer names, and a
-    `FoldedBatchNormalization` (the identity) in place of each folded one; it is for inference only (training
-    it would train no normalisation). Layers of any other form are copied
-    unchanged.
+    `FoldedBatchNormalization` (the identity) in place of each folded one. It
+    is for inference only: training it would train no normalisation. Layers
+    of any other form are copied unchanged.
 
     Args:
         body: a functional Keras model (`model.build_body`).
@@ -85,8 +85,7 @@ def fold_batch_norm(body: keras.Model) -> keras.Model:
             continue
         conv = layer.input._keras_history.operation
         if (
-            isinstance(conv, keras.layers.Conv2D)
-            and type(conv) is keras.layers.Conv2D
+            type(conv) is keras.layers.Conv2D  # exactly: a subclass may compute something else
             and conv.get_config()["activation"] == "linear"
             and len(conv._outbound_nodes) == 1
             and layer.axis in (-1, len(layer.input.shape) - 1)
