@@ -1,11 +1,7 @@
 """evaluate.py's pictures beside the PR curve: a confusion matrix and F1 / precision / recall against confidence.
 
-Matching (here, and `evaluation.mean_ap`'s and the export check's through
-`iou_matrix` and `greedy_matches`) follows COCO's greedy rule at IoU 0.5: detections in descending
-score order each take the unmatched ground-truth box of their class with the
-highest IoU >= 0.5. A detection's match then depends only on higher-scored
-detections, so one pass gives the true positives at every confidence
-threshold.
+Detections match ground truth by `model.boxes.greedy_matches`' rule, so one pass in score order gives the true
+positives at every confidence threshold.
 """
 
 from __future__ import annotations
@@ -14,44 +10,16 @@ import os
 
 import numpy as np
 
+from keras_yolo_mgpu.model.boxes import MATCH_IOU, iou_matrix
 from keras_yolo_mgpu.plots.results import _figure, _save
 
 __all__ = [
     "confidence_curves",
     "confusion_matrix",
-    "greedy_matches",
-    "iou_matrix",
     "plot_confidence_curves",
     "plot_confusion_matrix",
     "write_evaluation_pictures",
 ]
-
-MATCH_IOU = 0.5
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of (n, 4) and (m, 4) x1, y1, x2, y2 boxes -> (n, m); 0 where the union is empty."""
-    top_left = np.maximum(a[:, None, :2], b[None, :, :2])
-    bottom_right = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=-1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=-1)
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
-
-
-def greedy_matches(ious: np.ndarray, threshold: float = MATCH_IOU) -> int:
-    """How many rows of (n, m) `ious` (detections, best first) take a column (ground truth, m >= 1).
-
-    Each row takes the free column of highest IoU >= `threshold`, if any.
-    """
-    taken = np.zeros(ious.shape[1], bool)
-    for row in ious:
-        row = np.where(taken, -1.0, row)
-        best = int(np.argmax(row))
-        if row[best] >= threshold:
-            taken[best] = True
-    return int(taken.sum())
 
 
 def _by_image(detections: list[dict], num_images: int) -> list[list[dict]]:
