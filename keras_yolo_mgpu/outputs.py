@@ -27,10 +27,10 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from keras_yolo_mgpu.data.scan import cache_dir
-from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
+from keras_yolo_mgpu.fileio import write_text_atomic
 from keras_yolo_mgpu.weights.metadata import read_metadata
 
 logger = logging.getLogger(__name__)
@@ -168,28 +168,3 @@ def check_output(
             f"{flag} {path} already exists and was not written by keras-yolo-mgpu (or was changed since): "
             "pass --overwrite to replace it, or choose another path"
         )
-
-
-def write_output(
-    path: str | os.PathLike,
-    write: Callable[[str], object],
-    *,
-    inputs: Iterable[str | os.PathLike | None] = (),
-    overwrite: bool = False,
-    flag: str = "--output",
-) -> str:
-    """`check_output`, then `fileio.atomic_write(path, write)`, then `record_written`; returns `path`."""
-    check_output(path, inputs=inputs, overwrite=overwrite, flag=flag)
-    path = atomic_write(path, write)
-    record_written([path])
-    return path
-
-
-def write_text_output(path: str | os.PathLike, text: str, **rule) -> str:
-    """`write_output` of UTF-8 `text`; `rule`: `inputs`, `overwrite`, `flag`."""
-
-    def write(temporary: str) -> None:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-
-    return write_output(path, write, **rule)

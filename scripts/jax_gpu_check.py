@@ -22,7 +22,7 @@ short keeps what it measured. The last lines are a one-screen table.
    numpy's (what the targets do not rely on).
 3. `bare-bf16`: the baseline on the same card, in the same call: the same
    network as a plain Keras model, one jitted step, the batch on the device
-   (`bench/jax_bare_step.py`). The table's `trainer / bare` is the goal's ratio.
+   (`tools/jax_bare_step.py`). The table's `trainer / bare` is the goal's ratio.
 4. `step-bf16`: `bench train`, the trainer's step alone (its model and
    optimizer, no input pipeline).
 5. `e2e`: `bench e2e`, training from the JPEGs against the step alone.
@@ -83,8 +83,9 @@ print(json.dumps({"device": str(jax.devices()[0]), "target_cases": found["target
                   "to_float_exact": found["to_float_exact"]}))
 """
 BARE = """
-import json
-from keras_yolo_mgpu.bench.jax_bare_step import run_bare_step
+import json, sys
+sys.path.insert(0, "tools")
+from jax_bare_step import run_bare_step
 print(json.dumps(run_bare_step(**json.loads({settings!r}))))
 """
 # Prepended to a part's code with --block-tensorflow: `import tensorflow` fails from there on.

@@ -76,8 +76,8 @@ def test_the_graph_sees_function_level_and_relative_imports(import_graph, tmp_pa
 
 
 # Outside keras_yolo_mgpu/backend/, the files that may import TensorFlow or JAX or ask Keras which backend runs,
-# each for a reason that is not an engine difference. A file whose name says its backend (`tf_dataset.py`,
-# `jax_bare_step.py`) needs no entry.
+# each for a reason that is not an engine difference. A file whose name says its backend
+# (`tf_dataset.py`) needs no entry.
 BACKEND_SPECIFIC_FILES = {
     "keras_compat.py": "patches Keras's TensorFlow trainer under MultiWorkerMirroredStrategy",
     "inference/export.py": "SavedModel, TFLite and ONNX are exported through TensorFlow on either engine",
