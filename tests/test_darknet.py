@@ -429,7 +429,7 @@ def test_matches_opencv_darknet_importer(tmp_path):
     assert min(raw_errors) > 1e-4  # even these moderate variances separate the formulas
 
 
-def test_fold_batch_norm_is_exact_for_tiny_and_zero_variances():
+def test_keras_bn_weights_are_exact_for_tiny_and_zero_variances():
     import keras
 
     variance = np.array([0.0, 1e-12, 1e-8, 1e-6, 1e-5, 9.99e-4, 1e-3, 1.001e-3, 0.5, 1.0, 100.0, 1e4], np.float32)
@@ -443,7 +443,7 @@ def test_fold_batch_norm_is_exact_for_tiny_and_zero_variances():
     mean = (rng.uniform(-2, 2, n) * spread).astype(np.float32)
     x = (mean + rng.normal(0, 1, (64, n)) * spread).astype(np.float32)
     for convention in ("pjreddie", "alexeyab"):
-        folded = darknet.fold_batch_norm(gamma, beta, mean, variance, convention)
+        folded = darknet.keras_bn_weights(gamma, beta, mean, variance, convention)
         assert all(a.dtype == np.float32 for a in folded)
         assert np.all(folded[3] >= 0)  # a valid moving variance, also for fine-tuning
         layer = keras.layers.BatchNormalization(epsilon=1e-3)
@@ -456,7 +456,7 @@ def test_fold_batch_norm_is_exact_for_tiny_and_zero_variances():
         error = np.abs(keras_out - darknet_out) / np.max(np.abs(darknet_out), axis=0)
         assert float(error.max()) <= 1e-6, (convention, error.max(axis=0))
     # Channels with d**2 >= epsilon keep gamma, beta and mean bit for bit.
-    folded = darknet.fold_batch_norm(gamma, beta, mean, variance, "pjreddie")
+    folded = darknet.keras_bn_weights(gamma, beta, mean, variance, "pjreddie")
     wide = variance >= 1.001e-3
     np.testing.assert_array_equal(folded[0][wide], gamma[wide])
     np.testing.assert_array_equal(folded[1], beta)

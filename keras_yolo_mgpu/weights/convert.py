@@ -268,7 +268,7 @@ def convert(
         check: verify the ``yolo_body`` copy on a test image (see
             :func:`build_matching_body`).
         darknet_bn: whose batch norm the converted model reproduces
-            (:func:`darknet.fold_batch_norm`): ``"pjreddie"`` (the default for cfgs
+            (:func:`darknet.keras_bn_weights`): ``"pjreddie"`` (the default for cfgs
             the original Darknet runs: it trained the official YOLOv3 weights),
             ``"alexeyab"`` (the default for cfgs only AlexeyAB/darknet runs, such as
             yolov4.cfg, :func:`darknet.alexeyab_only_features`) or ``"keras-yolo3"``

@@ -20,7 +20,7 @@ literal numpy re-implementation of Darknet's layers):
   (:func:`_stride_padding`), which for 3x3/2 is exactly keras-yolo3's.
 - Batch norm: Darknet's two forks and Keras divide by different denominators
   (:data:`_DARKNET_BN_DENOMINATORS`, Keras's ``epsilon`` 1e-3);
-  :func:`fold_batch_norm` rewrites the four BN arrays so that Keras's formula
+  :func:`keras_bn_weights` rewrites the four BN arrays so that Keras's formula
   gives Darknet's numbers; ``darknet_bn="keras-yolo3"`` keeps the raw arrays
   (keras-yolo3's own conversion, 0.5-0.9 % off Darknet on the official tiny
   weights).
@@ -44,7 +44,7 @@ BN_EPSILON = 1e-3
 #: Slope of Darknet's ``leaky`` activation.
 LEAKY_SLOPE = 0.1
 
-#: Batch-norm conventions :func:`fold_batch_norm` knows: Darknet's two
+#: Batch-norm conventions :func:`keras_bn_weights` knows: Darknet's two
 #: inference formulas, and keras-yolo3's conversion (raw arrays, Keras's
 #: ``sqrt(var + 1e-3)``). A ``.weights`` file does not say which Darknet
 #: trained it (both forks write the same header), hence a choice.
@@ -361,7 +361,7 @@ _DARKNET_BN_DENOMINATORS = {
 }
 
 
-def fold_batch_norm(
+def keras_bn_weights(
     gamma: np.ndarray,
     beta: np.ndarray,
     mean: np.ndarray,
@@ -536,7 +536,7 @@ def build_model(
         weight_decay: L2 factor for conv kernels; default the ``decay`` of
             ``[net]`` (``5e-4`` when absent), as keras-yolo3 did.
         darknet_bn: whose batch-norm formula the Keras layers reproduce, one
-            of :data:`DARKNET_BN_CONVENTIONS` (see :func:`fold_batch_norm`).
+            of :data:`DARKNET_BN_CONVENTIONS` (see :func:`keras_bn_weights`).
         name: model name.
 
     Returns:
@@ -604,7 +604,7 @@ def build_model(
                             "the weights file is damaged or does not match this cfg"
                         )
                     w = weights[k]
-                    bn.set_weights(fold_batch_norm(w.gamma, w.beta, w.mean, w.variance, darknet_bn))
+                    bn.set_weights(keras_bn_weights(w.gamma, w.beta, w.mean, w.variance, darknet_bn))
             if spec.activation == "leaky":
                 x = L.LeakyReLU(negative_slope=LEAKY_SLOPE, name=f"leaky_{i}")(x)
             elif spec.activation == "mish":
