@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -94,6 +95,21 @@ def test_verbose_shows_the_traceback(capsys):
     assert runner.run_command(_parser, body, ["-v"]) == 1
     err = capsys.readouterr().err
     assert "error: bad anchors" in err and "Traceback" in err
+
+
+def test_verbose_logs_the_projects_debug_lines_and_not_the_libraries():
+    """One tiny JAX run under -v logged ~4,700 library lines (font lookups, cache keys, PNG chunks) beside ~40 own."""
+    root = logging.getLogger()
+    saved = root.level
+    try:
+        runner.setup_logging(verbose=True)
+        for name in ("keras_yolo_mgpu.data.host", "train", "evaluate"):
+            assert logging.getLogger(name).isEnabledFor(logging.DEBUG), name
+        for name in ("PIL.PngImagePlugin", "matplotlib.font_manager", "jax._src.cache_key", "filelock"):
+            assert not logging.getLogger(name).isEnabledFor(logging.DEBUG), name
+            assert logging.getLogger(name).isEnabledFor(logging.INFO), name
+    finally:
+        root.setLevel(saved)
 
 
 def test_unexpected_errors_keep_their_traceback():
@@ -199,6 +215,15 @@ def test_data_tools_never_import_tensorflow(tmp_path):
 
 
 # ---- quiet by default ---------------------------------------------------------
+
+
+def test_no_command_imports_keras_before_it_parses_its_arguments():
+    """Keras starts TensorFlow, whose loader lines only `run_command` hides (it imports TensorFlow after parsing)."""
+    code = "import sys\nfrom keras_yolo_mgpu.cli import " + ", ".join(CLI_MODULES) + "\n"
+    code += "print(sorted({m.split('.')[0] for m in sys.modules} & {'keras', 'tensorflow', 'jax'}))"
+    result = _python("-c", code, env=dict(_env(), KERAS_BACKEND="tensorflow"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_loader_noise_is_dropped_with_its_continuation_lines():

@@ -163,8 +163,10 @@ class _Runs:
         env = _env(
             "jax", STEP_LOOP_RECORD=str(log_dir / "step_loop.json"), KERAS_YOLO_MGPU_CACHE=str(log_dir / "cache")
         )
-        # As a user's run: no compilation cache chosen, so train.py keeps its programs in the cache folder.
+        # As a user's run: no compilation cache chosen, so train.py keeps its programs in the cache folder; no
+        # TF_CPP_MIN_LOG_LEVEL, so train.py sets TensorFlow's (imported for TensorBoard).
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        env.pop("TF_CPP_MIN_LOG_LEVEL")
         command = [sys.executable, "-c", STEP_LOOP_GUARD, *_train_command(self.dataset, log_dir, *DEFAULT, *flags)[1:]]
         result = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=REPO)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -283,6 +285,8 @@ def test_default_recipe_trains_and_scores_on_every_engine(runs, name, backend):
         assert loop["async_fits"] == [True] and loop["guarded_steps"] == 4, loop
         # The compiled step is kept in the user's cache folder, so the next start skips its compile.
         assert any(name.startswith("jit_") for name in os.listdir(log_dir / "cache" / "xla"))
+        # TensorBoard's TensorFlow, imported quietly before the first epoch: none of its loader lines mid-run.
+        assert not re.search(r"^(WARNING: All log messages before absl|[IW]\d{4} \d\d:)", log, re.M), log
 
 
 # Lines that are not the project's own: absl/TensorFlow C++ lines (`I0000 00:00:1795418012.604492   10224

@@ -9,6 +9,7 @@ libraries log while they load (before that setting is read), filtering
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -63,8 +64,9 @@ def configure(verbose: bool = False) -> None:
         return
     for message, category, _ in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    # TensorFlow's logger would inherit the root's INFO and log every MirroredStrategy all-reduce.
-    for name in ("tensorflow", "absl"):
+    # TensorFlow's logger would inherit the root's INFO and log every MirroredStrategy all-reduce; JAX's, that a
+    # machine has no TPU ("Unable to initialize backend 'tpu'"), which reads as a failure.
+    for name in ("tensorflow", "absl", "jax"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -84,14 +86,18 @@ def keras_backend_name() -> str:
         return "tensorflow"
 
 
-def import_tensorflow(verbose: bool = False) -> None:
+def import_tensorflow(verbose: bool = False, *, any_backend: bool = False) -> None:
     """Imports TensorFlow, dropping the log lines its libraries print while loading.
 
     File descriptor 2 (where C++ logs go) is captured during the import;
     lines that match `_LOAD_NOISE` are dropped, the others written back.
-    No-op when TensorFlow is already imported or Keras runs on another backend.
+    No-op when TensorFlow is already imported or Keras runs on another backend;
+    with `any_backend`, on JAX too where TensorFlow is installed (Keras's
+    TensorBoard callback would import it in the middle of the first epoch).
     """
-    if "tensorflow" in sys.modules or keras_backend_name() != "tensorflow":
+    if "tensorflow" in sys.modules:
+        return
+    if keras_backend_name() != "tensorflow" and not (any_backend and _installed("tensorflow")):
         return
     if verbose:
         # Here, the one place it is imported for the commands: after configure_environment set its log level.
@@ -115,3 +121,10 @@ def import_tensorflow(verbose: bool = False) -> None:
             if kept:
                 sys.stderr.write("\n".join(kept) + "\n")
                 sys.stderr.flush()
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as none
+        return False

@@ -53,7 +53,9 @@ def start_worker(host, parent: int, logs=None, level: int = logging.WARNING) -> 
         logs.cancel_join_thread()
         root = logging.getLogger()
         root.handlers[:] = [logging.handlers.QueueHandler(logs)]
-        root.setLevel(level)
+        # Debug lines of the project only: a library's (PIL's, per PNG chunk) would flood the parent's log.
+        root.setLevel(max(level, logging.INFO))
+        logging.getLogger("keras_yolo_mgpu").setLevel(level)
     # One worker, one core: OpenCV's own threads in each of N workers only oversubscribe the cores (measured:
     # less CPU per image, and 2 workers scale better; BENCHMARKS.md, "The feed past one interpreter lock").
     # Rows are resized alike in any number of threads: the pixels are the same (tested).

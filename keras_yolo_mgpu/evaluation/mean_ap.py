@@ -34,7 +34,7 @@ from tqdm import tqdm
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.images import image_size, read_image
 from keras_yolo_mgpu.fileio import write_text_atomic
-from keras_yolo_mgpu.model.boxes import MATCH_IOU, greedy_matches, iou_matrix
+from keras_yolo_mgpu.model.box_matching import MATCH_IOU, greedy_matches, iou_matrix
 from keras_yolo_mgpu.optional import faster_coco_eval
 from keras_yolo_mgpu.optional import pyplot as plt
 from keras_yolo_mgpu.outputs import record_written

@@ -36,7 +36,7 @@ from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.data.synthetic import render_sample
 from keras_yolo_mgpu.inference.media import collect_images
-from keras_yolo_mgpu.model.boxes import MATCH_IOU, greedy_matches, iou_matrix
+from keras_yolo_mgpu.model.box_matching import MATCH_IOU, greedy_matches, iou_matrix
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """evaluate.py's pictures beside the PR curve: a confusion matrix and F1 / precision / recall against confidence.
 
-Detections match ground truth by `model.boxes.greedy_matches`' rule, so one pass in score order gives the true
+Detections match ground truth by `model.box_matching.greedy_matches`' rule, so one pass in score order gives the true
 positives at every confidence threshold.
 """
 
@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from keras_yolo_mgpu.model.boxes import MATCH_IOU, iou_matrix
+from keras_yolo_mgpu.model.box_matching import MATCH_IOU, iou_matrix
 from keras_yolo_mgpu.plots.results import _figure, _save
 
 __all__ = [
