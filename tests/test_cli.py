@@ -226,6 +226,19 @@ def test_no_command_imports_keras_before_it_parses_its_arguments():
     assert result.stdout.strip() == "[]"
 
 
+def test_tensorflow_imported_later_on_jax_is_quiet_even_after_a_lookup():
+    """Keras on JAX imports TensorFlow mid-run (serializer, TensorBoard), after `find_spec` asked if it is there."""
+    code = (
+        "import importlib.util\nfrom keras_yolo_mgpu.cli import quiet\nquiet.quiet_tensorflow_import()\n"
+        "assert importlib.util.find_spec('tensorflow') is not None\nimport tensorflow\nprint('imported')"
+    )
+    env = _env(KERAS_BACKEND="jax")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as in a user's shell
+    result = _python("-c", code, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "imported", result.stderr
+    assert "absl::InitializeLog" not in result.stderr and not re.search(r"^[IW]\d{4} ", result.stderr, re.M)
+
+
 def test_loader_noise_is_dropped_with_its_continuation_lines():
     from keras_yolo_mgpu.cli.quiet import _without_load_noise
 

@@ -9,6 +9,8 @@ libraries log while they load (before that setting is read), filtering
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
 import importlib.util
 import json
 import logging
@@ -86,45 +88,66 @@ def keras_backend_name() -> str:
         return "tensorflow"
 
 
-def import_tensorflow(verbose: bool = False, *, any_backend: bool = False) -> None:
-    """Imports TensorFlow, dropping the log lines its libraries print while loading.
+def import_tensorflow(verbose: bool = False) -> None:
+    """Imports TensorFlow quietly (`quiet_tensorflow_import`); no-op once imported, or where Keras runs on JAX."""
+    if "tensorflow" in sys.modules or keras_backend_name() != "tensorflow":
+        return
+    quiet_tensorflow_import(verbose)
+    # Here, the one place it is imported for the commands on TensorFlow: after configure_environment set its log level.
+    import tensorflow  # noqa: F401
 
-    File descriptor 2 (where C++ logs go) is captured during the import;
-    lines that match `_LOAD_NOISE` are dropped, the others written back.
-    No-op when TensorFlow is already imported or Keras runs on another backend;
-    with `any_backend`, on JAX too where TensorFlow is installed (Keras's
-    TensorBoard callback would import it in the middle of the first epoch).
+
+def quiet_tensorflow_import(verbose: bool = False) -> None:
+    """Makes this process's first `import tensorflow`, whoever asks for it, drop the lines its libraries print.
+
+    On JAX, Keras imports TensorFlow where it is installed, in the middle of a run: its serializer (a model's
+    `get_config`) and the TensorBoard callback. No-op with `verbose`, or once TensorFlow is imported.
     """
-    if "tensorflow" in sys.modules:
+    if verbose or "tensorflow" in sys.modules or any(isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
         return
-    if keras_backend_name() != "tensorflow" and not (any_backend and _installed("tensorflow")):
-        return
-    if verbose:
-        # Here, the one place it is imported for the commands: after configure_environment set its log level.
-        import tensorflow  # noqa: F401
+    sys.meta_path.insert(0, _QuietTensorFlowImport())
 
-        return
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` with the other finders and wraps its loading in `_load_noise_dropped`; gone once it loaded.
+
+    It stays until TensorFlow is loaded, not until it is first looked for: `importlib.util.find_spec("tensorflow")`,
+    asked whether it is installed, finds a spec that nothing loads.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        others = (finder for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec"))
+        spec = next((s for s in (finder.find_spec(name, path, target) for finder in others) if s is not None), None)
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                with _load_noise_dropped():
+                    load(module)
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+
+            spec.loader.exec_module = exec_module  # this spec's own loader
+        return spec
+
+
+@contextlib.contextmanager
+def _load_noise_dropped():
+    """Captures file descriptor 2 (where C++ logs go); writes back the lines that are not `_LOAD_NOISE`."""
     sys.stderr.flush()
     saved_fd = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as capture:
         os.dup2(capture.fileno(), 2)
         try:
-            # Here: the lines its libraries print while loading land in the capture.
-            import tensorflow  # noqa: F401
+            yield
         finally:
             sys.stderr.flush()
             os.dup2(saved_fd, 2)
             os.close(saved_fd)
             capture.seek(0)
-            text = capture.read().decode("utf-8", errors="replace")
-            kept = _without_load_noise(text)
+            kept = _without_load_noise(capture.read().decode("utf-8", errors="replace"))
             if kept:
                 sys.stderr.write("\n".join(kept) + "\n")
                 sys.stderr.flush()
-
-
-def _installed(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a broken or blocked install counts as none
-        return False

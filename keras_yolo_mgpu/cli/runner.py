@@ -137,6 +137,7 @@ def run_command(
     args = parser.parse_args(argv)
     verbose = bool(getattr(args, "verbose", False))
     quiet.configure_environment(verbose)  # before anything imports TensorFlow
+    quiet.quiet_tensorflow_import(verbose)
     setup_logging(verbose)
     try:
         if tensorflow:

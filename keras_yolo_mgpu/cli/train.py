@@ -18,7 +18,6 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
-from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
 from keras_yolo_mgpu.cli.demo import main as demo_main
 from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_keras_yolo3_folder
@@ -458,7 +457,6 @@ def run(args, given: dict | None = None) -> int:
     if config is None:
         print(START_HELP)
         return 2
-    quiet.import_tensorflow(args.verbose, any_backend=True)  # on JAX: for TensorBoard, now rather than mid-epoch
     result = run_training(config)
     logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)
     return 0
