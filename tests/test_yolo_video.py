@@ -165,6 +165,18 @@ def test_process_images_annotates_folder_and_skips_unreadable(yolo, tmp_path):
     assert len(lines) == 3 and json.loads(lines[0])["image"].endswith("img0.png")
 
 
+def test_one_image_is_annotated_into_the_file_output_names_and_several_are_refused(yolo, tmp_path):
+    images = random_images(2, seed=5)
+    for i, image in enumerate(images):
+        cv2.imwrite(str(tmp_path / f"img{i}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    stats = process_images(yolo, [str(tmp_path / "img0.png")], str(tmp_path / "result.jpg"), progress=False)
+    assert stats["images"] == 1 and (tmp_path / "result.jpg").is_file()
+    assert cv2.imread(str(tmp_path / "result.jpg")).shape == images[0].shape
+    with pytest.raises(ValueError, match="names one image file, and 2 images were given: give a folder"):
+        process_images(yolo, [str(tmp_path / "img0.png"), str(tmp_path / "img1.png")], str(tmp_path / "two.png"))
+    assert not (tmp_path / "two.png").exists()
+
+
 # ---- the command line -------------------------------------------------------------------
 
 

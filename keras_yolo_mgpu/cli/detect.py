@@ -77,7 +77,8 @@ def build_parser() -> cli.ArgumentParser:
         const="",
         metavar="PATH",
         help="with a video: the annotated video (.mp4 with mp4v, .avi with MJPG); "
-        "with --image: the folder for annotated images (default: detections)",
+        "with --image: the folder for annotated images (default: detections), or for one image its annotated file "
+        "(a name ending .jpg, .png, ...)",
     )
     parser.add_argument("video_path", nargs="?", help="keras-yolo3's positional form of --input")
     parser.add_argument("output_path", nargs="?", help="keras-yolo3's positional form of --output")

@@ -420,7 +420,8 @@ def check_image_outputs(
 
     Args:
         paths: the image files (`collect_images`).
-        output_dir: the folder for annotated images (None: none written).
+        output_dir: the folder for annotated images (None: none written); for one image, a path with an image
+            ending that is no folder names the annotated file itself.
         save_json: the JSON lines file, or None.
         rule: the output rule; `paths` are added to its inputs.
 
@@ -433,7 +434,16 @@ def check_image_outputs(
     """
     rule.add_inputs(paths)
     out = Path(output_dir) if output_dir else None
-    targets = {path: _output_image_path(path, out) for path in paths} if out is not None else {}
+    if out is not None and out.suffix.lower() in IMAGE_EXTENSIONS and not out.is_dir():
+        # `--output result.jpg`: a file, as a user naming one picture means it, not a folder of that name.
+        if len(paths) != 1:
+            raise ValueError(
+                f"--output {output_dir} names one image file, and {len(paths)} images were given: "
+                "give a folder for their annotated copies"
+            )
+        targets = {paths[0]: out}
+    else:
+        targets = {path: _output_image_path(path, out) for path in paths} if out is not None else {}
     seen: dict[Path, str] = {}
     for path, target in targets.items():
         key = Path(os.path.abspath(target))
