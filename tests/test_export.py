@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -159,3 +161,32 @@ def test_a_previous_export_is_replaced_and_a_failed_one_leaves_it(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     export._check_output(str(empty), "savedmodel", overwrite=False)  # an empty folder loses nothing
+
+
+_BACKEND_AFTER_THE_SWITCH = """
+import sys
+if sys.argv[1] == "keras first":
+    import keras
+from keras_yolo_mgpu.inference.export import ExportError, use_keras_on_tensorflow
+try:
+    use_keras_on_tensorflow()
+except ExportError as error:
+    print("refused:", error)
+import keras
+print(keras.backend.backend())
+"""
+
+
+@pytest.mark.parametrize("order", ["switch first", "keras first"])
+def test_an_export_on_jax_runs_keras_on_tensorflow_or_says_where_to_run(order):
+    """`KERAS_BACKEND=jax python -m keras_yolo_mgpu.export ...` failed inside tf2onnx on a symbolic tensor."""
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", _BACKEND_AFTER_THE_SWITCH, order], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    if order == "switch first":
+        assert result.stdout.split() == ["tensorflow"]
+    else:
+        assert "refused: exports are written through TensorFlow, and Keras runs on jax in this process" in result.stdout
+        assert "KERAS_BACKEND=tensorflow" in result.stdout and result.stdout.split()[-1] == "jax"

@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.evaluation.mean_ap import DEFAULT_MAX_MAP_DROP, compare_map
-from keras_yolo_mgpu.inference.export import FORMATS, ExportError, export_model  # light: TensorFlow loads later
+from keras_yolo_mgpu.inference.export import (  # light: TensorFlow loads later
+    FORMATS,
+    ExportError,
+    export_model,
+    use_keras_on_tensorflow,
+)
 from keras_yolo_mgpu.inference.export_check import format_check
 from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
 from keras_yolo_mgpu.weights.download import resolve_weights
@@ -98,6 +103,7 @@ def exported(args) -> dict:
     """What the command does, returning `inference.export.export_model`'s result and the model's `settings`."""
     if not args.weights:
         raise UsageError("--weights is required")
+    use_keras_on_tensorflow()  # before anything builds a model
     args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
     params = cli.detector_params(args, args.weights)
     result = export_model(
