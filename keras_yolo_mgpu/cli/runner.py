@@ -90,8 +90,8 @@ class ArgumentParser(argparse.ArgumentParser):
         super().error(message)
 
 
-# Libraries whose debug lines would bury the project's under -v (one tiny JAX run logged ~4,700: font lookups,
-# compilation cache keys, PNG chunks, file locks); they keep INFO and above.
+# Libraries whose debug lines would bury the project's under -v (font lookups, compilation cache keys, a line per
+# PNG chunk, file locks: BENCHMARKS.md, "Log lines under -v"); they keep INFO and above.
 CHATTY_LIBRARIES = ("matplotlib", "jax", "PIL", "filelock", "faster_coco_eval", "h5py", "urllib3", "asyncio")
 
 
