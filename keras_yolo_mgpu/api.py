@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import warnings
 
 from keras_yolo_mgpu.cli import check_dataset as check_dataset_command
 from keras_yolo_mgpu.cli import detect as detect_command
 from keras_yolo_mgpu.cli import evaluate as evaluate_command
 from keras_yolo_mgpu.cli import export as export_command
+from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli import train as train_command
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError
 
@@ -131,9 +133,17 @@ def _parse(build_parser, flags: dict) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _refusals_as_value_errors(function, *args):
-    """`function(*args)`, a command's refusal (what it prints as `error: ...`) raised as a ValueError."""
+    """`function(*args)`, a command's refusal (what it prints as `error: ...`) raised as a ValueError.
+
+    As quiet as the command: TensorFlow's loader lines dropped when it is first imported (on JAX, Keras imports it
+    mid-run), and the warnings the commands filter (`quiet.KNOWN_WARNINGS`) filtered for the call.
+    """
+    quiet.quiet_tensorflow_import()
     try:
-        return function(*args)
+        with warnings.catch_warnings():
+            for message, category, _ in quiet.KNOWN_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=category)
+            return function(*args)
     except (UsageError, CommandError) as error:
         raise ValueError(str(error)) from None
 
