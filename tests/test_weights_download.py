@@ -180,6 +180,11 @@ def test_existing_paths_and_other_names_are_returned_untouched(mirror, cache, mo
     # A folder in the text names a place, not a download.
     assert resolve_weights(f"model_data/{NAME}.weights") == f"model_data/{NAME}.weights"
     assert resolve_weights(None) is None
+    # A bare word that is no file and no official name: the names, and the one meant.
+    with pytest.raises(FileNotFoundError, match=r"yolov3-tinyy: no such file.*did you mean yolov3-tiny\? .*v4-tiny"):
+        resolve_weights("yolov3-tinyy")
+    with pytest.raises(FileNotFoundError, match=r"resnet50: no such file, and no official net of that name \(by name"):
+        resolve_weights("resnet50")
     assert mirror.requests == []
 
 

@@ -13,6 +13,7 @@ server, a company proxy, or `file:///mnt/mirror` for a machine offline.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
@@ -189,16 +190,36 @@ def resolve_weights(text: str | None) -> str | None:
 
     `"yolov3-tiny"`, and `"yolov3-tiny.weights"` when no such file exists,
     resolve to the official Darknet weights (downloaded once, see
-    `fetch_official_weights`). Anything else comes back unchanged, so the
-    caller's own "file not found" message still reports it.
+    `fetch_official_weights`). A path comes back unchanged, so the caller's
+    own "file not found" message still reports it.
 
     Raises:
         WeightsDownloadError: the official weights could not be had.
+        FileNotFoundError: a bare word that names no file and no official net (`yolov3-tinyy`).
     """
     if not text or os.path.exists(text):
         return text
     name = official_name(text)
-    return fetch_official_weights(name) if name else text
+    if name:
+        return fetch_official_weights(name)
+    _refuse_unknown_name(text)
+    return text
+
+
+def _refuse_unknown_name(text: str) -> None:
+    """FileNotFoundError for a bare word (no folder, no file ending) that is no file and no official net's name.
+
+    A path with a folder or an ending (`best.h5`) is left to the caller's own "file not found".
+    """
+    stem = text[: -len(DARKNET_SUFFIX)] if text.endswith(DARKNET_SUFFIX) else text
+    if os.sep in text or (os.altsep and os.altsep in text) or "." in stem:
+        return
+    close = difflib.get_close_matches(stem, list(OFFICIAL_WEIGHTS), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise FileNotFoundError(
+        f"{text}: no such file, and no official net of that name ({hint}by name, downloaded once: "
+        f"{', '.join(OFFICIAL_WEIGHTS)})"
+    )
 
 
 def _download(entry: OfficialWeights, url: str, temporary: str, final: str, progress: bool) -> None:
