@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
-import importlib.util
 import json
 import logging
 import os
@@ -60,9 +59,17 @@ def configure_environment(verbose: bool = False) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
 
 
+# Libraries whose debug lines would bury the project's under -v (font lookups, compilation cache keys, a line per
+# PNG chunk, file locks: BENCHMARKS.md, "Log lines under -v"); they keep INFO and above.
+CHATTY_LIBRARIES = ("matplotlib", "jax", "PIL", "filelock", "faster_coco_eval", "h5py", "urllib3", "asyncio")
+
+
 def configure(verbose: bool = False) -> None:
-    """Python-side quiet: known warnings filtered, TensorFlow's logger at WARNING."""
+    """Python-side quiet: known warnings filtered, TensorFlow's logger at WARNING; with `verbose`, only
+    `CHATTY_LIBRARIES` kept at INFO."""
     if verbose:
+        for name in CHATTY_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.INFO)
         return
     for message, category, _ in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)

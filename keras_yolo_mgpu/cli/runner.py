@@ -90,20 +90,13 @@ class ArgumentParser(argparse.ArgumentParser):
         super().error(message)
 
 
-# Libraries whose debug lines would bury the project's under -v (font lookups, compilation cache keys, a line per
-# PNG chunk, file locks: BENCHMARKS.md, "Log lines under -v"); they keep INFO and above.
-CHATTY_LIBRARIES = ("matplotlib", "jax", "PIL", "filelock", "faster_coco_eval", "h5py", "urllib3", "asyncio")
-
-
 def setup_logging(verbose: bool = False) -> None:
-    """The project's log lines on stderr: INFO by default, DEBUG with `-v` (`CHATTY_LIBRARIES` at INFO)."""
+    """The project's log lines on stderr: INFO by default, DEBUG with `-v` (the libraries': `quiet.configure`)."""
     level = logging.DEBUG if verbose else logging.INFO
     # A no-op where logging is already set up (an embedding program, pytest); only -v lowers the level.
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if verbose:
         logging.getLogger().setLevel(level)
-        for name in CHATTY_LIBRARIES:
-            logging.getLogger(name).setLevel(logging.INFO)
     quiet.configure(verbose)
 
 

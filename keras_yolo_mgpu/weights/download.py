@@ -122,10 +122,15 @@ def official_name(text: str | None) -> str | None:
     A text with a folder in it (`model_data/yolov3-tiny.weights`) names a
     file, never a download: the user said where the file should be.
     """
+    name = _bare_name(text)
+    return name if name in OFFICIAL_WEIGHTS else None
+
+
+def _bare_name(text: str | None) -> str | None:
+    """`text` without the `.weights` ending, or None where it has a folder in it (a place, not a name)."""
     if not text or os.sep in text or (os.altsep and os.altsep in text):
         return None
-    name = text[: -len(DARKNET_SUFFIX)] if text.endswith(DARKNET_SUFFIX) else text
-    return name if name in OFFICIAL_WEIGHTS else None
+    return text[: -len(DARKNET_SUFFIX)] if text.endswith(DARKNET_SUFFIX) else text
 
 
 def weights_url(name: str) -> str:
@@ -211,8 +216,8 @@ def _refuse_unknown_name(text: str) -> None:
 
     A path with a folder or an ending (`best.h5`) is left to the caller's own "file not found".
     """
-    stem = text[: -len(DARKNET_SUFFIX)] if text.endswith(DARKNET_SUFFIX) else text
-    if os.sep in text or (os.altsep and os.altsep in text) or "." in stem:
+    stem = _bare_name(text)
+    if stem is None or "." in stem:
         return
     close = difflib.get_close_matches(stem, list(OFFICIAL_WEIGHTS), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
