@@ -151,6 +151,11 @@ def test_real_commands_report_bad_input_as_error_exit_1(tmp_path):
     cases = [
         ([os.path.join(REPO, "kmeans.py"), "--annotations", annotations], "9 clusters need at least 9"),
         (
+            [os.path.join(REPO, "train.py"), "--annotations", annotations, "--classes", annotations, "--weights"]
+            + ["yolov3-tinyy"],
+            "yolov3-tinyy: no such file, and no official net of that name (did you mean yolov3-tiny?",
+        ),
+        (
             [os.path.join(REPO, "evaluate.py"), "--annotations", annotations, "--detections", str(tmp_path / "d.json")],
             "detections file not found",
         ),

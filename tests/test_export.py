@@ -190,3 +190,13 @@ def test_an_export_on_jax_runs_keras_on_tensorflow_or_says_where_to_run(order):
     else:
         assert "refused: exports are written through TensorFlow, and Keras runs on jax in this process" in result.stdout
         assert "KERAS_BACKEND=tensorflow" in result.stdout and result.stdout.split()[-1] == "jax"
+
+
+def test_the_export_command_on_jax_writes_through_tensorflow(files, tmp_path):
+    command = [sys.executable, "-m", "keras_yolo_mgpu.export", "--weights", files["weights"], "--format", "savedmodel"]
+    command += ["--classes", files["classes"], "--anchors", TINY_ANCHORS_PATH, "--input-size", "64", "--no-check"]
+    command += ["--output", str(tmp_path / "saved")]
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "export runs Keras on TensorFlow" in result.stderr and (tmp_path / "saved" / "saved_model.pb").is_file()

@@ -322,13 +322,15 @@ def folder(tmp_path_factory, body):
     return root
 
 
-def yolo_video(folder, *args, stdin=None):
+def yolo_video(folder, *args, stdin=None, backend=None):
     """Runs yolo_video.py in `folder` with the test model; returns the CompletedProcess."""
     model = ["--model", "w.weights.h5", "--anchors", TINY_ANCHORS_PATH, "--classes", "classes.txt"]
     model += ["--input-size", "64", "--score", str(SCORE), "--no-progress"]
     # FFmpeg honours http_proxy: the loopback server must be reached directly.
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
+    if backend:
+        env["KERAS_BACKEND"] = backend
     return subprocess.run(
         [sys.executable, str(REPO / "yolo_video.py"), *model, *args],
         input=stdin,
@@ -426,6 +428,14 @@ def test_outputs_that_are_inputs_or_not_ours_are_refused_before_anything_is_read
     result = yolo_video(folder, "--input", "notes.txt", "--output", "notes.avi")
     assert result.returncode == 1 and "video input notes.txt is a text file, not a video" in result.stderr
     assert not (folder / "notes.avi").exists()
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_the_command_writes_one_image_into_the_file_output_names(folder, backend):
+    target = folder / f"a_boxes_{backend}.jpg"
+    result = yolo_video(folder, "--image", "a.jpg", "--output", target.name, backend=backend)
+    assert result.returncode == 0, result.stderr
+    assert target.is_file() and cv2.imread(str(target)).shape == cv2.imread(str(folder / "a.jpg")).shape
 
 
 def test_a_role_given_twice_or_nothing_to_detect_is_a_usage_error(folder):
