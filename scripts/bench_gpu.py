@@ -6,14 +6,14 @@
     python scripts/bench_gpu.py --results DIR --report              # the Markdown table from DIR
 
 Each measurement is its own process running one of the project's benchmarks
-(`python -m keras_yolo_mgpu.bench train|pipeline`; a dtype policy or a
+(`python -m keras_yolo_mgpu.bench train|pipeline`, `tools/train_step_compare.py`; a dtype policy or a
 logical-device split cannot be undone inside one TensorFlow process), whose
 last output line is JSON; it is appended to `DIR/results.jsonl` as soon as it
 finishes, so an interrupted run keeps what it measured. Parts:
 
 * `train`: training images/s of YOLOv3-416 and tiny YOLOv3-416 (80 classes)
-  at float32 (interleaved with keras-yolo3's own step under Keras 2, the
-  ratio), mixed precision (mixed_float16), XLA (jit_compile) and both.
+  at float32 (interleaved with keras-yolo3's own step under Keras 2 by
+  tools/train_step_compare.py, the ratio), mixed precision (mixed_float16), XLA (jit_compile) and both.
 * `pipeline`: the tf.data input pipeline on real JPEGs (640x480, generated
   by scripts/make_bench_images.py), full augmentation (the host's share:
   the targets and the HSV jitter run in the step), and the bare decode:
@@ -47,8 +47,12 @@ PARTS = ("train", "pipeline", "replication")
 
 
 def _run(name: str, args: list[str], results: str, timeout: int) -> dict | None:
-    """Runs one benchmark process; appends {name, command, result} to results.jsonl."""
-    command = [sys.executable, "-m", "keras_yolo_mgpu.bench", *args]
+    """Runs one benchmark process; appends {name, command, result} to results.jsonl.
+
+    `args`: `bench`'s (`train ...`), or a tool's path in the checkout and its flags.
+    """
+    program = [] if args[0].endswith(".py") else ["-m", "keras_yolo_mgpu.bench"]
+    command = [sys.executable, *program, *args]  # run in the checkout (cwd=REPO): a tool's path is relative to it
     print(f"== {name}: {' '.join(command[1:])}", flush=True)
     start = time.perf_counter()
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
@@ -60,7 +64,7 @@ def _run(name: str, args: list[str], results: str, timeout: int) -> dict | None:
     except subprocess.TimeoutExpired as error:
         output, result = f"timeout after {timeout} s\n{error.stdout or ''}{error.stderr or ''}", None
     seconds = time.perf_counter() - start
-    record = {"name": name, "command": " ".join(["python", "-m", "keras_yolo_mgpu.bench", *args]), "result": result}
+    record = {"name": name, "command": " ".join(["python", *program, *args]), "result": result}
     record["seconds"] = round(seconds, 1)
     if result is None:
         record["error"] = output[-4000:]
@@ -81,8 +85,8 @@ def run_train(results: str, models, size, num_classes, batch: int, steps: int, t
     for model in models:
         for mode in modes:
             args = _train_args(model, size, num_classes, batch, steps) + MODES[mode]
-            if mode == "float32":
-                args += ["--reference", "keras-yolo3", "--rounds", "2"]
+            if mode == "float32":  # beside keras-yolo3's own step: the comparison tool, on bench train's flags
+                args = ["tools/train_step_compare.py", *args[1:], "--reference", "keras-yolo3", "--rounds", "2"]
             _run(f"train {model} {mode}", args, results, timeout)
 
 

@@ -1,9 +1,9 @@
 """keras-yolo3's networks and scalar loss rebuilt with Keras 2 (`tf_keras`).
 
 The reference of the loss tests (`test_loss.py`), the builder the legacy
-weight-file tests use (`keras2_reference.py`), and the baseline of `bench
-train --reference keras-yolo3`, which loads it from a checkout
-(`keras_yolo_mgpu.bench.baseline`). The networks are
+weight-file tests use (`keras2_reference.py`), and the baseline of
+`tools/train_step_compare.py --reference keras-yolo3`, which loads it from a
+checkout (`keras_yolo_mgpu.bench.baseline`). The networks are
 built in keras-yolo3's construction order, so Keras 2 names its layers as
 keras-yolo3 users' files do (`conv2d_1`, `batch_normalization_1`, ...).
 

@@ -225,6 +225,7 @@ def test_data_tools_never_import_tensorflow(tmp_path):
 def test_no_command_imports_keras_before_it_parses_its_arguments():
     """Keras starts TensorFlow, whose loader lines only `run_command` hides (it imports TensorFlow after parsing)."""
     code = "import sys\nfrom keras_yolo_mgpu.cli import " + ", ".join(CLI_MODULES) + "\n"
+    code += "".join(f"getattr({name}, 'build_parser', lambda: None)()\n" for name in CLI_MODULES)
     code += "print(sorted({m.split('.')[0] for m in sys.modules} & {'keras', 'tensorflow', 'jax'}))"
     result = _python("-c", code, env=dict(_env(), KERAS_BACKEND="tensorflow"))
     assert result.returncode == 0, result.stderr

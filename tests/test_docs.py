@@ -28,6 +28,7 @@ import io
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -386,6 +387,17 @@ def _defining_text(source: Path, arguments: list[str]) -> tuple[str, str | None]
     return "", f"no subcommand {arguments[:1]} in {source.relative_to(ROOT)}: {names}"
 
 
+def _tool_parser(source: Path) -> argparse.ArgumentParser | None:
+    """The parser of a tool that builds one (`build_parser()`, e.g. on top of a command's), imported as it runs."""
+    if not source.is_file() or "\ndef build_parser(" not in source.read_text(encoding="utf-8"):
+        return None
+    sys.path.insert(0, str(source.parent))  # a tool imports its neighbours, as `python tools/<name>.py` lets it
+    try:
+        return importlib.import_module(source.stem).build_parser()
+    finally:
+        sys.path.remove(str(source.parent))
+
+
 def check_command(command: Command) -> str | None:
     """None when the documented arguments fit the command, else what is wrong."""
     flags = _flags(command.arguments)
@@ -393,6 +405,8 @@ def check_command(command: Command) -> str | None:
     if parser is None and command.module is not None:
         # A command that builds its parser another way: its source must define the flags.
         command.source = Path(importlib.import_module(command.module.partition(":")[0]).__file__)
+    if parser is None and command.source is not None and command.source.parent == ROOT / "tools":
+        parser = _tool_parser(command.source)
     if parser is None:
         if command.label == "make":
             targets = re.findall(r"^([\w.-]+):", command.source.read_text(encoding="utf-8"), re.MULTILINE)
@@ -453,6 +467,8 @@ def test_documented_command_parses(doc, line, command):
         "nice -n 19 .venv/bin/python tools/reports.py recipe-table --no-such-flag x",
         "python tools/reports.py no-such-report --out x",
         "python tools/replicas.py seed --steps 5",  # a flag of another of the tool's subcommands (align-float32)
+        "python tools/train_step_compare.py --tiny --input-size 100",  # a tool on a command's parser: its values
+        "python tools/train_step_compare.py --backends tensorflow --stepz 2",
         "make no-such-target",
         "python -m keras_yolo_mgpu.train --epochs 3",  # no such module: train.py or keras_yolo_mgpu.cli.train
         "python -m keras_yolo_mgpu.bench no-such-benchmark",

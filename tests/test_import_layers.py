@@ -84,9 +84,8 @@ BACKEND_SPECIFIC_FILES = {
     "inference/export_formats.py": "the TFLite interpreter and SavedModel loader run the exported files",
     "inference/quantize.py": "TFLite's converter quantizes",
     "cli/quiet.py": "silences TensorFlow's C++ log lines before its import",
-    "bench/train.py": "times TensorFlow's kernels and the keras-yolo3 reference, which it refuses on JAX",
+    "bench/train.py": "feeds TensorFlow's strategy a tf.data dataset, where JAX's batch is placed on the devices",
     "bench/pipeline.py": "times the tf.data pipeline beside the JAX feed",
-    "bench/step_parts.py": "times the parts of TensorFlow's step",
 }
 
 

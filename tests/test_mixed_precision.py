@@ -145,13 +145,13 @@ def test_train_py_mixed_precision_on_two_simulated_devices(tmp_path):
     assert all(np.isfinite(w).all() for w in body.get_weights())
 
 
-# Two `fit` calls on one optimizer, as `bench train` times its rounds (`_Side.fit`), then the EMA swap of train.py,
+# Two `fit` calls on one optimizer, as `bench train` times its rounds (`Side.fit`), then the EMA swap of train.py,
 # on JAX under mixed_float16 (what T4 and V100 cards run: no native bfloat16). Keras wraps the EMA optimizer in a
 # LossScaleOptimizer there, whose own `use_ema` is False; the second `fit` crashed on the donated averages.
 JAX_FLOAT16_EMA = """
 import itertools, json
 import keras, numpy as np
-from keras_yolo_mgpu.bench.train import _our_optimizer, _Side
+from keras_yolo_mgpu.bench.train import Side, our_optimizer
 from keras_yolo_mgpu.keras_compat import moving_averages
 from keras_yolo_mgpu.training.ema import average_swap_callbacks
 
@@ -163,12 +163,12 @@ x, y = ((0.1 * rng.normal(size=shape)).astype("float32") for shape in ((4, 3), (
 
 def tiny_model():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1, dtype="float32")])
-    model.compile(optimizer=_our_optimizer({"ema": 0.5, "optimizer": "sgd"}), loss="mse")
+    model.compile(optimizer=our_optimizer({"ema": 0.5, "optimizer": "sgd"}), loss="mse")
     return model
 
 
 model = tiny_model()
-side = _Side("ours", model, ((x, y) for _ in itertools.count()), keras.callbacks.Callback, 4)
+side = Side("ours", model, ((x, y) for _ in itertools.count()), keras.callbacks.Callback, 4)
 for _ in range(2):
     side.fit(3)
 found = {"wrapper": type(model.optimizer).__name__, "steps": int(model.optimizer.iterations),

@@ -1,8 +1,8 @@
 """keras-yolo3's own model and input generator, which the baseline rows time, from the checkout's tests/.
 
-`bench train --reference keras-yolo3` times keras-yolo3's model and loss in
-Keras 2 (`tests/keras_yolo3_model.py`), `bench pipeline --generator
-reference` its input generator (`tests/keras_yolo3_generator.py`). Both are
+`tools/train_step_compare.py --reference keras-yolo3` times keras-yolo3's
+model and loss in Keras 2 (`tests/keras_yolo3_model.py`), `bench pipeline
+--generator reference` its input generator (`tests/keras_yolo3_generator.py`). Both are
 the tests' references, transcribed from keras-yolo3, and are not installed
 with the package: those two rows run from a checkout of the repository,
 every other row runs anywhere.

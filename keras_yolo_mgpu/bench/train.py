@@ -1,4 +1,4 @@
-"""Training images/sec (`python -m keras_yolo_mgpu.bench train`), against keras-yolo3 too.
+"""Training images/sec (`python -m keras_yolo_mgpu.bench train`).
 
 Feeds one generated batch from memory (a repeated tf.data dataset on
 TensorFlow; on JAX the batch placed on the devices once, with the data
@@ -6,20 +6,16 @@ sharding of the run's distribution), so the number measures the model step
 and the replica communication, not the input pipeline (`bench pipeline`
 measures that). Each round is one `fit` of `steps` steps, dispatched as `train.py`
 dispatches them (`_step_timer`). It runs on Keras's backend; on JAX it needs no
-TensorFlow. `bench.backend_rounds` times both backends against each other.
+TensorFlow.
 
-With `reference="keras-yolo3"`, keras-yolo3's model and scalar loss under
-Keras 2 (`tf_keras`; from a checkout: `tests/keras_yolo3_model.py`) is built next to ours in the
-same process and the two are timed in interleaved rounds (the order
-alternates), so the ratio ours / keras-yolo3 comes from one run on one
-machine state. `variants` adds variants of our step to the same rounds (see
-`VARIANTS`); `breakdown` also times the parts of a step (`step_parts.py`).
+The pieces (`set_up`, `build_our_side`, `time_rounds`, `side_figures`) also
+serve `tools/train_step_compare.py`, which times keras-yolo3's step, variants
+of ours and the step's parts beside ours, and the two backends against each other.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import logging
 import statistics
@@ -29,12 +25,10 @@ import keras
 import numpy as np
 
 from keras_yolo_mgpu.backend import distribution
-from keras_yolo_mgpu.bench.baseline import load_reference
 from keras_yolo_mgpu.data.device_side import preprocess_true_boxes
-from keras_yolo_mgpu.model.architectures import get_architecture, model_name
-from keras_yolo_mgpu.model.batch_norm import BatchNormalization
+from keras_yolo_mgpu.model.architectures import model_name
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
-from keras_yolo_mgpu.model.loss import totalloss, yolo_loss
+from keras_yolo_mgpu.model.loss import totalloss
 from keras_yolo_mgpu.optional import tensorflow as tf
 from keras_yolo_mgpu.parallel.engine import build_engine
 from keras_yolo_mgpu.resources import get_anchors, resolve_resource
@@ -45,29 +39,22 @@ from keras_yolo_mgpu.training.training_model import create_model
 
 logger = logging.getLogger(__name__)
 
-REFERENCES = ("keras-yolo3",)
-#: Variants of our step, each timed as its own side: what it changes.
-VARIANTS = {
-    "keras-bn": "Keras 3's own BatchNormalization training path instead of the fused kernel",
-    "keras-adam": "Keras 3's own Adam update instead of the fused kernel (needs optimizer='adam')",
-    "xla": "jit_compile=True (XLA)",
-}
 OPTIMIZERS = ("sgd", "adam")
 #: What our step is fed: "device", `train.py`'s model on the host's batch (uint8 images, padded boxes, HSV
 #: draws; jitter and targets in the step), or "dense", keras-yolo3's inputs (float images, dense targets).
 INPUTS = ("device", "dense")
 #: `run_train_benchmark`'s arguments that say how to time, not what: left out of the settings of a side.
-_TIMING = ("reference", "variants", "warmup_steps", "steps", "rounds", "on_round")
+TIMING = ("warmup_steps", "steps", "rounds", "on_round")
 #: The timed steps' learning rate: small, so that weights stay near their start.
-_RATE = 1e-4
+LEARNING_RATE = 1e-4
 
 
-def _our_optimizer(options, keras_adam=False):
+def our_optimizer(options):
     """The optimizer of our side: plain SGD, or train.py's Adam (`FusedAdam`); with the EMA if asked."""
     kwargs = make_ema_kwargs(options["ema"])
     if options["optimizer"] == "adam":
-        return (keras.optimizers.Adam if keras_adam else FusedAdam)(_RATE, **kwargs)
-    return keras.optimizers.SGD(_RATE, **kwargs)
+        return FusedAdam(LEARNING_RATE, **kwargs)
+    return keras.optimizers.SGD(LEARNING_RATE, **kwargs)
 
 
 def _random_boxes(rng, global_batch, max_boxes, input_shape, num_classes):
@@ -147,16 +134,21 @@ def _step_timer(callback_base):
     return RoundTimer
 
 
-class _Side:
-    """One model to time: fits `steps` steps on the repeated batch, keeps each round's step times."""
+class Side:
+    """One model to time: fits `steps` steps on the repeated batch, keeps each round's step times.
 
-    def __init__(self, name, model, dataset, callback_base, global_batch, parts=None, scope=None, callbacks=()):
+    `body` and `train_model` (the network and the unwrapped training model), where given, are for timing the
+    step's parts.
+    """
+
+    def __init__(self, name, model, dataset, callback_base, global_batch, scope=None, callbacks=(), body=None,
+                 train_model=None):  # fmt: skip
         self.name, self.model, self.dataset, self.global_batch = name, model, dataset, global_batch
+        self.body, self.train_model = body, train_model
         self.callbacks = list(callbacks)  # the engine's, as train.py passes them
         # What `fit` runs under: on JAX the distribution's scope shards each batch.
         self.scope = scope or contextlib.nullcontext
         self.timer_class = _step_timer(callback_base)
-        self.parts = parts
         self.rounds: list[list[float]] = []
         self.cpu_times: list[float] = []
 
@@ -200,140 +192,46 @@ def repeated_batch(x, y, engine):
     return (placed for _ in itertools.count())
 
 
-def _build_ours(name, options, engine, anchors, x, y, global_batch):
-    architecture = get_architecture(options["model"])
-    jit = options["jit"] or name == "xla"
-    device_inputs = options["inputs"] == "device"
-    if device_inputs:
-        x, y = options["host_batch"]
+def build_our_side(setup: dict, name: str = "ours", *, make_optimizer=None, jit: bool | None = None, adjust_body=None):
+    """`train.py`'s training model on the benchmark's engine and batch, compiled: a side to time.
+
+    Args:
+        setup: `set_up`'s dict.
+        make_optimizer: returns the optimizer, called in the distribution's scope (default: `our_optimizer`).
+        jit: default the settings' (always on JAX).
+        adjust_body: called with the network before the model is compiled.
+
+    Returns:
+        The side, with its network and unwrapped training model.
+    """
+    engine, options = setup["engine"], setup["options"]
+    x, y = options["host_batch"] if options["inputs"] == "device" else (setup["x"], setup["y"])
     with engine.strategy.scope():
         body, train_model = create_model(
             options["input_size"],
-            anchors,
+            setup["anchors"],
             options["num_classes"],
             freeze_body=options["freeze_body"],
             sync_bn=engine.sync_bn,
             model=options["model"],
-            device_inputs=device_inputs,
+            device_inputs=options["inputs"] == "device",
         )
-        if name == "keras-bn":
-            for layer in body.layers:
-                if isinstance(layer, BatchNormalization):
-                    layer.fused = False
+        if adjust_body is not None:
+            adjust_body(body)
         model = engine.wrap(train_model)
         model.compile(
-            optimizer=_our_optimizer(options, name == "keras-adam"),
+            optimizer=make_optimizer() if make_optimizer else our_optimizer(options),
             loss=totalloss,
-            jit_compile=jit,
+            jit_compile=options["jit"] if jit is None else jit,
             steps_per_execution=options["steps_per_execution"],
         )
     dataset = repeated_batch(x, y, engine)
-    parts = None
-    if options["breakdown"]:
-        # TensorFlow's step parts (breakdown is refused on JAX): imported here, off the JAX path.
-        from keras_yolo_mgpu.bench.step_parts import StepParts
-
-        optimizer = _our_optimizer(options, name == "keras-adam")
-        optimizer.build(train_model.trainable_variables)
-        num_classes = options["num_classes"]
-        parts = StepParts(
-            body,
-            train_model,
-            lambda loss_args: yolo_loss(
-                loss_args,
-                anchors,
-                num_classes,
-                max_true_boxes=MAX_BOXES * (len(anchors) // len(architecture.scale_x_y)),
-                scale_x_y=architecture.decode_scale_x_y,
-                box_loss=architecture.box_loss,
-            ),
-            optimizer.apply,
-            [tf.constant(x[key]) for key in ("image", *sorted(k for k in x if k.startswith("y_true_")))],
-            jit=jit,
-        )
-    return _Side(
-        name,
-        model,
-        dataset,
-        keras.callbacks.Callback,
-        global_batch,
-        parts,
-        engine.strategy.scope,
-        engine.fit_callbacks(),
-    )
+    global_batch = setup["record"]["global_batch"]
+    scope, callbacks = engine.strategy.scope, engine.fit_callbacks()
+    return Side(name, model, dataset, keras.callbacks.Callback, global_batch, scope, callbacks, body, train_model)
 
 
-def _build_reference(options, anchors, x, y, global_batch):
-    reference_model = load_reference("keras_yolo3_model")  # needs tf_keras: ImportError says how to get it
-    tf_keras = reference_model.tf_keras
-    body = reference_model.build_body(options["tiny"], options["num_classes"], seed=None)
-    model = reference_model.create_training_model(body, options["input_size"], anchors, options["num_classes"])
-    # keras-yolo3 trains with Adam (Keras 2's: TensorFlow's fused kernel), without an EMA.
-    reference_optimizer = tf_keras.optimizers.Adam if options["optimizer"] == "adam" else tf_keras.optimizers.SGD
-    model.compile(optimizer=reference_optimizer(_RATE), loss={"yolo_loss": lambda y_true, y_pred: y_pred})
-    inputs = tuple(x[key] for key in ("image", *sorted(k for k in x if k.startswith("y_true_"))))
-    dataset = tf.data.Dataset.from_tensors((inputs, y)).repeat().prefetch(2)
-    parts = None
-    if options["breakdown"]:
-        # TensorFlow's step parts (breakdown is refused on JAX): imported here, off the JAX path.
-        from keras_yolo_mgpu.bench.step_parts import StepParts
-
-        optimizer = reference_optimizer(_RATE)
-        num_classes = options["num_classes"]
-        parts = StepParts(
-            body,
-            model,
-            lambda loss_args: reference_model.scalar_yolo_loss(loss_args, anchors, num_classes),
-            lambda grads, variables: optimizer.apply_gradients(zip(grads, variables)),
-            [tf.constant(t) for t in inputs],
-        )
-    return _Side("keras-yolo3", model, dataset, tf_keras.callbacks.Callback, global_batch, parts)
-
-
-def _breakdown(sides, rounds) -> dict:
-    """Per-part medians (ms) per side, with the derived forward/loss/backward/optimizer/Keras split."""
-    # TensorFlow's step parts (breakdown is refused on JAX): imported here, off the JAX path.
-    from keras_yolo_mgpu.bench.step_parts import PARTS, time_parts
-
-    times = time_parts({side.name: side.parts for side in sides}, rounds)
-    report = {}
-    for side in sides:
-        median = {part: statistics.median(times[side.name][part]) * 1000 for part in PARTS}
-        fit_ms = statistics.median([t for round_times in side.rounds for t in round_times]) * 1000
-        report[side.name] = {
-            "parts_ms": {part: round(value, 1) for part, value in median.items()},
-            "parts_ms_rounds": {part: [round(t * 1000, 1) for t in times[side.name][part]] for part in PARTS},
-            "split_ms": {
-                "forward": round(median["forward"], 1),
-                "loss": round(median["forward+loss"] - median["forward"], 1),
-                "backward": round(median["gradients"] - median["forward+loss"], 1),
-                "optimizer": round(median["step"] - median["gradients"], 1),
-                "keras_fit_overhead": round(fit_ms - median["step"], 1),
-                "fit_step": round(fit_ms, 1),
-            },
-        }
-    return report
-
-
-def _check_options(variants: tuple[str, ...], optimizer: str, reference: str | None, breakdown: bool = False) -> None:
-    """Raises ValueError for a variant, optimizer or reference that cannot be timed, before any device is set up."""
-    if keras.backend.backend() == "jax" and (variants or reference or breakdown):
-        raise ValueError(
-            "--variants, --reference and --breakdown time TensorFlow's kernels and keras-yolo3 (tf_keras): run them "
-            "with KERAS_BACKEND=tensorflow. On JAX the benchmark times the project's step alone."
-        )
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        raise ValueError(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}")
-    if "keras-adam" in variants and optimizer != "adam":
-        raise ValueError("variant keras-adam compares Adam updates: add optimizer='adam' (--optimizer adam)")
-    if reference not in (None, *REFERENCES):
-        raise ValueError(f"reference must be one of {REFERENCES}. Received: reference={reference!r}")
-
-
-def _time_rounds(sides: list, warmup_steps: int, steps: int, rounds: int, on_round) -> None:
+def time_rounds(sides: list, warmup_steps: int, steps: int, rounds: int, on_round) -> None:
     """Warms every side up, then times `rounds` x `steps` steps per side, alternating their order each round."""
     for side in sides:  # tracing, first-step allocations
         side.fit(warmup_steps)
@@ -345,8 +243,9 @@ def _time_rounds(sides: list, warmup_steps: int, steps: int, rounds: int, on_rou
             on_round(round_index, {side.name: side.images_per_sec(side.rounds[-1]) for side in sides})
 
 
-def _add_side_figures(result: dict, sides: list) -> None:
-    """Adds each side's images/sec, step times and CPU times to `result`, and every other side's ratio to ours."""
+def side_figures(setup: dict, sides: list, steps: int, rounds: int) -> dict:
+    """The result record: the settings, each side's images/sec, step and CPU times, every other side's ratio to ours."""
+    result = {**setup["record"], "steps_per_round": steps, "rounds": rounds}
     for side in sides:
         per_round = [round(side.images_per_sec(times), 2) for times in side.rounds]
         key = "" if side.name == "ours" else f"{side.name}_"
@@ -365,6 +264,7 @@ def _add_side_figures(result: dict, sides: list) -> None:
         result[f"cpu_ratio_vs_{side.name}"] = round(
             statistics.median(side.cpu_times) / statistics.median(ours.cpu_times), 3
         )
+    return result
 
 
 def run_train_benchmark(
@@ -384,19 +284,14 @@ def run_train_benchmark(
     jit: bool = False,
     optimizer: str = "sgd",
     ema: float | None = None,
-    reference: str | None = None,
-    variants: tuple[str, ...] = (),
-    breakdown: bool = False,
     steps_per_execution: int = 1,
-    inputs: str | None = None,
+    inputs: str = "device",
     warmup_steps: int = 3,
     steps: int = 10,
     rounds: int = 1,
     on_round=None,
 ) -> dict:
-    """Times `rounds` x `steps` training steps per side after `warmup_steps`; returns the result record.
-
-    Long only for its keyword arguments and their docstring: the body is one short step per line.
+    """Times `rounds` x `steps` training steps after `warmup_steps`; returns the result record.
 
     Args:
         batch_size: GLOBAL batch (default: 8 per replica); must divide over the replicas.
@@ -406,88 +301,37 @@ def run_train_benchmark(
         jit: XLA (`jit_compile=True`); always on JAX.
         mixed_precision: mixed_float16 on TensorFlow; on JAX mixed_bfloat16
             where the GPUs compute bfloat16 (Ampere and later).
-        optimizer: "sgd" (plain, the default) or "adam" (train.py's, `FusedAdam`;
-            keras-yolo3's side then uses Keras 2's Adam).
-        ema: an EMA of the weights with this decay on our sides (train.py's `--ema`).
-        reference: "keras-yolo3" also times keras-yolo3's step (one device, float32).
-        variants: names from `VARIANTS`, each timed as another side.
-        breakdown: also time the parts of a step (one device).
+        optimizer: "sgd" (plain, the default) or "adam" (train.py's, `FusedAdam`).
+        ema: an EMA of the weights with this decay (train.py's `--ema`).
         steps_per_execution: steps Keras runs per call of the compiled
             function (`compile(steps_per_execution=...)`).
-        inputs: `INPUTS`; default "device" (what `train.py` trains), "dense"
-            with `reference`, `breakdown` or `variants` (keras-yolo3's inputs).
-        on_round: called with `(round_index, {side: images/sec})` after each round.
+        inputs: `INPUTS`: "device" (what `train.py` trains) or "dense" (keras-yolo3's inputs).
+        on_round: called with `(round_index, {"ours": images/sec})` after each round.
         Others: as `train.py`'s flags of the same names.
 
     Returns:
-        `{"benchmark": "train", ..., "images_per_sec": ...}`: per side, images/sec
-        per round (global batch / median step) and their median; per other side,
-        `ratio_vs_<side>` (ours / theirs, from the medians) and the ratio per
-        round; with `breakdown`, the parts.
+        `{"benchmark": "train", ..., "images_per_sec": ...}`: images/sec per
+        round (global batch / median step), their median, step and CPU times.
 
     Raises:
-        ValueError: a combination that cannot be timed (see the messages).
+        ValueError: a setting that cannot be timed (see the messages).
     """
-    settings = {name: value for name, value in locals().items() if name not in _TIMING}
-    _check_options(variants, optimizer, reference, breakdown)
-    # keras-yolo3's step and the step parts take its inputs: ours too, for a like-for-like ratio.
-    settings["inputs"] = inputs or ("dense" if reference or breakdown or variants else "device")
-    setup = _set_up(settings)
-    engine, options, global_batch = setup["engine"], setup["options"], setup["record"]["global_batch"]
-    if reference and (engine.replicas > 1 or mixed_precision):
-        raise ValueError("reference keras-yolo3 is timed on one device in float32 (keras-yolo3 has neither)")
-    if breakdown and (engine.replicas > 1 or parallel == "multi_gpu_model"):
-        raise ValueError("breakdown times one device")
-    if reference and options["model"] not in ("yolov3", "yolov3-tiny"):
-        raise ValueError(f"reference keras-yolo3 has no {options['model']}")
-    anchors, x, y = setup["anchors"], setup["x"], setup["y"]
-    sides = [_build_ours("ours", options, engine, anchors, x, y, global_batch)]
-    if reference:
-        sides.append(_build_reference(options, anchors, x, y, global_batch))
-    sides += [_build_ours(name, options, engine, anchors, x, y, global_batch) for name in variants]
-
-    _time_rounds(sides, warmup_steps, steps, rounds, on_round)
-
-    result = {**setup["record"], "steps_per_round": steps, "rounds": rounds}
-    _add_side_figures(result, sides)
-    if breakdown:
-        result["breakdown"] = _breakdown(sides, rounds)
-    return result
+    setup = set_up({name: value for name, value in locals().items() if name not in TIMING})
+    sides = [build_our_side(setup)]
+    time_rounds(sides, warmup_steps, steps, rounds, on_round)
+    return side_figures(setup, sides, steps, rounds)
 
 
-def prepare_side(*, warmup_steps: int = 3, **settings) -> tuple[dict, _Side]:
-    """Our training step on Keras's backend, built and warmed up: `(the settings that ran, the side)`.
-
-    `settings` are `run_train_benchmark`'s (devices, network, batch,
-    precision, optimizer ...), without sides to compare. For
-    `bench.backend_rounds`, which times one such side per backend.
-    """
-    bound = inspect.signature(run_train_benchmark).bind(**settings)  # TypeError for a misspelt setting
-    bound.apply_defaults()
-    settings = {name: value for name, value in bound.arguments.items() if name not in _TIMING}
-    setup = _set_up({**settings, "inputs": settings["inputs"] or "device", "breakdown": False})
-    side = _build_ours(
-        "ours",
-        setup["options"],
-        setup["engine"],
-        setup["anchors"],
-        setup["x"],
-        setup["y"],
-        setup["record"]["global_batch"],
-    )
-    side.fit(warmup_steps)  # compiling, first-step allocations
-    side.cpu_times.clear()
-    return setup["record"], side
-
-
-def _set_up(settings: dict) -> dict:
+def set_up(settings: dict) -> dict:
     """The engine, dtype policy, anchors and generated batch of a benchmark, and the record of its settings.
 
-    `settings`: `run_train_benchmark`'s arguments, less the timing ones (`_TIMING`).
+    `settings`: `run_train_benchmark`'s arguments, less the timing ones (`TIMING`).
     """
     gpus, input_size, num_classes, inputs = (settings[k] for k in ("gpus", "input_size", "num_classes", "inputs"))
     if inputs not in INPUTS:
         raise ValueError(f"inputs must be one of {INPUTS}. Received: inputs={inputs!r}")
+    if settings["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}. Received: optimizer={settings['optimizer']!r}")
     if settings["simulate"] and settings["simulated_gpu_memory_mb"]:
         # TensorFlow's logical GPUs with a memory limit, whatever the backend: imported here, off the JAX path.
         from keras_yolo_mgpu.backend.tensorflow.distribution import simulate_devices
