@@ -103,6 +103,9 @@ def command_line(parser: argparse.ArgumentParser, flags: dict) -> list[str]:
             options.append(_option(chosen[0], key))
             continue
         action = actions[0]
+        if action.nargs == "?" and isinstance(value, bool):  # `resume=True`: the flag alone; False leaves it off
+            options += [_option(action, key)] if value else []
+            continue
         options += [_option(action, key), *_tokens(value)]
     ordered = [word for a in parser._actions if not a.option_strings for word in positionals.get(a.dest, [])]
     return [*ordered, *options]

@@ -36,6 +36,10 @@ def test_keywords_become_the_command_line_the_command_parses():
     argv = command_line(detect.build_parser(), {"model": "w.h5", "image": ["a.jpg", "b.jpg"]})
     assert argv == ["--model", "w.h5", "--image", "a.jpg", "b.jpg"]
     assert detect.build_parser().parse_args(argv).weights == "w.h5"
+    # --resume [RUN]: True is the flag alone, a path its value, False leaves it off.
+    for resume, expected in ((True, ["--resume"]), ("logs/003", ["--resume", "logs/003"]), (False, [])):
+        argv = command_line(parser, {"resume": resume, "quiet": True})
+        assert argv == [*expected, "--quiet"] and parser.parse_args(argv).resume == resume
 
 
 def test_an_unknown_keyword_names_the_closest_one():

@@ -185,7 +185,7 @@ class _Runs:
         process.wait()
         assert not (log_dir / FINAL).exists()
         resumed = subprocess.run(
-            [sys.executable, os.path.join(REPO, "train.py"), "--resume", "--log-dir", str(log_dir), "--quiet"],
+            [sys.executable, os.path.join(REPO, "train.py"), "--resume", str(log_dir), "--quiet"],
             capture_output=True,
             text=True,
             timeout=400,

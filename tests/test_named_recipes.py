@@ -205,7 +205,7 @@ def test_patience_ends_the_one_stage_run_and_a_stopped_run_killed_resumes_to_its
     assert stop is not None and stop < 6, history["val_mAP50"]
     assert (state["stopped"], state["epoch"], len(history["loss"])) == (True, stop, stop)
     assert state["weights_kind"] == {"stage1_end": "fit", "final": "body"}[where]
-    assert main(["--resume", "--log-dir", str(run), "--quiet"]) == 0
+    assert main(["--resume", str(run), "--quiet"]) == 0  # the run folder as --resume's value
     # The final weights are the last epoch's EMA weights (last.weights.h5), not the start's.
     final, last = _arrays(run / "trained_weights_final.weights.h5"), _arrays(run / "last.weights.h5")
     assert final.keys() == last.keys()

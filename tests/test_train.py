@@ -150,6 +150,31 @@ def test_resume_refuses_flags_that_contradict_the_run(tmp_path):
     assert json.loads((log_dir / "args.json").read_text())["epochs"] == 10
 
 
+def test_resume_takes_the_run_folder_or_a_file_in_it(tmp_path, monkeypatch, capsys):
+    from keras_yolo_mgpu.cli.train import main
+    from keras_yolo_mgpu.training.trainer import TrainConfig
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "logs" / "002"
+    run.mkdir(parents=True)
+    (run / "args.json").write_text(TrainConfig(annotations="t.txt", classes="c.txt", epochs=10, log_dir="x").to_json())
+    (run / "last.weights.h5").write_bytes(b"")
+
+    def refusal(*argv):
+        with pytest.raises(SystemExit) as exit_:
+            main(list(argv))
+        assert exit_.value.code == 2
+        return capsys.readouterr().err
+
+    # The folder, found from itself or from a checkpoint in it: its args.json is read (and contradicted here).
+    for named in (run, run / "last.weights.h5", "logs/002/"):
+        assert "--epochs 20 (the run has epochs=10)" in refusal("--resume", str(named), "--epochs", "20")
+    assert "--resume: not found: logs/009" in refusal("--resume", "logs/009")
+    assert "but --log-dir names elsewhere: drop one" in refusal("--resume", str(run), "--log-dir", "elsewhere")
+    assert "--resume RUN_FOLDER (the latest run here: logs/002)" in refusal("--resume")
+    assert json.loads((run / "args.json").read_text())["epochs"] == 10
+
+
 def test_existing_run_is_not_overwritten(dataset, tmp_path):
     log_dir = tmp_path / "run"
     log_dir.mkdir()

@@ -4,7 +4,7 @@ Examples:
     python train.py --data my_dataset/data.yaml --weights model_data/yolo.weights.h5 --gpus 4
     python train.py --annotations train.txt --classes model_data/voc_classes.txt \
         --weights model_data/yolo.weights.h5 --gpus 4
-    python train.py --resume --log-dir logs/003
+    python train.py --resume logs/003
     python train.py --demo
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import logging
 import os
 import sys
@@ -207,7 +208,13 @@ def _add_run_group(run) -> None:
     """The run folder, --resume, --demo and what the run shows and writes besides its weights."""
     run.add_argument("--log-dir", default=None, help="run folder (default: next free logs/NNN)")
     run.add_argument(
-        "--resume", action="store_true", help="continue the interrupted run in --log-dir with its saved arguments"
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="RUN",
+        help="continue an interrupted run with its saved arguments: RUN is its folder or a checkpoint in it "
+        "(without RUN: the folder --log-dir names)",
     )
     run.add_argument(
         "--demo", action="store_true", help="generate the synthetic demo dataset and train on it (same as `make demo`)"
@@ -485,23 +492,36 @@ def config_for(args, given: dict | None = None):
     return config_from_args(args)
 
 
+def _run_to_resume(args) -> str:
+    """The run folder --resume continues: `--resume RUN` (the folder, or a file in it), else --log-dir."""
+    if args.resume is True:
+        if not args.log_dir:
+            runs = sorted(glob.glob(os.path.join("logs", "[0-9][0-9][0-9]", "args.json")))
+            latest = f" (the latest run here: {os.path.dirname(runs[-1])})" if runs else ""
+            raise UsageError(f"--resume needs the run to continue: --resume RUN_FOLDER{latest}")
+        return args.log_dir
+    if not os.path.exists(args.resume):
+        raise UsageError(f"--resume: not found: {args.resume}")
+    folder = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
+    if args.log_dir and os.path.abspath(args.log_dir) != os.path.abspath(folder):
+        raise UsageError(f"--resume {args.resume} continues {folder}, but --log-dir names {args.log_dir}: drop one")
+    return folder
+
+
 def _resumed_config(args, given: dict):
-    """The saved run's config in --log-dir, with the flags that apply to a resumed process."""
-    if not args.log_dir:
-        raise UsageError("--resume needs --log-dir of the run to continue")
-    args_json = os.path.join(args.log_dir, "args.json")
+    """The saved run's config in the folder --resume names, with the flags that apply to a resumed process."""
+    log_dir = _run_to_resume(args)
+    args_json = os.path.join(log_dir, "args.json")
     if not os.path.isfile(args_json):
-        raise UsageError(f"--resume: {args_json} not found; nothing to resume in {args.log_dir}")
+        raise UsageError(f"--resume: {args_json} not found; nothing to resume in {log_dir}")
     with open(args_json, encoding="utf-8") as handle:
         config = TrainConfig.from_json(handle.read())
-    if os.path.abspath(config.log_dir) != os.path.abspath(args.log_dir):
+    if os.path.abspath(config.log_dir) != os.path.abspath(log_dir):
         # A run folder is the run: a copied or moved folder continues where it is, never its original.
         logger.info(
-            "--resume continues %s (its args.json names %s: the folder was moved or copied)",
-            args.log_dir,
-            config.log_dir,
+            "--resume continues %s (its args.json names %s: the folder was moved or copied)", log_dir, config.log_dir
         )
-    config = dataclasses.replace(config, resume=True, log_dir=args.log_dir)
+    config = dataclasses.replace(config, resume=True, log_dir=log_dir)
     config, problems = apply_resume_flags(config, args, given)
     if problems:
         raise UsageError(
@@ -566,7 +586,7 @@ def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     requested, limit = found
     smaller = max(1, config.batch_size // 2)
     if os.path.isdir(config.log_dir):
-        kept = f"The run folder {config.log_dir} keeps what it saved (--resume --log-dir {config.log_dir} goes on)."
+        kept = f"The run folder {config.log_dir} keeps what it saved (--resume {config.log_dir} goes on)."
     else:
         kept = "Nothing was saved before it, and no run folder is left."
     return (

@@ -56,7 +56,7 @@ def _prepare_log_dir(config) -> None:
         raise FileExistsError(f"--log-dir {config.log_dir} is a file, not a folder: give a folder for the run")
     if os.path.isdir(config.log_dir) and os.listdir(config.log_dir):
         raise FileExistsError(
-            f"log dir {config.log_dir} already holds a run. Pass --resume to continue it, "
+            f"log dir {config.log_dir} already holds a run. Pass --resume {config.log_dir} to continue it, "
             "or choose another --log-dir (nothing was changed)."
         )
     os.makedirs(config.log_dir, exist_ok=True)
@@ -104,7 +104,7 @@ def _remove_unstarted_run(log_dir: str) -> None:
         return
     saved = _saved_work(log_dir)
     if saved:
-        logger.info("kept %s: it holds %s; --resume --log-dir %s continues it", log_dir, ", ".join(saved), log_dir)
+        logger.info("kept %s: it holds %s; --resume %s continues it", log_dir, ", ".join(saved), log_dir)
         return
     shutil.rmtree(log_dir, ignore_errors=True)
     logger.info("removed %s: the run stopped before its first epoch ended", log_dir)
