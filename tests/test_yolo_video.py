@@ -121,6 +121,12 @@ def test_unusable_inputs_raise_video_error(tmp_path):
         VideoReader(fake)
 
 
+def test_a_camera_that_cannot_open_is_one_error_without_opencv_warnings(capfd):
+    with pytest.raises(VideoError, match="cannot open video input camera 7"):
+        VideoReader(7)  # no /dev/video7 here: OpenCV warns on its own C++ stderr, which the error replaces
+    assert "WARN" not in capfd.readouterr().err
+
+
 # ---- the pipeline ----------------------------------------------------------------------
 
 

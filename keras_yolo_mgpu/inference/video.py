@@ -109,6 +109,22 @@ def _fourcc_text(capture: cv2.VideoCapture) -> str:
     return code.to_bytes(4, "little").decode("latin-1").rstrip("\0 ")
 
 
+@contextlib.contextmanager
+def _opencv_errors_only():
+    """OpenCV logs only errors in the block, unless -v.
+
+    Its WARN lines for a camera or stream it cannot open would precede the VideoError that says the same in the
+    user's terms.
+    """
+    previous = cv2.utils.logging.getLogLevel()
+    if not logger.isEnabledFor(logging.DEBUG):
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+    try:
+        yield
+    finally:
+        cv2.utils.logging.setLogLevel(previous)
+
+
 def open_capture(source: str | int) -> tuple[cv2.VideoCapture, np.ndarray]:
     """Opens `source` (as `parse_source` reads it) and decodes its first frame.
 
@@ -123,7 +139,8 @@ def open_capture(source: str | int) -> tuple[cv2.VideoCapture, np.ndarray]:
     name = display_name(source)
     if isinstance(source, str) and not is_stream(source) and source.lower().endswith(_STILL_IMAGE_EXTENSIONS):
         raise VideoError(f"video input {name} is an image, not a video: detect it with --image {name}")
-    capture = cv2.VideoCapture(source)
+    with _opencv_errors_only():
+        capture = cv2.VideoCapture(source)
     if not capture.isOpened():
         capture.release()
         raise VideoError(f"cannot open video input {name}: not a video OpenCV can decode, or no such camera or stream")
