@@ -175,7 +175,7 @@ def test_cli_clean_dataset_exits_zero_in_a_subprocess(tmp_path):
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith("2 lines, 2 usable; 2 images, 1 boxes, 1 backgrounds; no problems")
+    assert result.stdout.strip().endswith("2 lines, 2 usable; 2 images, 1 box, 1 background; no problems")
     assert _snapshot(tmp_path) == before  # read-only
 
 
@@ -216,3 +216,10 @@ def test_a_blank_line_among_the_class_names_is_refused_with_its_line(tmp_path, c
 def _classes(folder):
     (folder / "two_classes.txt").write_text("cat\ndog\n")
     return str(folder / "two_classes.txt")
+
+
+def test_counts_take_the_number_of_their_noun():
+    from keras_yolo_mgpu.data.check import _count
+
+    assert [_count(1, "boxes"), _count(2, "boxes"), _count(0, "lines")] == ["1 box", "2 boxes", "0 lines"]
+    assert _count(1, "images listed") == "1 image listed"

@@ -465,7 +465,8 @@ def run(args, given: dict | None = None) -> int:
         print(START_HELP)
         return 2
     result = run_training(config)
-    logger.info("done: %d epochs, final weights %s", result.epochs_run, result.final_weights)
+    epochs = f"{result.epochs_run} epoch" + ("" if result.epochs_run == 1 else "s")
+    logger.info("done: %s, final weights %s", epochs, result.final_weights)
     return 0
 
 
