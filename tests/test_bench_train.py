@@ -75,6 +75,7 @@ def test_keras_adam_variant_beside_ours(compare, capsys):
         (["--tiny", "--variants", "keras-adam"], 1, "--optimizer adam"),
         (["--backends", "tensorflow,jax", "--reference", "keras-yolo3"], 1, "--backends times our step only"),
         (["--tiny"], 1, "nothing to compare"),
+        (["--tiny", "--breakdown", "--inputs", "device"], 1, "drop --inputs device"),
     ],
 )
 def test_the_tool_refuses_what_it_cannot_time(compare, capsys, argv, status, message):

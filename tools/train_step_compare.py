@@ -221,6 +221,8 @@ def compare_sides(*, reference=None, variants=(), breakdown=False, warmup_steps=
     if "keras-adam" in variants and settings.get("optimizer") != "adam":
         raise ValueError("variant keras-adam compares Adam updates: add --optimizer adam")
     settings["inputs"] = settings.get("inputs") or ("dense" if reference or breakdown or variants else "device")
+    if (reference or breakdown) and settings["inputs"] != "dense":
+        raise ValueError("--reference and --breakdown feed keras-yolo3's inputs: drop --inputs device")
     setup = bench.set_up(_with_defaults(bench.run_train_benchmark, settings))
     replicas, options = setup["engine"].replicas, setup["options"]
     if reference and (replicas > 1 or options["mixed_precision"]):
