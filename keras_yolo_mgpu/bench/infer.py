@@ -158,6 +158,13 @@ def _export_forward(runner, frame_size: tuple[int, int]):
     return forward
 
 
+def _fresh(path: str) -> str:
+    """`path`, its previous round's video deleted: the benchmark's own temporary file, replaced without a log line."""
+    if os.path.exists(path):
+        os.remove(path)
+    return path
+
+
 def _round(name: str, yolo, forward, batches, video: str, output: str, figures: dict) -> str:
     """One round of one side: the bare call over `batches`, then the full path; keeps each one's best."""
     frames = sum(len(batch) for batch in batches)
@@ -165,7 +172,7 @@ def _round(name: str, yolo, forward, batches, video: str, output: str, figures: 
     fps = time_forward(forward, batches)
     forward_cpu = (time.process_time() - cpu) / frames
     cpu = time.process_time()
-    stats = process_video(yolo, video, output, batch_size=len(batches[0]), progress=False)
+    stats = process_video(yolo, video, _fresh(output), batch_size=len(batches[0]), progress=False)
     full_cpu = (time.process_time() - cpu) / stats["frames"]
     best = figures.setdefault(name, {"forward_fps": 0.0, "full": None, "forward_cpu": [], "full_cpu": []})
     best["forward_fps"] = max(best["forward_fps"], fps)
@@ -206,7 +213,7 @@ def _measure(sides, folder: str, *, num_frames, frame_size, full, repeats) -> di
     output = os.path.join(folder, "output.mp4")
     for _, detector, forward in sides:  # warm-up: tracing and first-shape setup are not timed
         time_forward(forward, batches[:2])
-        process_video(detector, video, output, batch_size=batch_size, max_frames=2 * batch_size, progress=False)
+        process_video(detector, video, _fresh(output), batch_size=batch_size, max_frames=2 * batch_size, progress=False)
 
     # Interleaved rounds, best of each: a machine shared with other work slows every side alike instead of
     # whichever ran last. CPU time (all threads of this process) per frame is reported too: on a shared
