@@ -257,3 +257,19 @@ def test_mixed_precision_policy_does_not_outlive_the_run(tmp_path, monkeypatch):
         train(config)
     assert seen["policy"].name == "mixed_float16"  # the run did set it
     assert global_state.get_global_attribute("dtype_policy", None) is before
+
+
+def test_progress_is_one_line_per_epoch_when_written_to_a_file(monkeypatch):
+    """Keras's bar on a terminal; in a log file (`train.py > log.txt`) its redraws and colour codes would pile up."""
+    import io
+
+    from keras_yolo_mgpu.training.trainer import fit_verbosity
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert [fit_verbosity(v) for v in (0, 1, 2)] == [0, 2, 2]
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert [fit_verbosity(v) for v in (0, 1, 2)] == [0, 1, 2]

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import sys
 import tempfile
 
 from keras_yolo_mgpu.backend import NAME, distribution
@@ -47,6 +48,15 @@ from keras_yolo_mgpu.training.run_setup import RunSetup
 logger = logging.getLogger(__name__)
 
 STAGE1_WEIGHTS = "trained_weights_stage_1.weights.h5"
+
+
+def fit_verbosity(verbose: int) -> int:
+    """`fit`'s `verbose`: Keras's progress bar on a terminal or in a notebook, else one line per epoch (2).
+
+    Written to a file (`train.py > log.txt`, nohup), the bar's every redraw and colour code would be kept.
+    """
+    interactive = sys.stdout.isatty() or "ipykernel" in sys.modules
+    return 2 if verbose == 1 and not interactive else verbose
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -279,7 +289,7 @@ class _TrainingRun(RunSetup):
                     *recipe.last(),
                     saver,
                 ],
-                verbose=config.verbose,
+                verbose=fit_verbosity(config.verbose),
             )
         return result.history, saver.last_state
 
