@@ -7,10 +7,12 @@ workers end with the process that started them: after Ctrl-C of the trainer,
 and after a SIGKILL that gives it no chance to stop them.
 """
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import os
+import pty
 import re
 import signal
 import subprocess
@@ -135,8 +137,37 @@ def _workers_end(pids, seconds=10.0):
 
 def _steps_done(run_files, steps: int) -> int:
     """The last step of the second epoch that Keras's progress bar (stdout.txt) showed as done; 0 before it."""
-    shown = (run_files / "stdout.txt").read_text().partition("Epoch 2/")[2]
+    # errors="replace": the copy from the terminal may end inside a character of the bar.
+    shown = (run_files / "stdout.txt").read_text(errors="replace").partition("Epoch 2/")[2]
     return max((int(step) for step in re.findall(rf"(\d+)/{steps}\b", shown)), default=0)
+
+
+@contextlib.contextmanager
+def _terminal_into(path):
+    """A pseudo-terminal for a child's stdout (yields its fd), copied into `path` as the child writes."""
+    leader, follower = pty.openpty()
+    out = open(path, "wb")
+
+    def copy():
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: no process holds the terminal any more
+                break
+            if not data:
+                break
+            out.write(data)
+            out.flush()
+
+    copier = threading.Thread(target=copy, daemon=True)
+    copier.start()
+    try:
+        yield follower
+    finally:
+        os.close(follower)  # with the child gone too, the copy reads EIO and ends
+        copier.join(timeout=30)
+        os.close(leader)
+        out.close()
 
 
 def _sigint_as_at_a_terminal():
@@ -171,8 +202,9 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
         *("--feed", "processes", "--workers", "2", "--cache", "ram", "--no-pictures", "--steps-per-epoch", str(steps)),
         *("--log-dir", str(tmp_path / "run")),
     ]
-    # Its messages and progress bar into files: a pipe nobody reads while it runs could fill and stop it.
-    with open(tmp_path / "stderr.txt", "w+") as stderr, open(tmp_path / "stdout.txt", "w+") as stdout:
+    # Its messages into a file, its progress bar through a terminal into another (`_terminal_into`): a pipe
+    # nobody reads while it runs could fill and stop it, and only at a terminal does the bar count the steps.
+    with open(tmp_path / "stderr.txt", "w+") as stderr, _terminal_into(tmp_path / "stdout.txt") as stdout:
         # Ctrl-C as at a terminal: a suite started in the background of a script (`make test &`) ignores SIGINT, and
         # its children inherit that, so the trainer would rightly train on (seen 2026-11-28).
         trainer = subprocess.Popen(
