@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Sequence
 
 # Keras only inside the functions: each child of `--backends` sets KERAS_BACKEND before its first Keras import.
-from keras_yolo_mgpu.cli import bench_train
+from keras_yolo_mgpu.cli import bench_train, quiet
 from keras_yolo_mgpu.cli.bench import print_result
 from keras_yolo_mgpu.cli.runner import run_command
 
@@ -258,6 +258,8 @@ def _with_defaults(function, settings: dict) -> dict:
 def _serve_rounds(connection, backend: str, settings: dict, warmup_steps: int) -> None:
     """The child: builds one backend's side, then times a round of steps per request until told to stop."""
     os.environ["KERAS_BACKEND"] = backend
+    quiet.configure_environment()  # as the command itself starts: TensorFlow's loader lines dropped
+    quiet.quiet_tensorflow_import()
     # After KERAS_BACKEND: this import starts Keras on the child's backend.
     from keras_yolo_mgpu.bench import train as bench
 
