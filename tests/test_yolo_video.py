@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -121,7 +122,8 @@ def test_unusable_inputs_raise_video_error(tmp_path):
         VideoReader(fake)
 
 
-def test_a_camera_that_cannot_open_is_one_error_without_opencv_warnings(capfd):
+def test_a_camera_that_cannot_open_is_one_error_without_opencv_warnings(capfd, caplog):
+    caplog.set_level(logging.INFO, logger="keras_yolo_mgpu")  # not -v, whatever an earlier test left the root at
     with pytest.raises(VideoError, match="cannot open video input camera 7"):
         VideoReader(7)  # no /dev/video7 here: OpenCV warns on its own C++ stderr, which the error replaces
     assert "WARN" not in capfd.readouterr().err
