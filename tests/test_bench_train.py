@@ -102,3 +102,10 @@ def test_backends_are_timed_in_interleaved_rounds_with_their_ratio(compare, caps
     expected = result["jax"]["images_per_sec"] / result["tensorflow"]["images_per_sec"]
     assert result["ratio_jax_vs_tensorflow"] == pytest.approx(expected, rel=1e-2)
     assert sum(line.startswith("round ") for line in lines) == 2
+
+
+def test_bench_train_parser_offers_the_benchmarks_choices():
+    """The parser spells the choices out (importing `bench.train` starts Keras): they must stay the same."""
+    from keras_yolo_mgpu.bench import train as bench
+
+    assert (bench_train.OPTIMIZERS, bench_train.INPUTS) == (bench.OPTIMIZERS, bench.INPUTS)

@@ -142,9 +142,6 @@ def _step_parts(side, setup: dict):
 
     from keras_yolo_mgpu.bench import train as bench
     from keras_yolo_mgpu.bench.baseline import load_reference
-    from keras_yolo_mgpu.model.architectures import get_architecture
-    from keras_yolo_mgpu.model.boxes import MAX_BOXES
-    from keras_yolo_mgpu.model.loss import yolo_loss
 
     options, anchors, x = setup["options"], setup["anchors"], setup["x"]
     num_classes = options["num_classes"]
@@ -159,21 +156,13 @@ def _step_parts(side, setup: dict):
             lambda grads, variables: optimizer.apply_gradients(zip(grads, variables)),
             inputs,
         )
-    architecture = get_architecture(options["model"])
     keras_adam = side.name == "keras-adam"
     optimizer = keras.optimizers.Adam(bench.LEARNING_RATE) if keras_adam else bench.our_optimizer(options)
     optimizer.build(side.train_model.trainable_variables)
     return StepParts(
         side.body,
         side.train_model,
-        lambda loss_args: yolo_loss(
-            loss_args,
-            anchors,
-            num_classes,
-            max_true_boxes=MAX_BOXES * (len(anchors) // len(architecture.scale_x_y)),
-            scale_x_y=architecture.decode_scale_x_y,
-            box_loss=architecture.box_loss,
-        ),
+        side.train_model.get_layer("yolo_loss"),  # the loss layer the side trains with, on the head outputs
         optimizer.apply,
         inputs,
         jit=options["jit"] or side.name == "xla",
