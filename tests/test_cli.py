@@ -18,6 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (command line as users type it, a misspelt flag, the flag it should suggest)
 COMMANDS = [
     (["train.py"], "--epoch", "--epochs"),
+    (["train_bottleneck.py"], "--bottleneck-epoch", "--bottleneck-epochs"),
     (["yolo_video.py"], "--scor", "--score"),
     (["convert.py"], "--generc", "--generic"),
     (["evaluate.py"], "--detection", "--detections"),
@@ -55,7 +56,8 @@ def test_every_command_suggests_the_flag_meant(command, typo, meant):
     assert f"did you mean {meant}?" in result.stderr
 
 
-CLI_MODULES = ["train", "detect", "convert", "evaluate", "kmeans", "voc", "coco", "demo", "check_dataset", "export"]
+CLI_MODULES = ["train", "train_bottleneck", "detect", "convert", "evaluate", "kmeans", "voc", "coco", "demo"]
+CLI_MODULES += ["check_dataset", "export"]
 CLI_MODULES += ["bench_train", "bench_pipeline", "bench_infer", "bench_e2e", "bench_exports", "align"]
 
 

@@ -63,6 +63,7 @@ DOCUMENTED_AHEAD = {
 # Top-level scripts (keras-yolo3's names) -> their command module in keras_yolo_mgpu.cli.
 SCRIPTS = {
     "train.py": "train",
+    "train_bottleneck.py": "train_bottleneck",
     "yolo_video.py": "detect",
     "evaluate.py": "evaluate",
     "convert.py": "convert",

@@ -128,7 +128,8 @@ def test_bench_infer_times_an_export_beside_the_keras_path_on_jax(setup, tmp_pat
     (row,) = record["exported"]
     assert record["backend"] == "jax" and row["path"] == setup["tflite"]["path"] and row["format"] == "tflite"
     assert row["fps"] > 0 and row["forward_fps"] > 0
-    assert row["keras_ratio"] == pytest.approx(record["fps"] / row["fps"], rel=1e-3)
+    # keras_ratio is rounded to 4 decimals: a small ratio (0.0292 for 0.02925) is off by up to 5e-5.
+    assert row["keras_ratio"] == pytest.approx(record["fps"] / row["fps"], rel=1e-3, abs=5e-5)
     # The same network, so the same boxes on the same frames (the export decodes in float32 too).
     assert row["boxes_per_frame"] == record["boxes_per_frame"] > 0
     assert f"{setup['tflite']['path']}: full path" in result.stderr

@@ -1,4 +1,4 @@
-"""`python train.py` as keras-yolo3's README runs it: no flags for the data, in a keras-yolo3 folder.
+"""`python train.py` and `train_bottleneck.py` as keras-yolo3's README runs them: no flags for the data, in its folder.
 
 The folder is laid out as keras-yolo3's (`train.txt`, `model_data/voc_classes.txt`,
 `model_data/yolo_anchors.txt`, `model_data/tiny_yolo_weights.h5` for 6 anchors);
@@ -10,10 +10,13 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import keras
+import numpy as np
 import pytest
 
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
@@ -25,15 +28,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_RUN = ("--epochs", "1", "--input-size", "64", "--batch-size", "4", "--quiet", "--no-pictures", "--seed", "0")
 
 
-def _script(name, *args, cwd, timeout=300, stdin=None):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+def _env(**extra):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **extra)
     env.pop("TF_CONFIG", None)
+    return env
+
+
+def _script(name, *args, cwd, timeout=300, stdin=None, **env):
     return subprocess.run(
         [sys.executable, os.path.join(REPO, name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=_env(**env),
         cwd=cwd,
         input=stdin,
     )
@@ -168,3 +175,87 @@ def test_out_of_memory_in_the_first_step_is_one_paragraph_with_a_batch_to_try(tm
     assert errors[0].startswith("error: out of memory at global batch 32 (2048x2048 input): an allocation asked for ")
     assert "the device has 12.0 GiB" in errors[0] and "--batch-size 16, and halve again" in errors[0]
     assert not (root / "logs" / "000").exists()  # it had saved nothing
+
+
+# --- train_bottleneck.py --------------------------------------------------------------------------------------
+
+BOTTLENECK_RUN = ("--epochs", "2", "--bottleneck-epochs", "2", "--input-size", "64", "--quiet", "--no-pictures")
+STAGE0 = os.path.join("logs", "000", "trained_weights_stage_0.weights.h5")
+
+
+def _layer_weights(path) -> list[tuple[str, list]]:
+    """(layer name, weights) of the float64 tiny YOLOv3 (COCO's 80 classes) that `path` holds, in layer order."""
+    keras.config.set_floatx("float64")
+    try:
+        body = tiny_yolo_body(keras.Input((None, None, 3)), 3, 80)
+    finally:
+        keras.config.set_floatx("float32")
+    load_weights(body, str(path))
+    return [(layer.name, layer.get_weights()) for layer in body.layers]
+
+
+@pytest.fixture(scope="module")
+def bottleneck_runs(tmp_path_factory):
+    """train_bottleneck.py in two copies of a keras-yolo3 folder, in float64: run through; killed after stage 0.
+
+    Returns (the run-through folder and its result, the killed folder and its `--resume` result).
+    """
+    root = tmp_path_factory.mktemp("bottleneck")
+    (root / "home").mkdir()
+    (root / "home" / "keras.json").write_text(json.dumps({"floatx": "float64", "backend": "tensorflow"}))
+    home = str(root / "home")
+    through = _keras_yolo3_folder(root / "through")
+    killed = root / "killed"
+    shutil.copytree(through, killed)  # train.txt names the same images
+    command = [sys.executable, os.path.join(REPO, "train_bottleneck.py"), *BOTTLENECK_RUN, "--seed", "3"]
+    victim = subprocess.Popen(command, cwd=killed, env=_env(KERAS_HOME=home), stdout=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while victim.poll() is None and time.time() < deadline and not (killed / STAGE0).exists():
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert (killed / STAGE0).exists() and not (killed / "logs" / "000" / "run_state.json").exists()
+    resumed = _script("train_bottleneck.py", "--resume", "logs/000", cwd=killed, KERAS_HOME=home)
+    result = _script("train_bottleneck.py", *BOTTLENECK_RUN, "--seed", "3", cwd=through, KERAS_HOME=home)
+    return (through, result), (killed, resumed)
+
+
+@pytest.mark.slow
+def test_train_bottleneck_py_runs_keras_yolo3s_script_and_leaves_its_file_names(bottleneck_runs):
+    (root, result), _ = bottleneck_runs
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "keras-yolo3's train_bottleneck.py paths" in result.stderr
+    assert "no model_data/coco_classes.txt here; using the shipped" in result.stderr  # that script's classes
+    assert "stage 0: the output convolutions alone on the body's features of 11 letterboxed images" in result.stderr
+    run = root / "logs" / "000"
+    settings = json.loads((run / "args.json").read_text())
+    assert (settings["recipe"], settings["bottleneck_epochs"]) == ("keras-yolo3", 2)
+    assert (settings["batch_size"], settings["batch_size2"]) == (16, 4)  # keras-yolo3's script's batches
+    for name in ("trained_weights_stage_0", "trained_weights_stage_1", "trained_weights_final"):
+        assert (run / f"{name}.h5").read_bytes() == (run / f"{name}.weights.h5").read_bytes()
+
+
+@pytest.mark.slow
+def test_stage_0_trains_the_output_convolutions_alone(bottleneck_runs):
+    (root, result), _ = bottleneck_runs
+    assert result.returncode == 0, result.stderr[-3000:]
+    start, stage0 = _layer_weights(root / "model_data" / "tiny_yolo_weights.h5"), _layer_weights(root / STAGE0)
+    moved = {
+        name for (name, before), (_, after) in zip(start, stage0) if any(map(np.any, map(np.not_equal, before, after)))
+    }
+    assert moved == {"yolo_output_0", "yolo_output_1"}
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_stage_0_resumes_from_its_weights_as_if_never_stopped(bottleneck_runs):
+    (through, result), (killed, resumed) = bottleneck_runs
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "stage 0 was done before the run stopped: its weights logs/000/trained_weights_stage_0" in resumed.stderr
+    assert "stage 0: the output convolutions alone" not in resumed.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = "logs/000/trained_weights_final.weights.h5"
+    reference, continued = _layer_weights(through / final), _layer_weights(killed / final)
+    differences = [
+        np.max(np.abs(a - b)) for (_, ours), (_, theirs) in zip(reference, continued) for a, b in zip(ours, theirs)
+    ]
+    assert max(differences) <= 1e-9

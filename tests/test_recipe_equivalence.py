@@ -23,7 +23,8 @@ difference in what the replicas compute.
 Runs are kept short (tracing a 4-replica float64 step dominates on TF): one
 epoch for each option group, both stages (one epoch each) with every option
 together, which also covers the start options (--objectness-prior), the
-CIoU box loss and Darknet's anchor assignment (--iou-thresh).
+CIoU box loss, Darknet's anchor assignment (--iou-thresh) and stage 0
+(--bottleneck-epochs).
 """
 
 import shutil
@@ -59,6 +60,7 @@ ALL_TOGETHER = [
     *("--eval-every", "1", "--monitor", "val_mAP", "--lr-schedule", "cosine", "--warmup-epochs", "1"),
     *("--ema", "0.8", "--multi-scale", "32,96", "--mosaic", "0.5", "--steps-per-epoch", "6"),
     *("--objectness-prior", "0.01", "--box-loss", "ciou", "--ciou-weight", "1.5", "--iou-thresh", "0.213"),
+    *("--bottleneck-epochs", "1"),
 ]
 NEEDS_VALIDATION = {"eval_every_monitor_map", "recipe_default"}
 # Devices each option group is compared on: 2 (tracing a 4-replica float64

@@ -55,6 +55,10 @@ def positive_int(text: str) -> int:
     return _number(text, int, lambda value: value > 0, "a positive integer")
 
 
+def non_negative_int(text: str) -> int:
+    return _number(text, int, lambda value: value >= 0, "an integer >= 0")
+
+
 def batch_size_or_auto(text: str) -> int | str:
     """A positive integer, or "auto" (`training.batch_fit`: the largest batch that fits the devices)."""
     return "auto" if text.strip().lower() == "auto" else positive_int(text)

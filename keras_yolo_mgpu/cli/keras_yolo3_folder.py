@@ -2,7 +2,8 @@
 
 keras-yolo3's train.py takes no flags: it reads `train.txt`, `model_data/voc_classes.txt`,
 `model_data/yolo_anchors.txt` and `model_data/yolo_weights.h5` (`tiny_yolo_weights.h5` for 6
-anchors). This module fills those flags from the folder the command runs in; a flag given wins.
+anchors); its train_bottleneck.py reads `model_data/coco_classes.txt` instead. This module fills
+those flags from the folder the command runs in; a flag given wins.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from keras_yolo_mgpu.resources import get_anchors, resolve_resource
 logger = logging.getLogger("train")
 
 ANNOTATIONS = "train.txt"
-CLASSES = os.path.join("model_data", "voc_classes.txt")
+# The class names each keras-yolo3 script reads, and the shipped copy (`resources`) where the folder has none.
+CLASSES = {
+    "train.py": (os.path.join("model_data", "voc_classes.txt"), "voc_classes"),
+    "train_bottleneck.py": (os.path.join("model_data", "coco_classes.txt"), "classes"),
+}
 ANCHORS = os.path.join("model_data", "yolo_anchors.txt")
 WEIGHTS = os.path.join("model_data", "yolo_weights.h5")
 TINY_WEIGHTS = os.path.join("model_data", "tiny_yolo_weights.h5")
@@ -28,8 +33,8 @@ def is_keras_yolo3_folder(folder: str = ".") -> bool:
     return os.path.isfile(os.path.join(folder, ANNOTATIONS))
 
 
-def apply_keras_yolo3_paths(args: argparse.Namespace) -> None:
-    """Sets --annotations, --classes, --anchors and --weights to keras-yolo3's paths where not given.
+def apply_keras_yolo3_paths(args: argparse.Namespace, script: str = "train.py") -> None:
+    """Sets --annotations, --classes, --anchors and --weights to the paths keras-yolo3's `script` reads.
 
     A file the folder's `model_data/` lacks comes from this project's (the
     same shipped files), said in the log. Missing start weights stop the
@@ -41,7 +46,7 @@ def apply_keras_yolo3_paths(args: argparse.Namespace) -> None:
     taken = [ANNOTATIONS]
     args.annotations = ANNOTATIONS
     if args.classes is None:
-        args.classes = _folder_or_shipped(CLASSES, "voc_classes", taken)
+        args.classes = _folder_or_shipped(*CLASSES[script], taken)
     if args.anchors is None:
         args.anchors = _folder_or_shipped(ANCHORS, "anchors", taken)
     if args.weights is None:
@@ -51,17 +56,18 @@ def apply_keras_yolo3_paths(args: argparse.Namespace) -> None:
         if not os.path.isfile(weights):
             source = "yolov3-tiny.cfg yolov3-tiny.weights" if tiny else "yolov3.cfg yolov3.weights"
             raise CommandError(
-                f"keras-yolo3's train.py starts from {weights} ({'6 anchors: tiny YOLOv3' if tiny else '9 anchors'}), "
+                f"keras-yolo3's {script} starts from {weights} ({'6 anchors: tiny YOLOv3' if tiny else '9 anchors'}), "
                 f"which is not in this folder. Make it as keras-yolo3's README does: python convert.py -w {source} "
                 f"{weights}; or pass --weights FILE (a Darknet .weights file works as it is)"
             )
         args.weights = weights
         taken.append(weights)
     logger.info(
-        "keras-yolo3 folder: took %s from %s (keras-yolo3's train.py paths; --data/--annotations, --classes, "
+        "keras-yolo3 folder: took %s from %s (keras-yolo3's %s paths; --data/--annotations, --classes, "
         "--anchors and --weights choose others)",
         ", ".join(taken),
         os.path.abspath("."),
+        script,
     )
 
 

@@ -150,6 +150,14 @@ def _add_schedule_args(recipe) -> None:
         "half of --epochs for keras-yolo3)",
     )
     recipe.add_argument(
+        "--bottleneck-epochs",
+        type=cli.non_negative_int,
+        default=0,
+        help="stage 0 first, keras-yolo3's train_bottleneck.py: epochs of the output convolutions alone, on the "
+        "body's features of the letterboxed images, computed once (batch 8, Adam 1e-3, one device; default 0: "
+        "none; train_bottleneck.py: 30)",
+    )
+    recipe.add_argument(
         "--batch-size",
         type=cli.batch_size_or_auto,
         default=32,
@@ -456,11 +464,12 @@ def apply_resume_flags(config, args, given: dict) -> tuple:
     return dataclasses.replace(config, **overrides), problems
 
 
-def run(args, given: dict | None = None) -> int:
-    """The command; `given`: the flags present on the command line (for --resume)."""
+def run(args, given: dict | None = None, script: str = "train.py") -> int:
+    """The command; `given`: the flags present on the command line (for --resume); `script`: keras-yolo3's
+    script whose folder paths apply (`cli.keras_yolo3_folder`)."""
     if args.demo:
         return demo_main(["--verbose"] if args.verbose else [])
-    config = config_for(args, given)
+    config = config_for(args, given, script)
     if config is None:
         print(START_HELP)
         return 2
@@ -470,7 +479,7 @@ def run(args, given: dict | None = None) -> int:
     return 0
 
 
-def config_for(args, given: dict | None = None):
+def config_for(args, given: dict | None = None, script: str = "train.py"):
     """The run's `TrainConfig`, resolved once from the parsed flags: a new run's, or the saved run's (--resume).
 
     None when no dataset is named and the folder is no keras-yolo3 folder.
@@ -483,7 +492,7 @@ def config_for(args, given: dict | None = None):
     if not args.annotations and not args.data:
         if not is_keras_yolo3_folder():
             return None
-        apply_keras_yolo3_paths(args)
+        apply_keras_yolo3_paths(args, script)
         if args.recipe is None:
             logger.info(
                 "recipe: this project's default (one stage, nothing frozen, EMA, best weights by validation "

@@ -10,7 +10,8 @@ the device, for TensorFlow and JAX alike:
 - `build_targets`: keras-yolo3's `preprocess_true_boxes`, bitwise, so the
   dense grids are made where they are used instead of crossing the bus
   (`preprocess_true_boxes`, numpy in and out, is a thin wrapper over it);
-- `DeviceInputs`: both, as a Keras layer in front of the body.
+- `DeviceInputs`: both, as a Keras layer in front of the body;
+- `BoxTargets`: the targets alone, for a model whose inputs are no images.
 
 Everything has static shapes (jit-compilable; comparisons, gathers and
 per-image reductions instead of boolean masks and scatters, so a batch split
@@ -30,7 +31,7 @@ from keras import ops
 
 from keras_yolo_mgpu.model.boxes import num_output_layers, output_strides, resolve_masks
 
-__all__ = ["DeviceInputs", "build_targets", "distort_hsv", "preprocess_true_boxes", "to_float"]
+__all__ = ["BoxTargets", "DeviceInputs", "build_targets", "distort_hsv", "preprocess_true_boxes", "to_float"]
 
 _FLT_EPSILON = float(np.finfo(np.float32).eps)
 # uint8 -> float32 in [0, 1] as `np.float32(v) / np.float32(255)` computes it, by
@@ -372,12 +373,7 @@ class DeviceInputs(keras.layers.Layer):
         # targets' clips and comparisons cannot take (multi-scale models have (None, None) inputs).
         batch, height, width = inputs["image"].shape[:3]
         image = keras.KerasTensor((batch, height, width, 3), dtype=self.compute_dtype)
-        y_true = []
-        for layer, stride in enumerate(output_strides(len(self.masks))):
-            grid = [None if side is None else side // stride for side in (height, width)]
-            shape = (batch, *grid, len(self.masks[layer]), 5 + self.num_classes)
-            y_true.append(keras.KerasTensor(shape, dtype="float32"))
-        return image, y_true
+        return image, _target_specs(batch, height, width, self.masks, self.num_classes)
 
     def get_config(self):
         config = super().get_config()
@@ -390,3 +386,44 @@ class DeviceInputs(keras.layers.Layer):
             }
         )
         return config
+
+
+def _target_specs(batch, height, width, masks, num_classes: int) -> list:
+    """`build_targets`' outputs as KerasTensors: (batch, height / stride, width / stride, len(mask), 5 + classes)."""
+    y_true = []
+    for layer, stride in enumerate(output_strides(len(masks))):
+        grid = [None if side is None else side // stride for side in (height, width)]
+        y_true.append(keras.KerasTensor((batch, *grid, len(masks[layer]), 5 + num_classes), dtype="float32"))
+    return y_true
+
+
+class BoxTargets(keras.layers.Layer):
+    """Padded boxes -> keras-yolo3's targets for images of one size (`build_targets`), on the device.
+
+    For a model that takes no images: stage 0 trains the output convolutions on
+    the body's features (`training.bottleneck`).
+
+    Call arguments:
+        boxes: (B, T, 5) float32 x_min, y_min, x_max, y_max, class in input pixels (zero rows: padding).
+
+    Returns:
+        The float32 targets per output scale, coarsest first, (B, H/stride, W/stride, 3, 5 + num_classes).
+
+    Args:
+        image_size: (height, width) of the images the boxes are in, multiples of 32.
+        anchors, num_classes, masks, iou_thresh: `DeviceInputs`'.
+    """
+
+    def __init__(self, image_size, anchors, num_classes: int, masks=None, iou_thresh=None, **kwargs):
+        super().__init__(autocast=False, **kwargs)  # the boxes stay float32: the targets are bitwise
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
+        self.num_classes = int(num_classes)
+        self.masks = resolve_masks(masks, len(self.anchors))
+        self.iou_thresh = iou_thresh
+
+    def call(self, boxes):
+        return build_targets(boxes, self.image_size, self.anchors, self.num_classes, self.masks, self.iou_thresh)
+
+    def compute_output_spec(self, boxes):
+        return _target_specs(boxes.shape[0], *self.image_size, self.masks, self.num_classes)

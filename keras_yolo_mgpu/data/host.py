@@ -140,7 +140,7 @@ def _check_writable(folder: str) -> None:
         ) from error
 
 
-def _free_memory() -> int:
+def free_memory() -> int:
     """Bytes of memory available to a new allocation: Linux's MemAvailable, else the free pages."""
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
@@ -177,7 +177,7 @@ def check_cache_fits(cache: str | None, annotations: list[Annotation], input_sha
     need, images = sum(letterbox_bytes(size, canvas) for size in sizes.values()), len(sizes)
     what = f"{images} images at their letterbox size in the {input_shape[1]}x{input_shape[0]} input, x 3 bytes"
     if cache in _RAM_CACHE_NAMES:
-        free, where, instead = _free_memory(), "memory available", "--cache DIR on a disk with room, or no --cache"
+        free, where, instead = free_memory(), "memory available", "--cache DIR on a disk with room, or no --cache"
     else:
         folder = os.path.abspath(os.fspath(cache))
         existing = folder

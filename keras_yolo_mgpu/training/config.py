@@ -47,6 +47,9 @@ class TrainConfig:
     batch_size2: int | None = None
     freeze_epochs: int = 50
     epochs: int = 100
+    # Stage 0 (keras-yolo3's train_bottleneck.py): epochs of the output convolutions alone on the
+    # body's features, before stage 1 (training/bottleneck.py); 0: none.
+    bottleneck_epochs: int = 0
     freeze_body: int = 2
     optimizer: str = "adam"
     lr1: float = 1e-3
@@ -116,6 +119,8 @@ class TrainConfig:
                 f"need 0 <= freeze_epochs <= epochs and epochs >= 1. "
                 f"Received: freeze_epochs={self.freeze_epochs}, epochs={self.epochs}"
             )
+        if self.bottleneck_epochs < 0:
+            raise ValueError(f"bottleneck_epochs must be >= 0. Received: bottleneck_epochs={self.bottleneck_epochs}")
         if self.patience is not None and self.patience < 0:
             raise ValueError(f"patience must be >= 0 (0: never stop early). Received: patience={self.patience}")
         if self.memory_budget is not None and not self.memory_budget > 0:

@@ -2,6 +2,8 @@
 
 Stage 1 trains with the body frozen (`freeze_body`), stage 2 unfreezes
 everything with a lower learning rate, ReduceLROnPlateau and EarlyStopping.
+An optional stage 0 first trains the output convolutions alone on the
+body's features (`bottleneck_epochs`, `training.bottleneck`).
 Each run writes into one log directory (`training.run_folder`); the recipe's
 options are assembled by `training.recipe_options`.
 
@@ -35,7 +37,7 @@ from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.model.loss import totalloss
 from keras_yolo_mgpu.model.yolo3 import freeze_layers
 from keras_yolo_mgpu.parallel.engine import build_engine, is_chief
-from keras_yolo_mgpu.training import run_state
+from keras_yolo_mgpu.training import bottleneck, run_state
 from keras_yolo_mgpu.training.callbacks import read_history
 from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
 from keras_yolo_mgpu.training.config import TrainConfig, TrainResult, draw_seed
@@ -44,6 +46,7 @@ from keras_yolo_mgpu.training.precision import training_device_kind
 from keras_yolo_mgpu.training.recipe_options import make_optimizer
 from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _remove_unstarted_run
 from keras_yolo_mgpu.training.run_setup import RunSetup
+from keras_yolo_mgpu.training.training_model import create_model
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +197,8 @@ class _TrainingRun(RunSetup):
         self.read_settings_and_data()
         self.choose_precision_and_jit()
         self.choose_batch_size()
+        if self.config.bottleneck_epochs and self.state is None:
+            self.run_bottleneck_stage()
         stage1_left = self.config.freeze_epochs > 0 and (self.state is None or self.state.stage == 1)
         self.build_models(freeze_body=self.config.freeze_body if stage1_left else 0)
         self.make_callbacks()
@@ -216,6 +221,44 @@ class _TrainingRun(RunSetup):
         if self.chief and self.config.pictures:
             write_prediction_pictures(self, final_path)
         return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
+
+    def run_bottleneck_stage(self) -> None:
+        """Stage 0 (`bottleneck_epochs`): the start weights, their output convolutions trained on features.
+
+        On the default device, before the strategy's model is built (`training.bottleneck`); saved as
+        trained_weights_stage_0.weights.h5 (and keras-yolo3's .h5). A resumed run that had saved them starts
+        from them.
+        """
+        config = self.config
+        path = os.path.join(config.log_dir, bottleneck.STAGE0_WEIGHTS)
+        body, train_model = create_model(freeze_body=2, **self.model_settings())
+        if config.resume and os.path.isfile(path):
+            body.load_weights(path)
+            logger.info("stage 0 was done before the run stopped: its weights %s are the start", path)
+        else:
+            body.set_weights(self.start_weights())
+            bottleneck.train_output_layers(
+                body,
+                train_model.get_layer("yolo_loss"),
+                (self.train_annotations, self.val_annotations),
+                input_shape=config.input_shape,
+                anchors=self.anchors,
+                num_classes=len(self.class_names),
+                masks=self.masks,
+                iou_thresh=self.iou_thresh,
+                epochs=config.bottleneck_epochs,
+                seed=config.seed,
+                jit=bool(config.jit),
+                verbose=fit_verbosity(config.verbose),
+            )
+            if self.chief:
+                save_weights_atomic(body, path, self.metadata)
+                logger.info(
+                    "stage 0 weights: %s (also as keras-yolo3's %s)",
+                    path,
+                    os.path.basename(link_keras_yolo3_name(path)),
+                )
+        self._start_weights = body.get_weights()
 
     def datasets(self, batch: int, start_position: int):
         """`(train, validation or None, steps per epoch)` for a global `batch`, the stream from `start_position`."""
