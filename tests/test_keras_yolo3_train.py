@@ -100,6 +100,7 @@ def test_yolo_video_loads_the_keras_yolo3_final_weights(trained_folder):
     )
     assert detected.returncode == 0, detected.stderr[-3000:]
     assert (root / "detections" / image.name).is_file()
+    assert "INFO yolo_video: 1 image, " in detected.stderr  # the summary takes the noun's number
 
 
 def test_gpus_4_in_the_folder_takes_the_next_run_folder_and_names_the_gpus_it_found(trained_folder):

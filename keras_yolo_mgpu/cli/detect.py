@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.inference import media
 from keras_yolo_mgpu.inference.video import check_video_input
 from keras_yolo_mgpu.weights.download import resolve_weights
@@ -197,9 +198,9 @@ def _detect_images(yolo, args, image_folder: str, rule) -> dict:
             yolo, _typed_names(), image_folder, save_json=args.save_json, show=args.show, rule=rule
         )
     logger.info(
-        "%d images, %d boxes, annotated images in %s%s",
-        stats["images"],
-        stats["detections"],
+        "%s, %s, annotated images in %s%s",
+        counted(stats["images"], "images"),
+        counted(stats["detections"], "boxes"),
         stats["output_dir"],
         f"; {stats['failed']} unreadable or refused" if stats["failed"] else "",
     )

@@ -55,7 +55,7 @@ KINDS = (
 )
 
 
-def _count(number: int, plural: str) -> str:
+def counted(number: int, plural: str) -> str:
     """`1 box`, `2 boxes`, `1 image listed`: the number and its noun (the first word) in the number it takes."""
     noun, _, rest = plural.partition(" ")
     if number == 1:
@@ -111,16 +111,16 @@ class CheckReport:
     def summary_text(self) -> str:
         """One line, e.g. `train.txt: 120 lines, 118 usable; 118 images, ...`."""
         text = (
-            f"{self.source}: {_count(self.num_lines, self.entry_word)}, {len(self.annotations)} usable; "
-            f"{_count(self.num_images, 'images')}, {_count(self.num_boxes, 'boxes')}, "
-            f"{_count(self.num_backgrounds, 'backgrounds')}"
+            f"{self.source}: {counted(self.num_lines, self.entry_word)}, {len(self.annotations)} usable; "
+            f"{counted(self.num_images, 'images')}, {counted(self.num_boxes, 'boxes')}, "
+            f"{counted(self.num_backgrounds, 'backgrounds')}"
         )
         if not self.images_checked:
             text += " (images not decoded)"
         if not self.problems:
             return text + "; no problems"
         kinds = ", ".join(f"{kind} {count}" for kind, count in self.problems_by_kind.items())
-        return f"{text}; {_count(len(self.problems), 'problems')} on {_count(self.num_bad_lines, 'lines')} ({kinds})"
+        return f"{text}; {counted(len(self.problems), 'problems')} on {counted(self.num_bad_lines, 'lines')} ({kinds})"
 
     def no_boxes_message(self, split: str = "training") -> str | None:
         """Why the split gives no box to learn from, where labels were looked for; None when it gives some.
@@ -138,7 +138,7 @@ class CheckReport:
                 found.append(f"{self.num_bad_lines} with problems, the first: {self.problems[0]}")
             backgrounds = self.num_lines - self.num_unlabelled - self.num_bad_lines
             if backgrounds > 0:
-                found.append(_count(backgrounds, "backgrounds"))
+                found.append(counted(backgrounds, "backgrounds"))
             text = f"{self.source}: no box left in the {self.num_lines} {split} images read ({'; '.join(found)})"
         if self.labels_looked_for:
             text += f"; labels are looked for {self.labels_looked_for}"
