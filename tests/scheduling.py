@@ -56,7 +56,7 @@ WORK_UNITS = [
     (r"test_feed_processes\.py::test_no_worker", None, 60),
     # Module-scoped runs shared by the module's tests: one training run in a keras-yolo3 folder; three conversions.
     (r"test_keras_yolo3_train\.py::", "keras-yolo3-train", 200),
-    (r"test_keras_yolo3_tools\.py::", "keras-yolo3-tools", 25),
+    (r"test_keras_yolo3_tools\.py::", "keras-yolo3-tools", 70),
     (r"test_api\.py::test_train_function", None, 40),
     # Two JAX runs (--batch-size auto, then the batch it chose) and one TensorFlow run on one dataset.
     (r"test_batch_fit\.py::test_(jax|tensorflow)_", "batch-auto", 150),

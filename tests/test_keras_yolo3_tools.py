@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 from darknet_files import random_weights, write_weights
 
-from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body
+from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body, yolo_body
 from keras_yolo_mgpu.resources import get_anchors
 from keras_yolo_mgpu.weights import darknet
-from keras_yolo_mgpu.weights.convert import convert
+from keras_yolo_mgpu.weights.convert import convert, load_converted
 from keras_yolo_mgpu.weights.loading import load_weights
 from keras_yolo_mgpu.weights.metadata import read_metadata
 
@@ -126,6 +127,38 @@ def test_convert_refuses_a_users_file_without_overwrite_and_replaces_it_with(con
     assert "model_data/yolo_weights.h5 already exists" in line and "--overwrite" in line
     assert runs["refused_left"] == "the user's own file\n"
     assert "replacing model_data/yolo_weights.h5 (--overwrite)" in runs["weights_only"].stderr
+
+
+@pytest.mark.slow
+def test_darknet53_from_convert_py_starts_train_py_as_its_backbone(tmp_path):
+    """keras-yolo3's README: `convert.py -w darknet53.cfg darknet53.weights model_data/darknet53_weights.h5`,
+    then "use model_data/darknet53_weights.h5 in train.py": the backbone loads, the head starts fresh."""
+    shutil.copy(REPO / "model_data" / "darknet53.cfg", tmp_path / "darknet53.cfg")
+    convs, _ = darknet.infer_layers(darknet.parse_cfg(str(tmp_path / "darknet53.cfg")))
+    write_weights(tmp_path / "darknet53.weights", random_weights(convs))
+    (tmp_path / "model_data").mkdir()
+    backbone = "model_data/darknet53_weights.h5"
+    converted = run_script("convert.py", "-w", "darknet53.cfg", "darknet53.weights", backbone, cwd=tmp_path)
+    assert converted.returncode == 0, converted.stderr[-2000:]
+    paths = make_synthetic_dataset(tmp_path / "data", num_train=4, num_val=0, image_size=64, seed=0)
+    flags = ["--annotations", paths.train, "--classes", paths.classes, "--weights", backbone, "--val-split", "0"]
+    flags += ["--input-size", "32", "--batch-size", "2", "--steps-per-epoch", "1", "--epochs", "1", "--no-pictures"]
+    # keras-yolo3's recipe: stage 1 freezes all but the output convolutions, so the backbone ends as loaded.
+    trained = run_script("train.py", *flags, "--recipe", "keras-yolo3", "--freeze-epochs", "1", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "holds the backbone alone (104 of the model's 147 layers with weights" in trained.stderr
+    final = yolo_body(keras.Input((None, None, 3)), 3, 4)
+    load_weights(final, str(tmp_path / "logs" / "000" / "trained_weights_final.h5"))
+    source = load_converted(tmp_path / backbone)
+    source_convs = [layer for layer in source.layers if isinstance(layer, keras.layers.Conv2D)]
+    final_convs = [layer for layer in final.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert len(source_convs) == 52
+    for ours, theirs in zip(final_convs, source_convs):  # the first 52: Darknet-53's
+        np.testing.assert_array_equal(ours.get_weights()[0], theirs.get_weights()[0])
+    # `train.py --weights darknet53.weights` converts it to a Keras 3 file first: that loads as the backbone too.
+    convert(str(tmp_path / "darknet53.cfg"), str(tmp_path / "darknet53.weights"), str(tmp_path / "d53.weights.h5"))
+    report = load_weights(yolo_body(keras.Input((None, None, 3)), 3, 4), str(tmp_path / "d53.weights.h5"))
+    assert report.loaded == 104 and len(report.skipped) == 43
 
 
 def test_convert_output_that_is_an_input_is_refused_even_with_overwrite(tmp_path):

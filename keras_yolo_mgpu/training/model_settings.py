@@ -86,11 +86,14 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
                 template, config.weights, skip_mismatch=config.weights_partial, allow_new_classes=True
             )
         except WeightsMismatchError as error:
+            if config.weights_partial:  # the layers cannot be paired at all: another network
+                raise ValueError(f"{error} Nothing was trained.") from None
             raise ValueError(
                 f"{error} Nothing was trained. To start anyway from the layers that do match, leaving the others "
                 "at their random initial values, pass --weights-partial (TrainConfig.weights_partial)."
             ) from None
-        kept = [s.layer for s in report.skipped if not s.layer.startswith("yolo_output_")]
+        # A backbone file's head (no file layer: `source` empty) is said by the loader.
+        kept = [s.layer for s in report.skipped if not s.layer.startswith("yolo_output_") and s.source]
         if kept:
             logger.warning(
                 "--weights-partial: %d layer(s) start from random values, not from %s: %s%s",

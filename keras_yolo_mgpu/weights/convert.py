@@ -346,9 +346,9 @@ def convert(
     if architecture == "generic" and file_format in ("keras3-weights", "keras2-weights"):
         cfg_copy_path = output_path + ".cfg"
         logger.warning(
-            "%s holds weights of the generic cfg-built model, not of yolo_body: load it with "
-            "keras_yolo_mgpu.weights.convert.load_converted(%r) (which rebuilds the model from %s), "
-            "or convert to .keras instead",
+            "%s holds weights of the generic cfg-built model, not of yolo_body. A backbone (Darknet-53) starts "
+            "YOLOv3 as train.py --weights; to rebuild the model itself, load it with "
+            "keras_yolo_mgpu.weights.convert.load_converted(%r) (which rebuilds it from %s), or convert to .keras",
             output_path,
             output_path,
             cfg_copy_path,

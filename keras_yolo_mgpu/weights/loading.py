@@ -46,6 +46,7 @@ class WeightsMismatchError(ValueError):
 
 _WEIGHTS_SUFFIX = ".weights.h5"
 _OUTPUT_PREFIX = "yolo_output_"  # kept in sync with model.yolo3.OUTPUT_PREFIX
+_BODY_PREFIX = "darknet_"  # model.yolo3.BODY_PREFIX: the backbone's layers
 # Weight-bearing layer counts of keras-yolo3's networks, for error hints.
 _KNOWN_LAYER_COUNTS = {147: "YOLOv3 (yolo_body)", 24: "tiny YOLOv3 (tiny_yolo_body)"}
 
@@ -266,6 +267,8 @@ def _load_keras2(targets, group, path, format_name, policy) -> LoadReport:
     sources, nested_groups = _keras2_entries(group)
     if nested_groups:
         format_name += "+nested"
+    if _is_backbone(targets, sources):
+        return _assign_backbone(targets, sources, path, format_name)
     if len(sources) != len(targets):
         raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, bool(nested_groups)))
     if len(nested_groups) == 1 and len(nested_groups[0]) == len(sources):
@@ -313,6 +316,40 @@ def _order_nested(targets, sources: list[_SourceLayer]) -> list[_SourceLayer]:
     mismatches_first = sum(s.shapes != t for s, t in zip(sources, target_shapes))
     mismatches_matched = sum(s.shapes != t for s, t in zip(resolved, target_shapes))
     return resolved if mismatches_matched < mismatches_first else sources
+
+
+def _is_backbone(targets, sources: list[_SourceLayer]) -> bool:
+    """Whether `sources` are the model's whole backbone alone: its first layers (`darknet_*`), shape for shape.
+
+    keras-yolo3's README starts YOLOv3 from Darknet-53 this way: `convert.py -w darknet53.cfg
+    darknet53.weights model_data/darknet53_weights.h5`, loaded by name, the head left at its init.
+    """
+    count = len(sources)
+    if not 0 < count < len(targets) or targets[count].name.startswith(_BODY_PREFIX):
+        return False
+    backbone = targets[:count]
+    return all(t.name.startswith(_BODY_PREFIX) for t in backbone) and all(
+        source.shapes == [tuple(w.shape) for w in layer.weights] for source, layer in zip(sources, backbone)
+    )
+
+
+def _assign_backbone(targets, sources, path, format_name) -> LoadReport:
+    """Loads a backbone file (`_is_backbone`) into the model's first layers; the head keeps its values."""
+    count = len(sources)
+    report = _assign_in_order(targets[:count], sources, path, format_name, _MismatchPolicy())
+    head = targets[count:]
+    report.skipped.extend(
+        SkippedLayer(layer.name, "", "not in the file: it holds the backbone alone") for layer in head
+    )
+    logger.info(
+        "%s holds the backbone alone (%d of the model's %d layers with weights, as keras-yolo3's "
+        "darknet53_weights.h5): the other %d (the head) keep their initial values",
+        path,
+        count,
+        len(targets),
+        len(head),
+    )
+    return report
 
 
 def _count_mismatch_message(path, targets, sources, nested) -> str:
@@ -392,10 +429,14 @@ def _load_keras3(targets, handle, path, format_name, policy) -> LoadReport:
         return (named == len(names), placed == len(names), named, -root.count("/") - (root != ""))
 
     root = max(roots, key=coverage)
+    # A backbone file (`_is_backbone`) has the keys of the model's first layers alone.
+    backbone = positional[: len(roots[root])]
     if all(n in by_name[root] for n in names):
         groups, how = [by_name[root][n] for n in names], "by name"
     elif all(k in roots[root] for k in positional):
         groups, how = [roots[root][k] for k in positional], "by position"
+    elif len(backbone) < len(targets) and all(k in roots[root] for k in backbone):
+        groups, how = [roots[root][k] for k in backbone], "by position, the backbone alone"
     else:
         missing = [n for n in names if n not in by_name[root]]
         raise ValueError(
@@ -413,6 +454,10 @@ def _load_keras3(targets, handle, path, format_name, policy) -> LoadReport:
         )
         for group in groups
     ]
+    if len(sources) < len(targets):
+        if not _is_backbone(targets, sources):
+            raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, nested=False))
+        return _assign_backbone(targets, sources, path, format_name)
     return _assign_in_order(targets, sources, path, format_name, policy)
 
 
@@ -439,6 +484,8 @@ def _load_keras_archive(targets, path, policy) -> LoadReport:
             "its weights with model.save_weights('model.weights.h5') and pass that file instead."
         ) from None
     sources = [_SourceLayer(layer.name, [np.asarray(w) for w in layer.get_weights()]) for layer in weight_layers(saved)]
+    if _is_backbone(targets, sources):
+        return _assign_backbone(targets, sources, path, "keras3-archive")
     if len(sources) != len(targets):
         raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, nested=False))
     return _assign_in_order(targets, sources, path, "keras3-archive", policy)
