@@ -49,16 +49,16 @@ def _extractor(body: keras.Model) -> keras.Model:
 
 
 def feature_bytes(body: keras.Model, input_shape) -> int:
-    """Bytes of one image's features at `input_shape` (height, width), as float32."""
+    """Bytes of one image's features at `input_shape` (height, width), kept in Keras's float type (`floatx`)."""
     shapes = _extractor(body).compute_output_shape((1, *input_shape, 3))
-    return sum(math.prod(shape[1:]) for shape in shapes) * 4
+    return sum(math.prod(shape[1:]) for shape in shapes) * np.dtype(keras.config.floatx()).itemsize
 
 
 def compute_features(body: keras.Model, annotations, input_shape, num_classes: int) -> dict:
     """The head's inputs for `annotations`: the features of each letterboxed image and its boxes.
 
     Returns:
-        `{"features_<i>": (n, height / stride, width / stride, channels) float32 per output conv,
+        `{"features_<i>": (n, height / stride, width / stride, channels) per output conv (Keras's floatx),
         "boxes": (n, MAX_BOXES, 5) float32}`, n the images that decoded (a failed image is warned
         about by the host and left out).
     """
@@ -72,7 +72,7 @@ def compute_features(body: keras.Model, annotations, input_shape, num_classes: i
         if features is None:
             features = [[] for _ in outputs]
         for kept, output in zip(features, outputs, strict=True):
-            kept.append(np.asarray(output, np.float32)[real])
+            kept.append(np.asarray(output, keras.config.floatx())[real])
         boxes.append(batch.boxes[real])
     inputs = {f"features_{i}": np.concatenate(kept) for i, kept in enumerate(features)}
     inputs["boxes"] = np.concatenate(boxes)
