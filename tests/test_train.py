@@ -209,6 +209,7 @@ def test_multiworker_two_processes_on_localhost(dataset, tmp_path):
             "0",
             "--steps-per-epoch",
             "2",
+            *("--bottleneck-epochs", "1"),  # stage 0 runs in each process, outside the collective strategy
         )
         processes.append(
             subprocess.Popen(
@@ -226,6 +227,7 @@ def test_multiworker_two_processes_on_localhost(dataset, tmp_path):
     assert "2 replica(s)" in outputs[0]
     # Only the chief (worker 0) writes the run folder.
     assert (tmp_path / "run" / "trained_weights_final.weights.h5").exists()
+    assert (tmp_path / "run" / "trained_weights_stage_0.weights.h5").exists()
 
 
 def test_mixed_precision_policy_does_not_outlive_the_run(tmp_path, monkeypatch):
