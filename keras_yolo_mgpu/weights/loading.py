@@ -429,36 +429,33 @@ def _load_keras3(targets, handle, path, format_name, policy) -> LoadReport:
         return (named == len(names), placed == len(names), named, -root.count("/") - (root != ""))
 
     root = max(roots, key=coverage)
-    # A backbone file (`_is_backbone`) has the keys of the model's first layers alone.
-    backbone = positional[: len(roots[root])]
+    if root:
+        format_name += "+nested"
     if all(n in by_name[root] for n in names):
         groups, how = [by_name[root][n] for n in names], "by name"
     elif all(k in roots[root] for k in positional):
         groups, how = [roots[root][k] for k in positional], "by position"
-    elif len(backbone) < len(targets) and all(k in roots[root] for k in backbone):
-        groups, how = [roots[root][k] for k in backbone], "by position, the backbone alone"
     else:
+        # A backbone file (`_is_backbone`) holds the keys of the model's first layers alone.
+        first = [roots[root][k] for k in positional[: len(roots[root])] if k in roots[root]]
+        backbone = [_keras3_source(group) for group in first]
+        if len(first) == len(roots[root]) and _is_backbone(targets, backbone):
+            return _assign_backbone(targets, backbone, path, format_name)
         missing = [n for n in names if n not in by_name[root]]
         raise ValueError(
             f"Cannot load {path}: {len(missing)} of the model's {len(names)} layers with weights are not in it "
             f"(missing e.g. {missing[:3]}; the file has e.g. {sorted(by_name[root])[:3]}), nor layers of the "
             f"same classes in the same order. It was saved from another network."
         )
-    if root:
-        format_name += "+nested"
     logger.debug("%s: Keras 3 layers under %r matched %s", path, root or "/", how)
-    sources = [
-        _SourceLayer(
-            str(group.attrs.get("name", group.name.rsplit("/", 2)[-2])),
-            [np.asarray(group[str(i)]) for i in range(len(group))],
-        )
-        for group in groups
-    ]
-    if len(sources) < len(targets):
-        if not _is_backbone(targets, sources):
-            raise WeightsMismatchError(_count_mismatch_message(path, targets, sources, nested=False))
-        return _assign_backbone(targets, sources, path, format_name)
+    sources = [_keras3_source(group) for group in groups]
     return _assign_in_order(targets, sources, path, format_name, policy)
+
+
+def _keras3_source(group) -> _SourceLayer:
+    """A Keras 3 file's `vars` group as a `_SourceLayer` (its layer's recorded name, its arrays in order)."""
+    name = str(group.attrs.get("name", group.name.rsplit("/", 2)[-2]))
+    return _SourceLayer(name, [np.asarray(group[str(i)]) for i in range(len(group))])
 
 
 def _load_keras_archive(targets, path, policy) -> LoadReport:
