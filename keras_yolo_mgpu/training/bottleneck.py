@@ -29,6 +29,7 @@ from keras_yolo_mgpu.data.device_side import BoxTargets, to_float
 from keras_yolo_mgpu.data.host import HostBatches, free_memory
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.model.loss import totalloss
+from keras_yolo_mgpu.model.yolo3 import OUTPUT_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,8 @@ LEARNING_RATE = 1e-3
 
 
 def output_layers(body: keras.Model) -> list:
-    """The body's output convolutions, in the order of `body.outputs` (coarsest scale first)."""
-    return [tensor._keras_history.operation for tensor in body.outputs]
+    """The body's output convolutions `yolo_output_<i>`, in the order of `body.outputs` (coarsest scale first)."""
+    return [body.get_layer(f"{OUTPUT_PREFIX}{i}") for i in range(len(body.outputs))]
 
 
 def _extractor(body: keras.Model) -> keras.Model:
