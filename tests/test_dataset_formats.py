@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 
 import numpy as np
 import pytest
 from dataset_writers import CLASSES, write_coco, write_voc, write_yolo
+from PIL import Image, ImageOps
 
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.dataset_source import detect_kind, open_dataset, resolve_class_names
@@ -174,3 +176,56 @@ def test_checker_and_kmeans_commands_take_data(reference, tmp_path, capsys):
     assert kmeans_main(["--data", str(out), "--clusters", "2"]) == 0
     boxes = sum(len(r.boxes) for r in train)
     assert capsys.readouterr().out.startswith(f"{boxes} boxes, 2 clusters")
+
+
+# PIL's rule for showing stored pixels (`ImageOps.exif_transpose`), inverted: how to store an upright picture so
+# that a viewer shows it upright under each EXIF orientation (the rotations are each other's inverse).
+STORED_FOR_ORIENTATION = {
+    1: None,
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_90,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_270,
+}
+
+
+def test_yolo_labels_of_exif_rotated_photos_land_on_the_stored_pixels(tmp_path, caplog, capsys):
+    """A phone photo is stored sideways with an EXIF orientation; YOLO-format tools label it as displayed (as
+    ultralytics reads it). Training reads the stored pixels, so each box must move onto them: every orientation's
+    box must cover the object's stored pixels, found by thresholding them."""
+    from keras_yolo_mgpu.cli.check_dataset import main as check_main
+    from keras_yolo_mgpu.data.images import read_image
+
+    upright = np.zeros((48, 64, 3), np.uint8)  # as displayed: 64 wide, 48 high
+    upright[8:20, 40:58] = 255  # the object: x 40-58, y 8-20
+    label = f"0 {49 / 64!r} {14 / 48!r} {18 / 64!r} {12 / 48!r}\n"
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    for orientation, transpose in STORED_FOR_ORIENTATION.items():
+        stored = Image.fromarray(upright)
+        stored = stored if transpose is None else stored.transpose(transpose)
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        path = tmp_path / "images" / f"o{orientation}.jpg"
+        stored.save(path, quality=100, exif=exif.tobytes())
+        with Image.open(path) as shown:  # the file is what a viewer shows upright
+            assert np.abs(np.asarray(ImageOps.exif_transpose(shown)).astype(int) - upright).max() < 40
+        (tmp_path / "labels" / f"o{orientation}.txt").write_text(label)
+    (tmp_path / "classes.txt").write_text("object\n")
+
+    with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu.data.formats.yolo"):
+        records = open_dataset(str(tmp_path)).checked("train", 1).annotations
+    assert len(records) == 8
+    for record in records:
+        pixels = read_image(record.image_path)
+        rows, columns = np.nonzero(pixels[..., 0] > 128)
+        found = [columns.min(), rows.min(), columns.max() + 1, rows.max() + 1]
+        np.testing.assert_allclose(record.boxes[0, :4], found, atol=1, err_msg=record.image_path)
+        assert record.boxes[0, 4] == 0
+    assert "7 labelled image(s) carry an EXIF orientation" in caplog.text
+    assert f"first {tmp_path / 'images' / 'o2.jpg'}: mirrored" in caplog.text
+    assert check_main(["--data", str(tmp_path)]) == 0  # the checker reads the same boxes: none outside the image
+    assert "8 usable" in capsys.readouterr().out

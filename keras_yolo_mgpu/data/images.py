@@ -20,7 +20,9 @@ images, arrays from users or OpenCV) go through `to_rgb_array`; both return
 - no EXIF rotation: pixels stay in the stored grid, which is the grid that
   annotation files (VOC and COCO record the stored width and height),
   TensorFlow's decoders and keras-yolo3 use, so a box means the same pixels
-  on every path.
+  on every path. Labels drawn on the displayed (EXIF-rotated) view, as
+  YOLO-format tools draw them for ultralytics, are moved onto the stored
+  grid instead (`displayed_to_stored`).
 
 Training decodes with `decode_image`, which decodes a JPEG that will be
 shrunk anyway at reduced scale: several times faster, and the pixels of
@@ -41,11 +43,32 @@ logger = logging.getLogger(__name__)
 _TRUNCATED_LOCK = threading.Lock()
 _WARNED_TRUNCATED: set[str] = set()  # warned once per file, not at every epoch
 
-__all__ = ["decode_image", "image_size", "read_image", "to_rgb_array"]
+__all__ = [
+    "ORIENTATION_NAMES",
+    "decode_image",
+    "displayed_size",
+    "displayed_to_stored",
+    "image_size",
+    "image_size_and_orientation",
+    "read_image",
+    "to_rgb_array",
+]
 
 # Pillow modes of one channel with more than 8 bits per sample ("I" holds
 # 16-bit PGM and TIFF samples; 32-bit values beyond 16 bits clip at 255).
 _DEEP_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+# EXIF's Orientation tag: how a viewer turns the stored pixels for display (1: as stored).
+_ORIENTATION_TAG = 0x0112
+ORIENTATION_NAMES = {
+    1: "as stored",
+    2: "mirrored",
+    3: "rotated 180 degrees",
+    4: "flipped upside down",
+    5: "transposed",
+    6: "rotated 90 degrees clockwise",
+    7: "transversed",
+    8: "rotated 90 degrees counter-clockwise",
+}
 
 
 def read_image(path: str) -> np.ndarray:
@@ -115,6 +138,60 @@ def image_size(path: str) -> tuple[int, int]:
     """(width, height) of an image file from its header, without decoding it."""
     with Image.open(path) as image:
         return image.size
+
+
+def image_size_and_orientation(path: str) -> tuple[tuple[int, int], int]:
+    """(stored (width, height), EXIF orientation 1-8) from the file's header, without decoding it.
+
+    The orientation is 1 for a file without EXIF or with a value outside 1-8.
+    """
+    with Image.open(path) as image:
+        orientation = 1
+        if image.info.get("exif"):  # read at open for JPEG, WebP and PNG's eXIf before the pixels
+            try:
+                orientation = int(image.getexif().get(_ORIENTATION_TAG, 1))
+            except Exception:  # noqa: BLE001 - a damaged EXIF block leaves the pixels as stored
+                orientation = 1
+        return image.size, orientation if orientation in ORIENTATION_NAMES else 1
+
+
+def displayed_size(stored_size: tuple[int, int], orientation: int) -> tuple[int, int]:
+    """(width, height) of the image as a viewer shows it: swapped by the orientations that turn it 90 degrees."""
+    width, height = stored_size
+    return (height, width) if orientation >= 5 else (width, height)
+
+
+def displayed_to_stored(boxes: np.ndarray, orientation: int, stored_size: tuple[int, int]) -> np.ndarray:
+    """Boxes drawn on the displayed view of an image, moved onto its stored pixel grid.
+
+    Args:
+        boxes: (N, 4 + k) x_min, y_min, x_max, y_max in pixels of the
+            displayed image (`displayed_size`), then any other columns (the class).
+        orientation: the image's EXIF orientation, 1-8 (PIL's `ImageOps.exif_transpose` turns
+            the stored pixels into the displayed ones by the same rule).
+        stored_size: (width, height) of the stored pixels.
+
+    Returns:
+        (N, 4 + k) float, the same boxes on the stored pixels, corners ordered; other columns unchanged.
+    """
+    boxes = np.array(boxes, np.float64).reshape(len(boxes), -1)
+    width, height = stored_size
+    x, y = boxes[:, [0, 2]], boxes[:, [1, 3]]
+    # Where a displayed point (x, y) lies on the stored grid, for each orientation.
+    stored_x, stored_y = {
+        1: (x, y),
+        2: (width - x, y),
+        3: (width - x, height - y),
+        4: (x, height - y),
+        5: (y, x),
+        6: (y, height - x),
+        7: (width - y, height - x),
+        8: (width - y, x),
+    }[orientation]
+    moved = boxes.copy()
+    moved[:, 0], moved[:, 2] = stored_x.min(axis=1), stored_x.max(axis=1)
+    moved[:, 1], moved[:, 3] = stored_y.min(axis=1), stored_y.max(axis=1)
+    return moved
 
 
 def to_rgb_array(image) -> np.ndarray:
