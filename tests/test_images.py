@@ -12,9 +12,9 @@ import cv2
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
+from PIL import Image, ImageOps
 
-from keras_yolo_mgpu.data.images import decode_image, image_size, read_image, to_rgb_array
+from keras_yolo_mgpu.data.images import decode_image, image_size, read_displayed_image, read_image, to_rgb_array
 
 RNG = np.random.default_rng(0)
 W16 = RNG.integers(0, 65536, (5, 7, 4)).astype(np.uint16)  # (H, W, 4) 16-bit samples
@@ -203,3 +203,17 @@ def test_to_rgb_array_normalises_in_memory_images():
     np.testing.assert_array_equal(to_rgb_array(Image.fromarray(W16[..., 0])), _grey(W16[..., 0] >> 8))
     with pytest.raises(ValueError, match="expected an"):
         to_rgb_array(np.zeros((5,), np.uint8))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_displayed_image_is_pils_exif_transpose(tmp_path, orientation):
+    """Detection's reader turns the stored pixels as PIL's `ImageOps.exif_transpose` does, for every orientation."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(_encode(_photo(), "JPEG", exif=exif.tobytes()))
+    with Image.open(path) as image:
+        expected = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+    displayed = read_displayed_image(str(path))
+    np.testing.assert_array_equal(displayed, expected)
+    assert displayed.shape[:2] == ((30, 40) if orientation < 5 else (40, 30))

@@ -185,6 +185,30 @@ def test_one_image_is_annotated_into_the_file_output_names_and_several_are_refus
     assert not (tmp_path / "two.png").exists()
 
 
+def test_a_photo_stored_sideways_is_detected_and_drawn_as_a_viewer_shows_it(yolo, clip, tmp_path):
+    """A phone's portrait photo: stored 160 wide and 120 high, EXIF orientation 6 (turn 90 degrees clockwise to
+    show). The network sees it upright and the annotated file is upright, as ultralytics draws it (keras-yolo3 drew
+    it sideways)."""
+    from PIL import Image, ImageOps
+
+    stored = Image.fromarray(cv2.cvtColor(read_bgr_frames(clip)[0], cv2.COLOR_BGR2RGB))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored.save(tmp_path / "portrait.jpg", quality=95, exif=exif.tobytes())
+    stats = process_images(
+        yolo, [str(tmp_path / "portrait.jpg")], str(tmp_path / "out"), save_json=str(tmp_path / "d.jsonl")
+    )
+    assert stats["images"] == 1
+    record = json.loads((tmp_path / "d.jsonl").read_text())
+    assert (record["width"], record["height"]) == (120, 160)
+    assert cv2.imread(str(tmp_path / "out" / "portrait.jpg")).shape == (160, 120, 3)
+    with Image.open(tmp_path / "portrait.jpg") as shown:
+        upright, as_stored = np.asarray(ImageOps.exif_transpose(shown)), np.asarray(shown)
+    upright_found, stored_found = (yolo.detect_batch([pixels])[0] for pixels in (upright, as_stored))
+    assert upright_found.num_boxes > 0 and record["detections"] == upright_found.to_records(yolo.class_names)
+    assert record["detections"] != stored_found.to_records(yolo.class_names)  # the test tells the two apart
+
+
 # ---- the command line -------------------------------------------------------------------
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "displayed_to_stored",
     "image_size",
     "image_size_and_orientation",
+    "read_displayed_image",
     "read_image",
     "to_rgb_array",
 ]
@@ -138,6 +139,28 @@ def image_size(path: str) -> tuple[int, int]:
     """(width, height) of an image file from its header, without decoding it."""
     with Image.open(path) as image:
         return image.size
+
+
+def read_displayed_image(path: str) -> np.ndarray:
+    """`read_image`, turned as a viewer shows the file (EXIF orientation applied): what detection draws on.
+
+    Returns:
+        (H', W', 3) uint8 RGB, `displayed_size` of the stored pixels.
+    """
+    pixels = read_image(path)
+    orientation = image_size_and_orientation(path)[1]
+    # PIL's `ImageOps.exif_transpose`, on the array (tests/test_images.py compares the two).
+    turned = {
+        1: lambda p: p,
+        2: lambda p: p[:, ::-1],
+        3: lambda p: p[::-1, ::-1],
+        4: lambda p: p[::-1],
+        5: lambda p: p.transpose(1, 0, 2),
+        6: lambda p: np.rot90(p, k=-1),
+        7: lambda p: p[::-1, ::-1].transpose(1, 0, 2),
+        8: lambda p: np.rot90(p, k=1),
+    }[orientation](pixels)
+    return np.ascontiguousarray(turned)
 
 
 def image_size_and_orientation(path: str) -> tuple[tuple[int, int], int]:

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 
 from keras_yolo_mgpu.backend import inference as backend_inference
+from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.evaluation.mean_ap import (
     EVAL_MAX_DETECTIONS,
     EVAL_MIN_SCORE,
@@ -30,7 +31,6 @@ from keras_yolo_mgpu.evaluation.mean_ap import (
     evaluate_detections,
 )
 from keras_yolo_mgpu.inference.detector import YOLO
-from keras_yolo_mgpu.inference.media import read_image
 from keras_yolo_mgpu.model.yolo3 import build_body
 from keras_yolo_mgpu.training.callbacks import overrides_batch_end
 from keras_yolo_mgpu.training.run_state import callback_key, callback_states, restore_callback_states
