@@ -61,5 +61,7 @@ def write_voc(folder, records, class_names=CLASSES):
             f"<ymin>{y1:g}</ymin><xmax>{x2:g}</xmax><ymax>{y2:g}</ymax></bndbox></object>"
             for x1, y1, x2, y2, c in record.boxes.tolist()
         )
-        xml = f"<annotation><filename>{os.path.basename(record.image_path)}</filename>{objects}</annotation>"
+        width, height = image_size(record.image_path)
+        size = f"<size><width>{width}</width><height>{height}</height><depth>3</depth></size>"
+        xml = f"<annotation><filename>{os.path.basename(record.image_path)}</filename>{size}{objects}</annotation>"
         (folder / "Annotations" / f"{stem}.xml").write_text(xml)

@@ -72,7 +72,8 @@ def test_reports_each_problem_on_its_line(dataset):
         (11, "malformed"),
         (13, "class-out-of-range"),
     ]
-    assert set(KINDS) - {"label-without-image"} == {kind for _, kind in found}  # YOLO-format only
+    # label-without-image: YOLO-format only; size-mismatch: formats that record sizes (COCO, VOC).
+    assert set(KINDS) - {"label-without-image", "size-mismatch"} == {kind for _, kind in found}
     # Lines whose only problems are repairable (boxes outside the image,
     # repeats, degenerate boxes) stay usable with boxes clipped, deduplicated
     # and degenerate ones dropped, as keras-yolo3's generator did.

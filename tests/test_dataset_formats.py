@@ -229,3 +229,58 @@ def test_yolo_labels_of_exif_rotated_photos_land_on_the_stored_pixels(tmp_path, 
     assert f"first {tmp_path / 'images' / 'o2.jpg'}: mirrored" in caplog.text
     assert check_main(["--data", str(tmp_path)]) == 0  # the checker reads the same boxes: none outside the image
     assert "8 usable" in capsys.readouterr().out
+
+
+def test_an_image_resized_after_labelling_is_named_and_left_out_and_a_displayed_size_turns_the_boxes(
+    reference, tmp_path, caplog
+):
+    """COCO and VOC record each image's size. An image that no longer has it (resized after labelling) would get
+    boxes in another image's pixels: the check names it and leaves it out. A photo stored sideways whose recorded
+    size is the displayed one was labelled as displayed: its boxes move onto the stored pixels, from the record too."""
+    from keras_yolo_mgpu.data.images import read_image
+
+    _, train, _ = reference
+    images = tmp_path / "images"
+    images.mkdir()
+    for record in train[:3]:
+        (images / os.path.basename(record.image_path)).write_bytes(open(record.image_path, "rb").read())
+    write_coco(images / "instances.json", train[:3])
+    write_voc(tmp_path / "voc", train[:3])
+    os.symlink(images, tmp_path / "voc" / "JPEGImages")
+    resized = images / os.path.basename(train[1].image_path)
+    with Image.open(resized) as image:
+        image.resize((image.width * 2, image.height * 2)).save(resized)
+    for path in (str(images / "instances.json"), str(tmp_path / "voc")):
+        report = open_dataset(path).checked("train", len(CLASSES))
+        assert [p.kind for p in report.problems] == ["size-mismatch"], path
+        width, height = image_size(train[1].image_path)
+        message = str(report.problems[0])
+        assert (
+            f"as {width}x{height} pixels, and " in message and f"{resized.name} is {2 * width}x{2 * height}" in message
+        )
+        assert [os.path.basename(a.image_path) for a in report.annotations] == [
+            os.path.basename(r.image_path) for r in (train[0], train[2])
+        ]
+
+    # A portrait photo: an object at x 8-20, y 30-50 of the displayed 48x64 image, stored sideways (64x48).
+    upright = np.zeros((64, 48, 3), np.uint8)
+    upright[30:50, 8:20] = 255
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(images / "portrait.jpg", exif=exif.tobytes())
+    instances = {
+        "images": [{"id": 1, "file_name": "portrait.jpg", "width": 48, "height": 64}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 30, 12, 20], "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "circle"}],
+    }
+    (images / "portrait.json").write_text(json.dumps(instances))
+    for from_record in (False, True):
+        with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu"):
+            report = open_dataset(str(images / "portrait.json"), record_dir=str(tmp_path / "cache")).checked("train", 1)
+        assert report.problems == [] and len(report.annotations) == 1
+        rows, columns = np.nonzero(read_image(str(images / "portrait.jpg"))[..., 0] > 128)
+        found = [columns.min(), rows.min(), columns.max() + 1, rows.max() + 1]
+        np.testing.assert_allclose(report.annotations[0].boxes[0, :4], found, atol=1)
+        assert "1 image(s) carry an EXIF orientation and were labelled as displayed" in caplog.text
+        assert ("read from its record" in caplog.text) == from_record
+        caplog.clear()

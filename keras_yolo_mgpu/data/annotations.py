@@ -62,6 +62,9 @@ class Annotation:
         size: the image's stored (width, height) once the dataset check read
             its header, so later steps need not open the file (None before;
             not part of equality).
+        recorded_size: the (width, height) the annotation itself gives the
+            image (COCO's `width`/`height`, VOC's `<size>`), which the check
+            compares with the file's; None where the format records none.
     """
 
     image_path: str
@@ -69,6 +72,7 @@ class Annotation:
     source: str = "<string>"
     line_number: int = 0
     size: tuple[int, int] | None = None
+    recorded_size: tuple[int, int] | None = None
 
     def __eq__(self, other) -> bool:  # ndarray fields break the generated __eq__
         if not isinstance(other, Annotation):

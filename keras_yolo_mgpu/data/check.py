@@ -16,6 +16,9 @@ modified. Problem kinds:
     class-out-of-range  class id not in [0, num_classes)
     duplicate-box       the same box twice on one line
     label-without-image a YOLO-format label file whose image does not exist
+    size-mismatch       the annotation gives the image another width and height than the file's (COCO, VOC):
+                        its boxes cannot be placed, and the image is left out (a photo the annotation records
+                        as displayed, EXIF orientation applied, has its boxes moved onto the stored pixels)
 
 Datasets in other formats (`data.dataset_source`) are checked by
 `check_records`: their readers report what is wrong with the file itself and
@@ -30,6 +33,7 @@ format (`CheckReport.no_boxes_message`, `unlabelled_warning`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -39,7 +43,15 @@ import numpy as np
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
 from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords
+from keras_yolo_mgpu.data.images import (
+    ORIENTATION_NAMES,
+    displayed_size,
+    displayed_to_stored,
+    image_size_and_orientation,
+)
 from keras_yolo_mgpu.data.scan import record_path, scan_images
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["KINDS", "CheckReport", "check_annotations", "check_records", "degenerate_box_reason"]
 
@@ -52,6 +64,7 @@ KINDS = (
     "class-out-of-range",
     "duplicate-box",
     "label-without-image",
+    "size-mismatch",
 )
 
 
@@ -265,6 +278,57 @@ def check_annotations(
     return check_records(read_annotation_file(path, root), num_classes, **options)
 
 
+def _match_recorded_sizes(
+    records: list[Annotation], sizes: np.ndarray, source: str
+) -> tuple[list[Annotation], dict[int, str]]:
+    """Compares the size each annotation gives its image with the file's; returns (records, mismatches).
+
+    A photo stored sideways whose annotation gives the size a viewer shows
+    (EXIF orientation applied) was labelled on that view: its boxes are
+    moved onto the stored pixels, which training reads. Any other difference
+    (an image resized or replaced after labelling) is a mismatch.
+
+    Args:
+        records: N records; `recorded_size` None where the format records no size.
+        sizes: (N, 2) stored (width, height) of each record's image, -1 when unknown.
+
+    Returns:
+        The records (those turned have moved boxes) and {record index: message} of the mismatches.
+    """
+    recorded = np.array([a.recorded_size or (-1, -1) for a in records], np.int64).reshape(-1, 2)
+    differs = (recorded[:, 0] > 0) & (sizes[:, 0] > 0) & (recorded != sizes).any(axis=1)
+    if not differs.any():
+        return records, {}
+    records, mismatched, turned = list(records), {}, []
+    for index in np.flatnonzero(differs).tolist():
+        annotation, stored = records[index], (int(sizes[index, 0]), int(sizes[index, 1]))
+        try:
+            orientation = image_size_and_orientation(annotation.image_path)[1]
+        except Exception:  # noqa: BLE001 - read by the scan a moment ago; a file now gone stays a mismatch
+            orientation = 1
+        if orientation != 1 and displayed_size(stored, orientation) == annotation.recorded_size:
+            boxes = displayed_to_stored(annotation.boxes, orientation, stored).astype(np.float32)
+            records[index] = dataclasses.replace(annotation, boxes=boxes)
+            turned.append((annotation.image_path, orientation))
+            continue
+        width, height = annotation.recorded_size
+        mismatched[index] = (
+            f"the annotation gives the image as {width}x{height} pixels, and {annotation.image_path} is "
+            f"{stored[0]}x{stored[1]} (resized or replaced after labelling?): its boxes cannot be placed; "
+            "the image is left out"
+        )
+    if turned:
+        logger.info(
+            "%s: %d image(s) carry an EXIF orientation and were labelled as displayed (first %s: %s): their boxes "
+            "are moved onto the stored pixels, which training reads",
+            source,
+            len(turned),
+            turned[0][0],
+            ORIENTATION_NAMES[turned[0][1]],
+        )
+    return records, mismatched
+
+
 def _screen_boxes(records: list[Annotation], sizes: np.ndarray, num_classes: int) -> np.ndarray:
     """(N,) bool: the records with a box `_box_problems` may report, found with array operations.
 
@@ -342,18 +406,22 @@ def check_records(
     position = {path: index for index, path in enumerate(scan.paths)}
     at = np.fromiter((position[a.image_path] for a in records), np.int64, len(records))
     sizes = scan.sizes[at] if len(records) else np.zeros((0, 2), np.int32)
+    records, mismatched = _match_recorded_sizes(records, sizes, source)
     screened = _screen_boxes(records, sizes, num_classes)
     # Records are keyed by position: a COCO JSON's records share one source and line 0.
     found_by_record: dict[int, list[Problem]] = {}
     good = []
     for index, annotation in enumerate(records):
         size, kind, message = scan.result(at[index])
-        if not kind and not screened[index]:  # the common case: nothing to word, nothing to repair
+        if not kind and not screened[index] and index not in mismatched:  # the common case: nothing to word
             good.append(Annotation(annotation.image_path, annotation.boxes, annotation.source,
                                    annotation.line_number, size))  # fmt: skip
             continue
         found = [(kind, message)] if kind else []
-        found += _box_problems(annotation, num_classes, size)
+        if index in mismatched:  # its boxes are in another image's pixels: checking them says nothing more
+            found.append(("size-mismatch", mismatched[index]))
+        else:
+            found += _box_problems(annotation, num_classes, size)
         if found:
             found_by_record[index] = [Problem(annotation.source, annotation.line_number, k, m) for k, m in found]
             if all(k in REPAIRABLE for k, _ in found):

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from keras_yolo_mgpu.data.annotations import format_annotation_line
+from keras_yolo_mgpu.data.formats.records import recorded_size
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class VocImage:
 
     Attributes:
         filename: the ``<filename>`` element, or None when absent.
+        size: ``<size>``'s (width, height), or None when absent or not positive integers.
         boxes: ``(K, 5)`` float array x_min, y_min, x_max, y_max, class index.
         difficult_skipped: objects dropped for being difficult.
         unknown: names of objects dropped for a class not in the list.
@@ -50,6 +52,7 @@ class VocImage:
     boxes: np.ndarray
     difficult_skipped: int = 0
     unknown: list = dataclasses.field(default_factory=list)
+    size: tuple[int, int] | None = None
 
 
 def _number(obj, tag: str, xml_path: str) -> float:
@@ -102,6 +105,7 @@ def parse_voc_xml(xml_path: str, class_names: Sequence[str], *, keep_difficult: 
         np.array(boxes, dtype=np.float64).reshape(-1, 5),
         difficult_skipped,
         unknown,
+        recorded_size(root.findtext("size/width"), root.findtext("size/height")),
     )
 
 

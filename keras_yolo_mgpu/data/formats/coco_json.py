@@ -21,7 +21,7 @@ import numpy as np
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.check import DROPPED, degenerate_box_reason
 from keras_yolo_mgpu.data.coco import category_mapping
-from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords, pixel_box_rounding
+from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords, pixel_box_rounding, recorded_size
 
 __all__ = ["find_image_dir", "read_coco_json"]
 
@@ -98,7 +98,9 @@ def read_coco_json(json_path: str, image_dir: str | None = None) -> tuple[SplitR
             continue
         boxes = np.array(by_image[image["id"]], np.float32).reshape(-1, 5)
         path = os.path.join(folder, str(image["file_name"]))
-        split.records.append(Annotation(os.path.abspath(path), boxes, f"{json_path}[image {image['id']}]", 0))
+        recorded = recorded_size(image.get("width"), image.get("height"))
+        where = f"{json_path}[image {image['id']}]"
+        split.records.append(Annotation(os.path.abspath(path), boxes, where, 0, recorded_size=recorded))
     annotations = instances.get("annotations", [])
     annotated = {ann.get("image_id") for ann in annotations}
     unlabelled = [image for image in images if image["id"] not in annotated]

@@ -9,6 +9,7 @@ so the next start loads arrays instead of parsing the file again.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ __all__ = [
     "is_image_file",
     "load_split_record",
     "pixel_box_rounding",
+    "recorded_size",
     "save_split_record",
 ]
 
@@ -46,6 +48,22 @@ def pixel_box_rounding(value: float) -> float:
     format, hence the same targets.
     """
     return round(value, 3)
+
+
+def recorded_size(width, height) -> tuple[int, int] | None:
+    """(width, height) an annotation gives its image, or None unless both are positive whole numbers.
+
+    Args:
+        width, height: as the file holds them (text, numbers or None); tools
+            that did not read the image write 0 or leave them out.
+    """
+    try:
+        size = float(str(width).strip()), float(str(height).strip())
+    except ValueError:
+        return None
+    if not all(math.isfinite(v) and v > 0 and v == int(v) for v in size):
+        return None
+    return int(size[0]), int(size[1])
 
 
 @dataclass
@@ -98,7 +116,7 @@ class SplitRecords:
 # --- the record of a split, so the next start reads arrays instead of the annotation file ---------
 
 # Bump when a reader's output or the record's layout changes: older records are then rebuilt.
-RECORDS_VERSION = 1
+RECORDS_VERSION = 2
 
 
 def file_stat(path: str) -> list[int]:
@@ -134,6 +152,7 @@ def save_split_record(path: str, split: SplitRecords, names: list[str] | None, k
         lines=np.array([r.line_number for r in records], np.int64),
         counts=np.array([len(r.boxes) for r in records], np.int64),
         boxes=np.concatenate(boxes).astype(np.float32) if boxes else np.zeros((0, 5), np.float32),
+        recorded_sizes=np.array([r.recorded_size or (-1, -1) for r in records], np.int64).reshape(-1, 2),
     )
 
 
@@ -146,21 +165,23 @@ def load_split_record(path: str, key: dict) -> tuple[SplitRecords, list[str] | N
 
     def read(meta, data):
         texts = record_text(data["paths"]), record_text(data["sources"])
-        return meta, *texts, data["lines"], data["counts"], data["boxes"]
+        return meta, *texts, data["lines"], data["counts"], data["boxes"], data["recorded_sizes"]
 
     unreadable = "record %s unreadable (%s: %s): reading the dataset again"
     found = load_record(path, {"version": RECORDS_VERSION, "key": key}, read, logger, unreadable)
     if found is None:
         return None
-    meta, paths, sources, lines, counts, boxes = found
+    meta, paths, sources, lines, counts, boxes, recorded = found
     if not len(counts):
         paths, sources = [], []
-    if not (len(paths) == len(sources) == len(lines) == len(counts)) or counts.sum() != len(boxes):
+    if not (len(paths) == len(sources) == len(lines) == len(counts) == len(recorded)) or counts.sum() != len(boxes):
         return None
     split = SplitRecords(
         records=[
-            Annotation(p, b, s, int(n))
-            for p, b, s, n in zip(paths, np.split(boxes, np.cumsum(counts)[:-1]), sources, lines.tolist())
+            Annotation(p, b, s, int(n), recorded_size=(int(w), int(h)) if w > 0 else None)
+            for p, b, s, n, (w, h) in zip(
+                paths, np.split(boxes, np.cumsum(counts)[:-1]), sources, lines.tolist(), recorded.tolist()
+            )
         ],
         problems=[Problem(*problem) for problem in meta["problems"]],
         num_entries=meta["num_entries"],

@@ -97,7 +97,8 @@ def _read_split(xml_paths: list[str], class_names: list[str], folder: str, sourc
         if not len(image.boxes) and not image.difficult_skipped:
             unlabelled.append(xml_path)  # no <object> at all
         boxes = image.boxes.astype("float32")
-        split.records.append(Annotation(_image_for(xml_path, image.filename, folder), boxes, xml_path, 0))
+        image_path = _image_for(xml_path, image.filename, folder)
+        split.records.append(Annotation(image_path, boxes, xml_path, 0, recorded_size=image.size))
     split.num_unlabelled = len(unlabelled)
     if xml_paths:
         example = (unlabelled or xml_paths)[0]
