@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -284,3 +285,43 @@ def test_an_image_resized_after_labelling_is_named_and_left_out_and_a_displayed_
         assert "1 image(s) carry an EXIF orientation and were labelled as displayed" in caplog.text
         assert ("read from its record" in caplog.text) == from_record
         caplog.clear()
+
+
+def test_a_test_split_is_read_checked_kept_out_of_training_and_its_overlap_named(reference, tmp_path, caplog, capsys):
+    """data.yaml's `test` (Roboflow exports have test/): checked with the others, never trained on, and an image
+    it shares with training named, since it would inflate the test score."""
+    from keras_yolo_mgpu.cli.check_dataset import main as check_main
+    from keras_yolo_mgpu.training.config import TrainConfig
+    from keras_yolo_mgpu.training.training_data import TrainingData
+
+    _, train, val = reference
+    splits = {"train": train[:4], "val": val[:2], "test": [train[4], val[2]]}
+    write_yolo(tmp_path, splits)
+    with open(tmp_path / "data.yaml", "a", encoding="utf-8") as handle:
+        handle.write("test: images/test\n")
+    for split, records in splits.items():
+        (tmp_path / "images" / split).mkdir(parents=True)
+        for record in records:
+            shutil.copy(record.image_path, tmp_path / "images" / split)
+    # The third test image is a copy of a training image under another name.
+    shutil.copy(train[0].image_path, tmp_path / "images" / "test" / "copy_of_train0.png")
+    shutil.copy(tmp_path / "labels" / "train" / "00000.txt", tmp_path / "labels" / "test" / "copy_of_train0.txt")
+
+    dataset = open_dataset(str(tmp_path))
+    assert list(dataset.splits) == ["train", "val", "test"]
+    assert len(dataset.checked("test", len(CLASSES)).annotations) == 3
+
+    config = TrainConfig(data=str(tmp_path), classes=None, log_dir=str(tmp_path / "run"), seed=0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu"):
+        trained, validated = TrainingData(config).splits(str(run_dir))
+    assert len(trained) == 4 and len(validated) == 2  # the test images in neither
+    assert "its test split (3 images) is kept out of the run" in caplog.text
+    assert "image(s) of training have the same bytes as one of test" in caplog.text
+    assert "test scores (evaluate.py --split test) count images the model trains on" in caplog.text
+    assert "validation scores" not in caplog.text  # training and validation share nothing
+
+    assert check_main(["--data", str(tmp_path)]) == 1
+    printed = capsys.readouterr().out
+    assert "\ntest: " in printed and f"have the same bytes as one of {tmp_path} (test)" in printed

@@ -96,3 +96,21 @@ def test_coco_and_voc_train_evaluate_and_check_with_no_class_or_model_flags(tiny
     assert evaluate_main(["--data", str(voc), "--weights", str(run / "last.weights.h5"), "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["num_images"] == 2 and list(report["per_class"]) == CLASSES
+
+
+def test_evaluate_scores_the_test_split_and_refuses_one_the_dataset_lacks(tiny_files, tmp_path, capsys):
+    from keras_yolo_mgpu.cli.evaluate import main
+
+    paths = make_synthetic_dataset(tmp_path, num_train=3, num_val=2, image_size=64, classes=CLASSES)
+    train, val = read_annotations(paths.train), read_annotations(paths.val)
+    write_yolo(tmp_path, {"train": train, "val": val})
+    argv = ["--data", str(tmp_path), "--weights", tiny_files[0], "--no-progress", "--split", "test"]
+    assert main(argv) == 1
+    assert f"{tmp_path} has no test split (it has train, val)" in capsys.readouterr().err
+    write_yolo(tmp_path, {"train": train[:2], "val": val, "test": train[2:]})
+    with open(tmp_path / "data.yaml", "a", encoding="utf-8") as handle:
+        handle.write("test: test.txt\n")
+    (tmp_path / "test.txt").write_text(train[2].image_path + "\n")
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["num_images"] == 1

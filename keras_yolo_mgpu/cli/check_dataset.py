@@ -58,6 +58,14 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+# Each split's name in the messages, and what a split without boxes stops.
+SPLIT_ROLES = {
+    "train": ("training", "training refuses to start"),
+    "val": ("validation", "a run monitoring mAP refuses it"),
+    "test": ("test", "evaluate.py --split test has nothing to score"),
+}
+
+
 def _reports(path: str, args):
     """(split name, CheckReport) for each split of the dataset at `path`."""
     classes = get_classes(args.classes) if args.classes else None
@@ -94,13 +102,12 @@ def run(args) -> int:
                 for problem in report.problems:
                     print(problem)
                 print(report.summary_text() if split == "train" else f"{split}: {report.summary_text()}")
-                split_word = "training" if split == "train" else "validation"
+                split_word, refusal = SPLIT_ROLES[split]
                 no_boxes = report.no_boxes_message(split_word)
                 warning = report.unlabelled_warning(split_word)
                 if warning:
                     print(f"warning: {warning}")
                 if no_boxes:
-                    refusal = "training refuses to start" if split == "train" else "a run monitoring mAP refuses it"
                     print(f"error: {no_boxes}; {refusal}")
                 any_problem = any_problem or bool(report.problems) or bool(no_boxes)
         except OSError as error:

@@ -20,7 +20,7 @@ SCAN_CACHE_HELP = (
 
 
 def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val", required: bool = False) -> None:
-    """--data PATH, --image-dir DIR and (when `split` is given, its default) --split train|val."""
+    """--data PATH, --image-dir DIR and (when `split` is given, its default) --split train|val|test."""
     parser.add_argument(
         "--data",
         metavar="PATH",
@@ -36,9 +36,10 @@ def add_data_args(parser: argparse.ArgumentParser, *, split: str | None = "val",
     if split is not None:
         parser.add_argument(
             "--split",
-            choices=("train", "val"),
+            choices=("train", "val", "test"),
             default=split,
-            help=f"which split of --data (default: {split}; a dataset without a val split has only train)",
+            help=f"which split of --data (default: {split}; a dataset without a val split has only train; test "
+            "where the dataset has one: data.yaml's test, Roboflow's test/, VOC's ImageSets/Main/test.txt)",
         )
 
 

@@ -1,6 +1,7 @@
 """`python evaluate.py`: mAP of weights, or of saved detections, on a dataset.
 
 python evaluate.py --data my_dataset/data.yaml --weights W         (its val split; classes from the weights)
+python evaluate.py --data my_dataset/data.yaml --weights W --split test   (its test split, held out of training)
 python evaluate.py --annotations val.txt --weights W --classes C --anchors A
 python evaluate.py --annotations val.txt --detections detections.json --classes C
 """

@@ -41,9 +41,9 @@ KINDS = ("keras-yolo3", "yolo", "coco", "voc")
 
 
 def _coco_split_files(folder: str) -> dict[str, str]:
-    """Roboflow's COCO export: train/ and valid/ (or val/) folders holding one JSON each."""
+    """Roboflow's COCO export: train/, valid/ (or val/) and test/ folders holding one JSON each."""
     found = {}
-    for split, names in (("train", ("train",)), ("val", ("valid", "val", "validation"))):
+    for split, names in (("train", ("train",)), ("val", ("valid", "val", "validation")), ("test", ("test",))):
         for name in names:
             jsons = sorted(glob.glob(os.path.join(glob.escape(os.path.join(folder, name)), "*.json")))
             if len(jsons) == 1 and split not in found:

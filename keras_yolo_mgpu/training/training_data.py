@@ -123,14 +123,21 @@ class TrainingData:
         train, val, drawn = self._splits(run_dir)
         if drawn and val and self.write_record:
             _write_held_out(val, run_dir, self.config.val_split)
-        overlap = find_overlap({"training": [a.image_path for a in train], "validation": [a.image_path for a in val]})
+        named = {"training": [a.image_path for a in train], "validation": [a.image_path for a in val]}
+        if self.dataset is not None and "test" in self.dataset.splits:
+            named["test"] = [a.image_path for a in self.dataset.splits["test"].records]
+            logger.info(
+                "%s: its test split (%d images) is kept out of the run: evaluate.py --data %s --split test scores it",
+                self.config.data,
+                len(named["test"]),
+                self.config.data,
+            )
+        overlap = find_overlap(named)
         for _, message in overlap.messages():
             logger.warning("%s", message)
-        if overlap.splits_overlap:
-            logger.warning(
-                "validation scores (and best.weights.h5, chosen by them) count images the model trains on: "
-                "give validation images of their own"
-            )
+        for split, consequence in OVERLAP_CONSEQUENCES.items():
+            if overlap.shared.get(("training", split)) or overlap.same_content.get(("training", split)):
+                logger.warning("%s", consequence)
         return train, val
 
     def _splits(self, run_dir: str) -> tuple[list, list, bool]:
@@ -160,6 +167,14 @@ class TrainingData:
                 f"and the run monitors {config.monitor}: raise --val-split, or give a validation split with boxes"
             )
         return train, val, True
+
+
+# What an image shared between training and another split does to that split's scores.
+OVERLAP_CONSEQUENCES = {
+    "validation": "validation scores (and best.weights.h5, chosen by them) count images the model trains on: "
+    "give validation images of their own",
+    "test": "test scores (evaluate.py --split test) count images the model trains on: give test images of their own",
+}
 
 
 def _split_off_validation(annotations: list, val_split: float, seed, source: str) -> tuple[list, list]:

@@ -109,7 +109,7 @@ def _read_split(xml_paths: list[str], class_names: list[str], folder: str, sourc
 def _image_sets(folder: str, xml_dir: str) -> dict[str, list[str]] | None:
     sets = os.path.join(folder, "ImageSets", "Main")
     found = {}
-    for split, name in (("train", "train.txt"), ("val", "val.txt")):
+    for split, name in (("train", "train.txt"), ("val", "val.txt"), ("test", "test.txt")):
         path = os.path.join(sets, name)
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as handle:

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["label_path_for", "read_yolo_dataset", "read_yolo_split"]
 
-SPLIT_KEYS = {"train": ("train",), "val": ("val", "valid", "validation")}
+SPLIT_KEYS = {"train": ("train",), "val": ("val", "valid", "validation"), "test": ("test",)}
 NAMES_FILES = ("classes.txt", "obj.names", "names.txt")
 
 
