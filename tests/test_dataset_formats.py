@@ -325,3 +325,29 @@ def test_a_test_split_is_read_checked_kept_out_of_training_and_its_overlap_named
     assert check_main(["--data", str(tmp_path)]) == 1
     printed = capsys.readouterr().out
     assert "\ntest: " in printed and f"have the same bytes as one of {tmp_path} (test)" in printed
+
+
+def test_segmentation_polygons_train_as_the_boxes_around_them(tmp_path):
+    """ultralytics' detection training reads a YOLO segmentation label (`class x1 y1 x2 y2 ...`) as the box around its
+    points (`segments2boxes`: min and max of x and y); a line of 6 fields is neither form."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    Image.new("RGB", (200, 100)).save(tmp_path / "images" / "a.png")
+    triangle = [0.1, 0.2, 0.4, 0.9, 0.25, 0.5]
+    lines = [
+        "1 " + " ".join(map(str, triangle)),
+        "0 0.5 0.5 0.2 0.2",  # a box line beside the polygons
+        "0 0.6 0.1 0.9 0.1 0.9 0.3 0.6 0.3",  # a rectangle as four points
+        "0 0.1 0.2 0.3 0.4 0.5",  # 6 fields
+        "0 0.1 0.2 0.3 0.4 0.5 1.7",  # a point outside the image
+    ]
+    (tmp_path / "labels" / "a.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "classes.txt").write_text("a\nb\n")
+    split = open_dataset(str(tmp_path)).splits["train"]
+    assert [(p.line_number, p.kind) for p in split.problems] == [(4, "malformed"), (5, "box-outside-image")]
+    assert "6 fields, expected 5: class cx cy w h (normalised), or a polygon" in split.problems[0].message
+    (tmp_path / "labels" / "a.txt").write_text("\n".join(lines[:3]) + "\n")
+    record = open_dataset(str(tmp_path)).checked("train", 2).annotations[0]
+    xs, ys = np.array(triangle[0::2]) * 200, np.array(triangle[1::2]) * 100
+    expected = [[xs.min(), ys.min(), xs.max(), ys.max(), 1], [80, 40, 120, 60, 0], [120, 10, 180, 30, 0]]
+    np.testing.assert_allclose(record.boxes, expected, atol=1e-3)

@@ -2,6 +2,7 @@
 
     data.yaml               path: .  train: images/train  val: images/val  names: [cat, dog]
     images/train/a.jpg      labels/train/a.txt: one `class cx cy w h` line per box, normalised to [0, 1]
+                            (or a polygon, `class x1 y1 x2 y2 x3 y3 ...`: the box around it)
 
 An image's label file is its path with the last `images` folder replaced by
 `labels` and the extension by `.txt`; an image without one is a background
@@ -60,10 +61,16 @@ def label_path_for(image_path: str) -> str:
 
 
 def _parse_label_line(text: str, names_count: int | None) -> tuple[list[float] | None, str | None, str | None]:
-    """`class cx cy w h` -> ([class, cx, cy, w, h], None, None) or (None, problem kind, message)."""
+    """`class cx cy w h`, or a polygon, -> ([class, cx, cy, w, h], None, None) or (None, problem kind, message).
+
+    A segmentation label, `class x1 y1 x2 y2 x3 y3 ...` (three points or
+    more, normalised), gives the box around its points, as ultralytics
+    trains detection on segmentation datasets.
+    """
     fields = text.split()
-    if len(fields) != 5:
-        return None, "malformed", f"{len(fields)} fields, expected 5: class cx cy w h (normalised)"
+    if len(fields) != 5 and (len(fields) < 7 or len(fields) % 2 == 0):
+        expected = "expected 5: class cx cy w h (normalised), or a polygon: class x1 y1 x2 y2 x3 y3 ..."
+        return None, "malformed", f"{len(fields)} fields, {expected}"
     try:
         values = [float(f) for f in fields]
     except ValueError:
@@ -73,7 +80,12 @@ def _parse_label_line(text: str, names_count: int | None) -> tuple[list[float] |
     if names_count is not None and values[0] >= names_count:
         return None, "class-out-of-range", f"class id {int(values[0])} not in [0, {names_count}) (the dataset's names)"
     if any(not 0.0 <= v <= 1.0 for v in values[1:]):
-        return None, "box-outside-image", f"coordinates {' '.join(fields[1:])} outside [0, 1] (not normalised?)"
+        shown = " ".join(fields[1:]) if len(fields) == 5 else "of the polygon"
+        return None, "box-outside-image", f"coordinates {shown} outside [0, 1] (not normalised?)"
+    if len(fields) > 5:
+        xs, ys = values[1::2], values[2::2]
+        x1, y1, x2, y2 = min(xs), min(ys), max(xs), max(ys)
+        values = [values[0], (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
     return values, None, None  # a zero width or height: `degenerate_box_reason`, in pixels
 
 
