@@ -351,3 +351,21 @@ def test_segmentation_polygons_train_as_the_boxes_around_them(tmp_path):
     xs, ys = np.array(triangle[0::2]) * 200, np.array(triangle[1::2]) * 100
     expected = [[xs.min(), ys.min(), xs.max(), ys.max(), 1], [80, 40, 120, 60, 0], [120, 10, 180, 30, 0]]
     np.testing.assert_allclose(record.boxes, expected, atol=1e-3)
+
+
+def test_a_data_yaml_copied_from_another_machine_reads_its_own_folder(reference, tmp_path, caplog):
+    """`path: /content/datasets/x` (a Colab run's) names no folder here: the splits are read beside the YAML."""
+    _, train, val = reference
+    write_yolo(tmp_path, {"train": train[:2], "val": val[:1]})
+    for split, records in (("train", train[:2]), ("val", val[:1])):
+        (tmp_path / "images" / split).mkdir(parents=True)
+        for record in records:
+            shutil.copy(record.image_path, tmp_path / "images" / split)
+    yaml_text = (tmp_path / "data.yaml").read_text().replace("path: .", "path: /content/datasets/elsewhere")
+    (tmp_path / "data.yaml").write_text(yaml_text)
+    with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu"):
+        dataset = open_dataset(str(tmp_path / "data.yaml"))
+    assert [len(dataset.splits[s].records) for s in ("train", "val")] == [2, 1]
+    assert "path /content/datasets/elsewhere is no folder here: reading the splits from the YAML's own folder" in (
+        caplog.text
+    )

@@ -10,7 +10,8 @@ image, counted as unlabelled (`data.check`; an empty label file is a
 background on purpose). `train` / `val` may each be a folder of images, a
 text file listing image paths, or a list of those.
 Relative paths resolve against `path` (itself relative to the YAML's
-folder), else the YAML's folder; Roboflow's `../train/images` is also tried
+folder; the YAML's folder when `path` is no folder here, as in a dataset
+copied from another machine), else the YAML's folder; Roboflow's `../train/images` is also tried
 without its `../`, as ultralytics does. `names` is a list or a
 `{index: name}` mapping. Labels are normalised to the image as displayed,
 EXIF orientation applied (ultralytics' convention); the boxes are moved onto
@@ -244,6 +245,9 @@ def _yaml_splits(yaml_path: str) -> tuple[dict[str, list[str]], list[str] | None
     config = _read_yaml(yaml_path)
     folder = os.path.dirname(os.path.abspath(yaml_path))
     base = os.path.join(folder, str(config["path"])) if config.get("path") else folder
+    if not os.path.isdir(base):  # a dataset moved from the machine that wrote it (e.g. /content/... on Colab)
+        logger.warning("%s: path %s is no folder here: reading the splits from the YAML's own folder", yaml_path, base)
+        base = folder
     names = _names_from_yaml(config["names"], yaml_path) if "names" in config else None
     if names is not None and "nc" in config and int(config["nc"]) != len(names):
         raise ValueError(f"{yaml_path}: nc is {config['nc']} but names lists {len(names)} classes")
