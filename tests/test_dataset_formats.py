@@ -193,18 +193,28 @@ STORED_FOR_ORIENTATION = {
 }
 
 
-def test_yolo_labels_of_exif_rotated_photos_land_on_the_stored_pixels(tmp_path, caplog, capsys):
-    """A phone photo is stored sideways with an EXIF orientation; YOLO-format tools label it as displayed (as
-    ultralytics reads it). Training reads the stored pixels, so each box must move onto them: every orientation's
-    box must cover the object's stored pixels, found by thresholding them."""
+def _bright_box(pixels: np.ndarray) -> list[int]:
+    """x_min, y_min, x_max, y_max around the pixels brighter than mid-grey (the drawn object)."""
+    rows, columns = np.nonzero(pixels[..., 0] > 128)
+    return [int(columns.min()), int(rows.min()), int(columns.max()) + 1, int(rows.max()) + 1]
+
+
+def test_exif_rotated_photos_are_read_upright_with_their_labels_from_either_grid(tmp_path, caplog, capsys):
+    """A phone photo is stored sideways with an EXIF orientation. Every command reads it upright, as ultralytics
+    does. YOLO-format labels are drawn on that view and taken as they are; keras-yolo3's annotation files hold
+    boxes on the stored pixels (keras-yolo3 read images as stored) and are turned with the image. For every
+    orientation both give the box around the object in the pixels training reads."""
     from keras_yolo_mgpu.cli.check_dataset import main as check_main
-    from keras_yolo_mgpu.data.images import read_image
+    from keras_yolo_mgpu.data.check import check_records
+    from keras_yolo_mgpu.data.formats.records import SplitRecords
+    from keras_yolo_mgpu.data.images import decode_image
 
     upright = np.zeros((48, 64, 3), np.uint8)  # as displayed: 64 wide, 48 high
     upright[8:20, 40:58] = 255  # the object: x 40-58, y 8-20
     label = f"0 {49 / 64!r} {14 / 48!r} {18 / 64!r} {12 / 48!r}\n"
     (tmp_path / "images").mkdir()
     (tmp_path / "labels").mkdir()
+    keras_yolo3_lines = []
     for orientation, transpose in STORED_FOR_ORIENTATION.items():
         stored = Image.fromarray(upright)
         stored = stored if transpose is None else stored.transpose(transpose)
@@ -214,30 +224,40 @@ def test_yolo_labels_of_exif_rotated_photos_land_on_the_stored_pixels(tmp_path, 
         stored.save(path, quality=100, exif=exif.tobytes())
         with Image.open(path) as shown:  # the file is what a viewer shows upright
             assert np.abs(np.asarray(ImageOps.exif_transpose(shown)).astype(int) - upright).max() < 40
+            box_as_stored = _bright_box(np.asarray(shown))
         (tmp_path / "labels" / f"o{orientation}.txt").write_text(label)
+        keras_yolo3_lines.append(f"{path} {','.join(map(str, box_as_stored))},0")
     (tmp_path / "classes.txt").write_text("object\n")
+    (tmp_path / "train.txt").write_text("\n".join(keras_yolo3_lines) + "\n")
 
-    with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu.data.formats.yolo"):
-        records = open_dataset(str(tmp_path)).checked("train", 1).annotations
-    assert len(records) == 8
-    for record in records:
-        pixels = read_image(record.image_path)
-        rows, columns = np.nonzero(pixels[..., 0] > 128)
-        found = [columns.min(), rows.min(), columns.max() + 1, rows.max() + 1]
-        np.testing.assert_allclose(record.boxes[0, :4], found, atol=1, err_msg=record.image_path)
-        assert record.boxes[0, 4] == 0
-    assert "7 labelled image(s) carry an EXIF orientation" in caplog.text
+    with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu"):
+        yolo = open_dataset(str(tmp_path)).checked("train", 1).annotations
+        assert "were labelled on their stored pixels" not in caplog.text  # YOLO labels are taken as they are
+        keras_yolo3 = open_dataset(str(tmp_path / "train.txt")).checked("train", 1).annotations
+    assert "7 image(s) carry an EXIF orientation and were labelled on their stored pixels" in caplog.text
     assert f"first {tmp_path / 'images' / 'o2.jpg'}: mirrored" in caplog.text
+    # The raw reader (evaluate.py --annotations, kmeans.py, the API) turns them too, and the check does not again.
+    raw = read_annotations(str(tmp_path / "train.txt"))
+    rechecked = check_records(SplitRecords(raw, source="raw"), 1).annotations
+    assert len(yolo) == len(keras_yolo3) == len(raw) == len(rechecked) == 8
+    for from_yolo, from_keras_yolo3, from_raw, again in zip(yolo, keras_yolo3, raw, rechecked):
+        pixels, _, size = decode_image(from_yolo.image_path)  # what training decodes
+        assert size == (64, 48) == from_yolo.size
+        np.testing.assert_allclose(from_yolo.boxes[0, :4], _bright_box(pixels), atol=1, err_msg=from_yolo.image_path)
+        np.testing.assert_allclose(from_keras_yolo3.boxes[0, :4], _bright_box(pixels), atol=1)
+        np.testing.assert_array_equal(from_raw.boxes, from_keras_yolo3.boxes)
+        np.testing.assert_array_equal(again.boxes, from_keras_yolo3.boxes)
+        assert from_yolo.boxes[0, 4] == from_keras_yolo3.boxes[0, 4] == 0
     assert check_main(["--data", str(tmp_path)]) == 0  # the checker reads the same boxes: none outside the image
     assert "8 usable" in capsys.readouterr().out
 
 
-def test_an_image_resized_after_labelling_is_named_and_left_out_and_a_displayed_size_turns_the_boxes(
+def test_an_image_resized_after_labelling_is_named_and_left_out_and_a_stored_size_turns_the_boxes(
     reference, tmp_path, caplog
 ):
     """COCO and VOC record each image's size. An image that no longer has it (resized after labelling) would get
-    boxes in another image's pixels: the check names it and leaves it out. A photo stored sideways whose recorded
-    size is the displayed one was labelled as displayed: its boxes move onto the stored pixels, from the record too."""
+    boxes in another image's pixels: the check names it and leaves it out. A photo stored sideways is read upright;
+    labelled as displayed, its boxes stay; labelled as stored (the recorded size says which), they turn with it."""
     from keras_yolo_mgpu.data.images import read_image
 
     _, train, _ = reference
@@ -263,28 +283,33 @@ def test_an_image_resized_after_labelling_is_named_and_left_out_and_a_displayed_
             os.path.basename(r.image_path) for r in (train[0], train[2])
         ]
 
-    # A portrait photo: an object at x 8-20, y 30-50 of the displayed 48x64 image, stored sideways (64x48).
+    # A portrait photo: an object at x 8-20, y 30-50 of the displayed 48x64 image, stored sideways (64x48) with
+    # orientation 6. One JSON labels it as displayed (48x64); another as stored (64x48, the box turned back).
     upright = np.zeros((64, 48, 3), np.uint8)
     upright[30:50, 8:20] = 255
     exif = Image.Exif()
     exif[0x0112] = 6
     Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(images / "portrait.jpg", exif=exif.tobytes())
-    instances = {
-        "images": [{"id": 1, "file_name": "portrait.jpg", "width": 48, "height": 64}],
-        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 30, 12, 20], "iscrowd": 0}],
-        "categories": [{"id": 1, "name": "circle"}],
-    }
-    (images / "portrait.json").write_text(json.dumps(instances))
-    for from_record in (False, True):
-        with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu"):
-            report = open_dataset(str(images / "portrait.json"), record_dir=str(tmp_path / "cache")).checked("train", 1)
-        assert report.problems == [] and len(report.annotations) == 1
-        rows, columns = np.nonzero(read_image(str(images / "portrait.jpg"))[..., 0] > 128)
-        found = [columns.min(), rows.min(), columns.max() + 1, rows.max() + 1]
-        np.testing.assert_allclose(report.annotations[0].boxes[0, :4], found, atol=1)
-        assert "1 image(s) carry an EXIF orientation and were labelled as displayed" in caplog.text
-        assert ("read from its record" in caplog.text) == from_record
-        caplog.clear()
+    as_stored = _bright_box(np.asarray(Image.open(images / "portrait.jpg")))
+    stored_bbox = [as_stored[0], as_stored[1], as_stored[2] - as_stored[0], as_stored[3] - as_stored[1]]
+    for name, (width, height), bbox in (("displayed", (48, 64), [8, 30, 12, 20]), ("stored", (64, 48), stored_bbox)):
+        instances = {
+            "images": [{"id": 1, "file_name": "portrait.jpg", "width": width, "height": height}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": bbox, "iscrowd": 0}],
+            "categories": [{"id": 1, "name": "circle"}],
+        }
+        (images / f"{name}.json").write_text(json.dumps(instances))
+        for from_record in (False, True):
+            with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu"):
+                dataset = open_dataset(str(images / f"{name}.json"), record_dir=str(tmp_path / "cache"))
+                report = dataset.checked("train", 1)
+            assert report.problems == [] and len(report.annotations) == 1
+            found = _bright_box(read_image(str(images / "portrait.jpg")))
+            np.testing.assert_allclose(report.annotations[0].boxes[0, :4], found, atol=1, err_msg=name)
+            turned = "1 image(s) carry an EXIF orientation and were labelled on their stored pixels" in caplog.text
+            assert turned == (name == "stored")
+            assert ("read from its record" in caplog.text) == from_record
+            caplog.clear()
 
 
 def test_a_test_split_is_read_checked_kept_out_of_training_and_its_overlap_named(reference, tmp_path, caplog, capsys):

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageOps
 
-from keras_yolo_mgpu.data.images import decode_image, image_size, read_displayed_image, read_image, to_rgb_array
+from keras_yolo_mgpu.data.images import decode_image, image_size, read_image, to_rgb_array
+from keras_yolo_mgpu.data.scan import scan_image
 
 RNG = np.random.default_rng(0)
 W16 = RNG.integers(0, 65536, (5, 7, 4)).astype(np.uint16)  # (H, W, 4) 16-bit samples
@@ -111,19 +112,21 @@ JPEG_KINDS = {
 
 @pytest.mark.parametrize("kind", list(JPEG_KINDS))
 def test_jpeg_decoding_at_every_scale_equals_tfs(tmp_path, kind):
-    """Full and reduced-scale decoding give TF's `decode_jpeg` pixels (what training decoded before)."""
+    """Full and reduced-scale decoding give TF's `decode_jpeg` pixels (what training decoded before), turned
+    upright where the file says so (TF's decoder ignores EXIF: its pixels are turned 90 degrees clockwise here)."""
     data = JPEG_KINDS[kind]()
     path = tmp_path / "photo.jpg"
     path.write_bytes(data)
+    turned = kind == "exif-rotated"
     pixels = read_image(str(path))
-    assert pixels.shape == (30, 40, 3)  # the stored grid: an EXIF orientation is not applied
-    # Target sizes -> the largest DCT reduction that keeps the image at least that large.
+    assert pixels.shape == ((40, 30, 3) if turned else (30, 40, 3))  # as displayed: the EXIF orientation applied
+    # Target sizes (of the stored grid) -> the largest DCT reduction that keeps the image at least that large.
     for reduce_to, scale in (((40, 30), 1), ((20, 16), 1), ((20, 15), 2), ((10, 7), 4), ((5, 3), 8), ((1, 1), 8)):
-        reduced, got_scale, size = decode_image(str(path), reduce_to)
-        assert (got_scale, size) == (scale, (40, 30))
+        reduced, got_scale, size = decode_image(str(path), reduce_to[::-1] if turned else reduce_to)
+        assert (got_scale, size) == (scale, (30, 40) if turned else (40, 30))
         expected = tf.io.decode_jpeg(data, channels=3, ratio=scale, dct_method="INTEGER_ACCURATE").numpy()
-        np.testing.assert_array_equal(reduced, expected)
-        assert reduced.shape == (-(-30 // scale), -(-40 // scale), 3)
+        np.testing.assert_array_equal(reduced, np.rot90(expected, k=-1) if turned else expected)
+        assert reduced.shape[:2] == (-(-30 // scale), -(-40 // scale))[:: -1 if turned else 1]
     if kind == "baseline":  # close to the source (lossy)
         assert np.abs(pixels.astype(int) - _photo()).mean() < 3
 
@@ -207,13 +210,16 @@ def test_to_rgb_array_normalises_in_memory_images():
 
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_displayed_image_is_pils_exif_transpose(tmp_path, orientation):
-    """Detection's reader turns the stored pixels as PIL's `ImageOps.exif_transpose` does, for every orientation."""
+    """The reader turns the stored pixels as PIL's `ImageOps.exif_transpose` does, for every orientation; the
+    header gives the same size; the scan finds the same orientation from its own JPEG header parser."""
     exif = Image.Exif()
     exif[0x0112] = orientation
     path = tmp_path / "photo.jpg"
     path.write_bytes(_encode(_photo(), "JPEG", exif=exif.tobytes()))
     with Image.open(path) as image:
         expected = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
-    displayed = read_displayed_image(str(path))
+    displayed = read_image(str(path))
     np.testing.assert_array_equal(displayed, expected)
     assert displayed.shape[:2] == ((30, 40) if orientation < 5 else (40, 30))
+    assert image_size(str(path)) == displayed.shape[1::-1]
+    assert scan_image(str(path))[2:4] == displayed.shape[1::-1] and scan_image(str(path))[6] == orientation

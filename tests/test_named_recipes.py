@@ -256,6 +256,31 @@ def test_report_counts_used_anchors_only_and_warns(caplog):
     assert report_anchor_fit(SIZES, fitted, [[1, 2]], (416, 416))[0] == 1.0
 
 
+@pytest.mark.parametrize("iou_thresh", [None, 0.213])
+def test_boxes_without_target_are_those_keras_yolo3s_targets_leave_out_and_are_warned_of(iou_thresh, caplog):
+    """The count the run warns of is the reference targets' (keras-yolo3's `preprocess_true_boxes`, with Darknet's
+    `iou_thresh`): a box alone in an image, and nothing set in any scale's targets."""
+    from keras_yolo3_targets import preprocess_true_boxes
+
+    from keras_yolo_mgpu.model.boxes import anchor_masks
+    from keras_yolo_mgpu.resources import default_anchors_path, get_anchors
+    from keras_yolo_mgpu.training.anchor_fit import boxes_without_target, report_anchor_fit
+
+    anchors, masks = get_anchors(default_anchors_path(True)), anchor_masks(2)  # tiny YOLOv3: anchor 0 unused
+    sizes = np.random.default_rng(0).uniform(2, 120, size=(200, 2)).round()
+    expected = []
+    for width, height in sizes:
+        box = np.array([[[100, 100, 100 + width, 100 + height, 0]]], np.float32)
+        targets = preprocess_true_boxes(box, (416, 416), anchors, 1, masks, iou_thresh)
+        expected.append(not any(t[..., 4].any() for t in targets))
+    missing = boxes_without_target(sizes, anchors, masks, iou_thresh)
+    np.testing.assert_array_equal(missing, expected)
+    assert 0 < missing.sum() < len(sizes)  # some boxes of each kind: the comparison can fail
+    with caplog.at_level("WARNING"):
+        report_anchor_fit(sizes, anchors, masks, (416, 416), iou_thresh)
+    assert f"{missing.sum()} of 200 training boxes" in caplog.text and "is anchor 0, which no output" in caplog.text
+
+
 # --- Darknet start weights ---------------------------------------------------
 
 

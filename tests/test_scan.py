@@ -6,6 +6,7 @@ once, the others pass, a second check reads the records, a changed or damaged
 record is never trusted, and nothing in the dataset folder is created or changed.
 """
 
+import io
 import logging
 import os
 import subprocess
@@ -13,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from keras_yolo_mgpu.cli.check_dataset import main
 from keras_yolo_mgpu.data import images
@@ -128,3 +130,33 @@ def test_a_cache_that_cannot_fit_is_refused_with_both_numbers(tmp_path):
         ValueError, match=r"--cache ram: the decoded images need about 519\.2 GB \(10000 images .* but only"
     ):
         check_cache_fits("ram", many, (4160, 4160))
+
+
+def test_exif_orientation_is_read_in_either_byte_order_from_the_first_exif_segment(tmp_path):
+    """The header parser's Orientation, where Pillow's `getexif` finds it: big- and little-endian Exif, after an XMP
+    segment, and only the first Exif segment."""
+    from keras_yolo_mgpu.data.images import image_size_and_orientation
+    from keras_yolo_mgpu.data.scan import _exif_orientation
+
+    def exif(order: str, orientation: int) -> bytes:
+        endian = "big" if order == "MM" else "little"
+        entry = (0x0112).to_bytes(2, endian) + (3).to_bytes(2, endian) + (1).to_bytes(4, endian)
+        entry += orientation.to_bytes(2, endian) + b"\0\0"
+        return order.encode() + (42).to_bytes(2, endian) + (8).to_bytes(4, endian) + (1).to_bytes(2, endian) + entry
+
+    assert _exif_orientation(exif("MM", 6)) == 6 and _exif_orientation(exif("II", 8)) == 8
+    assert _exif_orientation(exif("II", 9)) == 1 and _exif_orientation(b"II*\0") == 1
+
+    def segment(payload: bytes) -> bytes:
+        return b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload
+
+    plain = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(plain, "JPEG")
+    body = plain.getvalue()[2:]
+    xmp = segment(b"http://ns.adobe.com/xap/1.0/\0<x/>")
+    path = tmp_path / "turned.jpg"
+    path.write_bytes(
+        b"\xff\xd8" + xmp + segment(b"Exif\0\0" + exif("MM", 6)) + segment(b"Exif\0\0" + exif("II", 3)) + body
+    )
+    assert image_size_and_orientation(str(path)) == ((40, 30), 6)  # Pillow's reading
+    assert scan_image(str(path))[2:4] == (30, 40) and scan_image(str(path))[6] == 6

@@ -23,9 +23,11 @@ import math
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from keras_yolo_mgpu.data.images import displayed_size, image_size_and_orientation, stored_to_displayed
 
 __all__ = [
     "Annotation",
@@ -59,7 +61,7 @@ class Annotation:
             class_id in image pixels; K == 0 for a background image.
         source: the annotation file ("<string>" when parsed from a string).
         line_number: 1-based line in `source`.
-        size: the image's stored (width, height) once the dataset check read
+        size: the image's (width, height) as displayed (EXIF orientation applied) once the dataset check read
             its header, so later steps need not open the file (None before;
             not part of equality).
         recorded_size: the (width, height) the annotation itself gives the
@@ -200,15 +202,35 @@ def read_annotations(path: str, root: str | None = None) -> list[Annotation]:
         path: the annotation file.
         root: folder for relative image paths (see `resolve_image_path`).
 
+    Returns:
+        The records, boxes on each image as displayed: keras-yolo3 drew its
+        boxes on the stored pixels, and an image with an EXIF orientation
+        (read upright by every command, `data.images`) has them turned with
+        it (its `recorded_size` then set, so the dataset check keeps them).
+
     Raises:
         AnnotationError: on the first malformed line (`FILE:LINE: ...`). Use
             `keras_yolo_mgpu.data.check.check_annotations` to collect every
             problem instead.
     """
     return [
-        parse_annotation_line(line, source=path, line_number=line_number, root=root)
+        _turned_with_image(parse_annotation_line(line, source=path, line_number=line_number, root=root))
         for line_number, line in iter_annotation_lines(path)
     ]
+
+
+def _turned_with_image(annotation: Annotation) -> Annotation:
+    """`annotation` with its stored-pixel boxes turned as its image is shown (unchanged where nothing turns)."""
+    if not len(annotation.boxes):
+        return annotation
+    try:
+        stored, orientation = image_size_and_orientation(annotation.image_path)  # the header only
+    except Exception:  # noqa: BLE001 - a missing or unreadable image is the checker's finding
+        return annotation
+    if orientation == 1:
+        return annotation
+    boxes = stored_to_displayed(annotation.boxes, orientation, stored).astype(np.float32)
+    return replace(annotation, boxes=boxes, recorded_size=displayed_size(stored, orientation))
 
 
 def _format_number(value: float) -> str:

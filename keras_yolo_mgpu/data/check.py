@@ -17,8 +17,8 @@ modified. Problem kinds:
     duplicate-box       the same box twice on one line
     label-without-image a YOLO-format label file whose image does not exist
     size-mismatch       the annotation gives the image another width and height than the file's (COCO, VOC):
-                        its boxes cannot be placed, and the image is left out (a photo the annotation records
-                        as displayed, EXIF orientation applied, has its boxes moved onto the stored pixels)
+                        its boxes cannot be placed, and the image is left out (a photo turned by its EXIF
+                        orientation whose annotation records the stored size has its boxes turned with it)
 
 Datasets in other formats (`data.dataset_source`) are checked by
 `check_records`: their readers report what is wrong with the file itself and
@@ -43,12 +43,7 @@ import numpy as np
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
 from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords
-from keras_yolo_mgpu.data.images import (
-    ORIENTATION_NAMES,
-    displayed_size,
-    displayed_to_stored,
-    image_size_and_orientation,
-)
+from keras_yolo_mgpu.data.images import ORIENTATION_NAMES, displayed_size, stored_to_displayed
 from keras_yolo_mgpu.data.scan import record_path, scan_images
 
 logger = logging.getLogger(__name__)
@@ -279,48 +274,49 @@ def check_annotations(
 
 
 def _match_recorded_sizes(
-    records: list[Annotation], sizes: np.ndarray, source: str
+    records: list[Annotation], sizes: np.ndarray, orientations: np.ndarray, source: str
 ) -> tuple[list[Annotation], dict[int, str]]:
-    """Compares the size each annotation gives its image with the file's; returns (records, mismatches).
+    """Puts every record's boxes on its image as displayed; returns (records, {record index: mismatch message}).
 
-    A photo stored sideways whose annotation gives the size a viewer shows
-    (EXIF orientation applied) was labelled on that view: its boxes are
-    moved onto the stored pixels, which training reads. Any other difference
-    (an image resized or replaced after labelling) is a mismatch.
+    Images are read upright (EXIF orientation applied, `data.images`). Boxes
+    drawn on the stored pixels are turned with them: those of keras-yolo3's
+    files (which record no size; keras-yolo3 read images as stored), and
+    those of a COCO or VOC file that records the stored size of a photo
+    turned 90 degrees. A recorded size that is neither the displayed nor the
+    stored one (an image resized or replaced after labelling) is a mismatch.
 
     Args:
         records: N records; `recorded_size` None where the format records no size.
-        sizes: (N, 2) stored (width, height) of each record's image, -1 when unknown.
-
-    Returns:
-        The records (those turned have moved boxes) and {record index: message} of the mismatches.
+        sizes: (N, 2) (width, height) of each record's image as displayed, -1 when unknown.
+        orientations: (N,) the EXIF orientation of each record's image, 1 when unknown.
     """
     recorded = np.array([a.recorded_size or (-1, -1) for a in records], np.int64).reshape(-1, 2)
-    differs = (recorded[:, 0] > 0) & (sizes[:, 0] > 0) & (recorded != sizes).any(axis=1)
-    if not differs.any():
+    known = sizes[:, 0] > 0
+    stored_grid = known & (recorded[:, 0] < 0) & (orientations != 1)
+    differs = known & (recorded[:, 0] > 0) & (recorded != sizes).any(axis=1)
+    candidates = np.flatnonzero(stored_grid | differs).tolist()
+    if not candidates:
         return records, {}
     records, mismatched, turned = list(records), {}, []
-    for index in np.flatnonzero(differs).tolist():
-        annotation, stored = records[index], (int(sizes[index, 0]), int(sizes[index, 1]))
-        try:
-            orientation = image_size_and_orientation(annotation.image_path)[1]
-        except Exception:  # noqa: BLE001 - read by the scan a moment ago; a file now gone stays a mismatch
-            orientation = 1
-        if orientation != 1 and displayed_size(stored, orientation) == annotation.recorded_size:
-            boxes = displayed_to_stored(annotation.boxes, orientation, stored).astype(np.float32)
+    for index in candidates:
+        annotation, orientation = records[index], int(orientations[index])
+        shown = (int(sizes[index, 0]), int(sizes[index, 1]))
+        stored = displayed_size(shown, orientation)  # the swap is its own inverse
+        if orientation != 1 and annotation.recorded_size in (None, stored):
+            boxes = stored_to_displayed(annotation.boxes, orientation, stored).astype(np.float32)
             records[index] = dataclasses.replace(annotation, boxes=boxes)
             turned.append((annotation.image_path, orientation))
             continue
         width, height = annotation.recorded_size
         mismatched[index] = (
             f"the annotation gives the image as {width}x{height} pixels, and {annotation.image_path} is "
-            f"{stored[0]}x{stored[1]} (resized or replaced after labelling?): its boxes cannot be placed; "
+            f"{shown[0]}x{shown[1]} (resized or replaced after labelling?): its boxes cannot be placed; "
             "the image is left out"
         )
     if turned:
         logger.info(
-            "%s: %d image(s) carry an EXIF orientation and were labelled as displayed (first %s: %s): their boxes "
-            "are moved onto the stored pixels, which training reads",
+            "%s: %d image(s) carry an EXIF orientation and were labelled on their stored pixels (first %s: %s): "
+            "their boxes are turned with them, since every command reads images as displayed",
             source,
             len(turned),
             turned[0][0],
@@ -406,7 +402,8 @@ def check_records(
     position = {path: index for index, path in enumerate(scan.paths)}
     at = np.fromiter((position[a.image_path] for a in records), np.int64, len(records))
     sizes = scan.sizes[at] if len(records) else np.zeros((0, 2), np.int32)
-    records, mismatched = _match_recorded_sizes(records, sizes, source)
+    orientations = scan.orientations[at] if len(records) else np.ones(0, np.int8)
+    records, mismatched = _match_recorded_sizes(records, sizes, orientations, source)
     screened = _screen_boxes(records, sizes, num_classes)
     # Records are keyed by position: a COCO JSON's records share one source and line 0.
     found_by_record: dict[int, list[Problem]] = {}

@@ -102,13 +102,13 @@ HSV_PARAMS = 12
 NEUTRAL_HSV = (0.0, 1.0, 1.0)
 
 _RAM_CACHE_NAMES = ("ram", "memory")
-# The process's RAM cache (`ImageSource`): (image path, canvas (w, h)) -> (mtime, size, pixels, stored size).
+# The process's RAM cache (`ImageSource`): (image path, canvas (w, h)) -> (mtime, size, pixels, image size).
 _ram_cache: dict[tuple[str, tuple[int, int]], tuple[int, int, np.ndarray, tuple[int, int]]] = {}
 # Files already reported as unreadable: warn once per file, not once per use.
 _warned_paths: set[str] = set()
 _warned_lock = threading.Lock()
-_CACHE_VERSION = "v3"  # in every disk cache entry's name: a new layout never reads an old entry
-_CACHE_HEADER = 6  # int64: mtime_ns, file size, stored w, h, cached w, h
+_CACHE_VERSION = "v4"  # in every disk cache entry's name: a new layout never reads an old entry
+_CACHE_HEADER = 6  # int64: mtime_ns, file size, image w, h (as displayed), cached w, h
 
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:
@@ -263,7 +263,7 @@ class ImageSource:
         """The cache's copy of image `index`, decoded and stored first if missing or stale.
 
         Returns:
-            ((h', w', 3) uint8 RGB at its letterbox size, stored (w, h)).
+            ((h', w', 3) uint8 RGB at its letterbox size, the image's (w, h) as displayed).
         """
         path = self.annotations[index].image_path
         stat = os.stat(path)
@@ -282,11 +282,11 @@ class ImageSource:
         """Image `index` for augmentation, decoded at the smallest scale `reduce_to` allows.
 
         Args:
-            reduce_to: (w, h) the whole stored image will be resized to.
+            reduce_to: (w, h) the whole image, as displayed, will be resized to.
 
         Returns:
-            ((H, W, 3) uint8 RGB, stored (w, h), extent (w, h) float32 of the
-            whole stored image in the returned pixels: the stored size over
+            ((H, W, 3) uint8 RGB, the image's (w, h) as displayed, extent (w, h) float32 of the
+            whole image in the returned pixels: its size over
             the JPEG reduction, or the cached copy's size).
 
         Raises:
@@ -299,7 +299,7 @@ class ImageSource:
         return pixels, size, np.array(size, np.float32) / np.float32(scale)
 
     def letterboxed(self, index: int, canvas_size: tuple[int, int] | None = None):
-        """-> ((h, w, 3) uint8 letterboxed image (`letterbox.letterbox_array`'s pixels), stored (w, h)).
+        """-> ((h, w, 3) uint8 letterboxed image (`letterbox.letterbox_array`'s pixels), the image's (w, h)).
 
         `canvas_size`: (w, h) of another canvas than the input's (a mosaic
         tile). Cached images are stored resized for the input's canvas; on

@@ -17,12 +17,13 @@ images, arrays from users or OpenCV) go through `to_rgb_array`; both return
   TensorFlow's `try_recover_truncated` all do: every command then reads the
   same pixels from it, with a warning naming it; a file no decoder reads
   still raises;
-- no EXIF rotation: pixels stay in the stored grid, which is the grid that
-  annotation files (VOC and COCO record the stored width and height),
-  TensorFlow's decoders and keras-yolo3 use, so a box means the same pixels
-  on every path. Labels drawn on the displayed (EXIF-rotated) view, as
-  YOLO-format tools draw them for ultralytics, are moved onto the stored
-  grid instead (`displayed_to_stored`).
+- the EXIF orientation is applied: a phone's portrait photo, stored
+  sideways, is read upright, as a viewer shows it and as ultralytics
+  (OpenCV), detectron2 and the labelling tools that run in a browser read
+  it; its size is the displayed one (`image_size`). Boxes drawn on the
+  stored pixels (keras-yolo3's annotation files; a COCO or VOC file that
+  records the stored size) are turned with the image (`stored_to_displayed`,
+  applied by `data.check`).
 
 Training decodes with `decode_image`, which decodes a JPEG that will be
 shrunk anyway at reduced scale: several times faster, and the pixels of
@@ -47,12 +48,12 @@ __all__ = [
     "ORIENTATION_NAMES",
     "decode_image",
     "displayed_size",
-    "displayed_to_stored",
     "image_size",
     "image_size_and_orientation",
-    "read_displayed_image",
+    "stored_to_displayed",
     "read_image",
     "to_rgb_array",
+    "turn_upright",
 ]
 
 # Pillow modes of one channel with more than 8 bits per sample ("I" holds
@@ -93,14 +94,15 @@ def decode_image(path: str, reduce_to: tuple[int, int] | None = None) -> tuple[n
 
     Args:
         path: any format Pillow reads.
-        reduce_to: (width, height) the image will be resized to, or None. A
+        reduce_to: (width, height) the displayed image will be resized to, or None. A
             JPEG at least twice as large on both axes is decoded at 1/2, 1/4
             or 1/8 scale, the largest that keeps it at least this large
             (libjpeg's DCT scaling, Pillow's `draft`). Other formats are decoded whole.
 
     Returns:
         (pixels, scale, size): (ceil(H / scale), ceil(W / scale), 3) uint8
-        RGB, the reduction (1, 2, 4 or 8), and the stored (W, H).
+        RGB, the reduction (1, 2, 4 or 8), and the (W, H) of the whole image,
+        all as displayed (EXIF orientation applied).
 
     Raises:
         OSError, ValueError, ...: as `read_image`.
@@ -125,31 +127,23 @@ def decode_image(path: str, reduce_to: tuple[int, int] | None = None) -> tuple[n
 
 def _decode(path: str, reduce_to) -> tuple[np.ndarray, int, tuple[int, int]]:
     with Image.open(path) as image:
-        scale, size = 1, image.size
+        orientation = _orientation(image)
+        scale, size = 1, displayed_size(image.size, orientation)
         if reduce_to is not None and image.format == "JPEG":
             width = image.size[0]
-            drafted = image.draft("RGB", (max(int(reduce_to[0]), 1), max(int(reduce_to[1]), 1)))
+            target = displayed_size((max(int(reduce_to[0]), 1), max(int(reduce_to[1]), 1)), orientation)
+            drafted = image.draft("RGB", target)  # the stored grid's (w, h)
             if drafted is not None:  # (mode, (0, 0, width / scale, height / scale))
                 scale = round(width / drafted[1][2])
         image.load()  # the whole file: a truncated image fails here, not later
-        return to_rgb_array(image), scale, size
+        return turn_upright(to_rgb_array(image), orientation), scale, size
 
 
-def image_size(path: str) -> tuple[int, int]:
-    """(width, height) of an image file from its header, without decoding it."""
-    with Image.open(path) as image:
-        return image.size
+def turn_upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """(H, W, C) stored pixels as a viewer shows them: PIL's `ImageOps.exif_transpose` on an array.
 
-
-def read_displayed_image(path: str) -> np.ndarray:
-    """`read_image`, turned as a viewer shows the file (EXIF orientation applied): what detection draws on.
-
-    Returns:
-        (H', W', 3) uint8 RGB, `displayed_size` of the stored pixels.
+    tests/test_images.py compares the two for every orientation.
     """
-    pixels = read_image(path)
-    orientation = image_size_and_orientation(path)[1]
-    # PIL's `ImageOps.exif_transpose`, on the array (tests/test_images.py compares the two).
     turned = {
         1: lambda p: p,
         2: lambda p: p[:, ::-1],
@@ -160,7 +154,13 @@ def read_displayed_image(path: str) -> np.ndarray:
         7: lambda p: p[::-1, ::-1].transpose(1, 0, 2),
         8: lambda p: np.rot90(p, k=1),
     }[orientation](pixels)
-    return np.ascontiguousarray(turned)
+    return turned if orientation == 1 else np.ascontiguousarray(turned)
+
+
+def image_size(path: str) -> tuple[int, int]:
+    """(width, height) of an image file as displayed (EXIF orientation applied), from its header."""
+    stored, orientation = image_size_and_orientation(path)
+    return displayed_size(stored, orientation)
 
 
 def image_size_and_orientation(path: str) -> tuple[tuple[int, int], int]:
@@ -169,13 +169,18 @@ def image_size_and_orientation(path: str) -> tuple[tuple[int, int], int]:
     The orientation is 1 for a file without EXIF or with a value outside 1-8.
     """
     with Image.open(path) as image:
-        orientation = 1
-        if image.info.get("exif"):  # read at open for JPEG, WebP and PNG's eXIf before the pixels
-            try:
-                orientation = int(image.getexif().get(_ORIENTATION_TAG, 1))
-            except Exception:  # noqa: BLE001 - a damaged EXIF block leaves the pixels as stored
-                orientation = 1
-        return image.size, orientation if orientation in ORIENTATION_NAMES else 1
+        return image.size, _orientation(image)
+
+
+def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation of an open image, 1 where it has none (or one outside 1-8, or a damaged block)."""
+    if not image.info.get("exif"):  # read at open for JPEG, WebP and PNG's eXIf before the pixels
+        return 1
+    try:
+        orientation = int(image.getexif().get(_ORIENTATION_TAG, 1))
+    except Exception:  # noqa: BLE001 - a damaged EXIF block leaves the pixels as stored
+        return 1
+    return orientation if orientation in ORIENTATION_NAMES else 1
 
 
 def displayed_size(stored_size: tuple[int, int], orientation: int) -> tuple[int, int]:
@@ -184,37 +189,35 @@ def displayed_size(stored_size: tuple[int, int], orientation: int) -> tuple[int,
     return (height, width) if orientation >= 5 else (width, height)
 
 
-def displayed_to_stored(boxes: np.ndarray, orientation: int, stored_size: tuple[int, int]) -> np.ndarray:
-    """Boxes drawn on the displayed view of an image, moved onto its stored pixel grid.
+def stored_to_displayed(boxes: np.ndarray, orientation: int, stored_size: tuple[int, int]) -> np.ndarray:
+    """Boxes drawn on the stored pixels of an image, turned with it to the displayed view (`turn_upright`).
 
     Args:
-        boxes: (N, 4 + k) x_min, y_min, x_max, y_max in pixels of the
-            displayed image (`displayed_size`), then any other columns (the class).
-        orientation: the image's EXIF orientation, 1-8 (PIL's `ImageOps.exif_transpose` turns
-            the stored pixels into the displayed ones by the same rule).
+        boxes: (N, 4 + k) x_min, y_min, x_max, y_max in stored pixels, then any other columns (the class).
+        orientation: the image's EXIF orientation, 1-8.
         stored_size: (width, height) of the stored pixels.
 
     Returns:
-        (N, 4 + k) float, the same boxes on the stored pixels, corners ordered; other columns unchanged.
+        (N, 4 + k) float, the same boxes on the displayed image, corners ordered; other columns unchanged.
     """
     boxes = np.array(boxes, np.float64).reshape(len(boxes), -1)
     width, height = stored_size
     x, y = boxes[:, [0, 2]], boxes[:, [1, 3]]
-    # Where a displayed point (x, y) lies on the stored grid, for each orientation.
-    stored_x, stored_y = {
+    # Where a stored point (x, y) is shown, for each orientation.
+    shown_x, shown_y = {
         1: (x, y),
         2: (width - x, y),
         3: (width - x, height - y),
         4: (x, height - y),
         5: (y, x),
-        6: (y, height - x),
-        7: (width - y, height - x),
-        8: (width - y, x),
+        6: (height - y, x),
+        7: (height - y, width - x),
+        8: (y, width - x),
     }[orientation]
-    moved = boxes.copy()
-    moved[:, 0], moved[:, 2] = stored_x.min(axis=1), stored_x.max(axis=1)
-    moved[:, 1], moved[:, 3] = stored_y.min(axis=1), stored_y.max(axis=1)
-    return moved
+    turned = boxes.copy()
+    turned[:, 0], turned[:, 2] = shown_x.min(axis=1), shown_x.max(axis=1)
+    turned[:, 1], turned[:, 3] = shown_y.min(axis=1), shown_y.max(axis=1)
+    return turned
 
 
 def to_rgb_array(image) -> np.ndarray:

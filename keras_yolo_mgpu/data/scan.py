@@ -1,7 +1,8 @@
 """What the dataset check reads of each image: its header, not its pixels, in parallel, remembered.
 
-`scan_images(paths, mode)` gives, for each image, its stored (width, height)
-or the problem that keeps it out of training:
+`scan_images(paths, mode)` gives, for each image, its (width, height) as
+displayed (EXIF orientation applied, as every command reads it; the
+orientation too) or the problem that keeps it out of training:
 
 - `"header"` (the default of every command): the size and format from the
   file's header, plus the JPEG end-of-image marker (`FF D9`) in the last two
@@ -32,11 +33,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from PIL import Image
 from tqdm import tqdm
 
 from keras_yolo_mgpu.data import images
-from keras_yolo_mgpu.data.images import read_image
+from keras_yolo_mgpu.data.images import displayed_size, image_size_and_orientation, read_image
 from keras_yolo_mgpu.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 # Bump when what a scan finds or how a record is laid out changes: older records are then rebuilt.
-SCAN_VERSION = 1
+SCAN_VERSION = 2
 MODES = ("none", "header", "full")
 # The folder of the records: this variable, else $XDG_CACHE_HOME/keras-yolo-mgpu, else ~/.cache/keras-yolo-mgpu.
 CACHE_ENV = "KERAS_YOLO_MGPU_CACHE"
@@ -129,8 +129,12 @@ def load_record(path: str, expected: dict, read: Callable, log: logging.Logger, 
 # --- one image -------------------------------------------------------------------------
 
 
-def _jpeg_size(handle) -> tuple[int, int]:
-    """(width, height) from the frame header of the JPEG open in `handle` (just after its FF D8)."""
+def _jpeg_size(handle) -> tuple[int, int, int]:
+    """(stored width, height, EXIF orientation) from the headers of the JPEG open in `handle` (just after its FF D8).
+
+    The orientation is the first Exif segment's (the one Pillow reads), 1 without one.
+    """
+    orientation = None
     while True:
         prefix = handle.read(2)
         if len(prefix) < 2:
@@ -158,31 +162,53 @@ def _jpeg_size(handle) -> tuple[int, int]:
             height, width = int.from_bytes(frame[1:3], "big"), int.from_bytes(frame[3:5], "big")
             if not width or not height:
                 raise ValueError(f"JPEG frame header of {width}x{height} pixels")  # Pillow decides (DNL)
-            return width, height
+            return width, height, orientation or 1
         if length < 2:
             raise ValueError(f"JPEG segment of length {length}")
+        if marker == 0xE1 and orientation is None:  # APP1: Exif, or XMP
+            segment = handle.read(length - 2)
+            if segment.startswith(b"Exif\0\0"):
+                orientation = _exif_orientation(segment[6:])
+            continue
         handle.seek(length - 2, os.SEEK_CUR)
 
 
-def _header(path: str, file_size: int) -> tuple[tuple[int, int], bool]:
-    """((width, height), whether a JPEG lacks its end marker) from the header; raises when unreadable."""
+def _exif_orientation(tiff: bytes) -> int:
+    """The Orientation tag (0x0112) of an Exif block's first image directory; 1 where it has none or a bad one."""
+    order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return 1
+    directory = int.from_bytes(tiff[4:8], order)
+    count = int.from_bytes(tiff[directory : directory + 2], order)
+    for start in range(directory + 2, directory + 2 + 12 * count, 12):
+        entry = tiff[start : start + 12]
+        if len(entry) < 12:
+            return 1
+        if int.from_bytes(entry[0:2], order) == 0x0112:  # a SHORT: the first 2 bytes of the value field
+            value = int.from_bytes(entry[8:10], order)
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _header(path: str, file_size: int) -> tuple[tuple[int, int], int, bool]:
+    """(stored (width, height), EXIF orientation, whether a JPEG lacks its end marker); raises when unreadable."""
     with open(path, "rb") as handle:
         if handle.read(3) == b"\xff\xd8\xff":
             handle.seek(2)
             try:
-                size = _jpeg_size(handle)
+                width, height, orientation = _jpeg_size(handle)
             except _Truncated:
                 raise
             except ValueError:
-                size = None  # an unusual layout: Pillow's parser has the last word
-            if size is not None:
+                orientation = None  # an unusual layout: Pillow's parser has the last word
+            if orientation is not None:
                 handle.seek(max(file_size - 2, 0))
-                return size, handle.read(2) != b"\xff\xd9"
-    with Image.open(path) as image:  # lazy: reads the header only
-        return image.size, False
+                return (width, height), orientation, handle.read(2) != b"\xff\xd9"
+    size, orientation = image_size_and_orientation(path)  # lazy: reads the header only
+    return size, orientation, False
 
 
-def scan_image(path: str, mode: str = "header") -> tuple[int, int, int, int, int, str | None]:
+def scan_image(path: str, mode: str = "header") -> tuple[int, int, int, int, int, str | None, int]:
     """What the check needs of one image.
 
     Args:
@@ -190,31 +216,34 @@ def scan_image(path: str, mode: str = "header") -> tuple[int, int, int, int, int
         mode: one of `MODES` (see the module docstring).
 
     Returns:
-        (file size, mtime_ns, width, height, status, message): status one of
-        OK, MISSING, UNREADABLE, TRUNCATED; width and height -1 when unknown
-        (missing, unreadable, or mode "none"); message says what is wrong.
+        (file size, mtime_ns, width, height, status, message, orientation):
+        width and height as displayed, -1 when unknown (missing, unreadable,
+        or mode "none"); status one of OK, MISSING, UNREADABLE, TRUNCATED;
+        message says what is wrong; orientation the EXIF one, 1-8 (1 when unknown).
     """
     try:
         stat = os.stat(path)
     except OSError:
-        return -1, -1, -1, -1, MISSING, f"image not found: {path}"
+        return -1, -1, -1, -1, MISSING, f"image not found: {path}", 1
     if not os.path.isfile(path):
-        return -1, -1, -1, -1, MISSING, f"image not found: {path}"
+        return -1, -1, -1, -1, MISSING, f"image not found: {path}", 1
     found = (stat.st_size, stat.st_mtime_ns)
     if mode == "none":
-        return *found, -1, -1, OK, None
+        return *found, -1, -1, OK, None, 1
     try:
         if mode == "full":
             pixels = read_image(path)  # decoded as training will decode it: a truncated file is recovered here
-            return *found, pixels.shape[1], pixels.shape[0], OK, None
-        (width, height), truncated = _header(path, stat.st_size)
+            return *found, pixels.shape[1], pixels.shape[0], OK, None, image_size_and_orientation(path)[1]
+        stored, orientation, truncated = _header(path, stat.st_size)
     except _Truncated as error:
-        return *found, -1, -1, UNREADABLE, f"unreadable image {path}: truncated: {error}"
+        return *found, -1, -1, UNREADABLE, f"unreadable image {path}: truncated: {error}", 1
     except Exception as error:  # noqa: BLE001 - any reader failure is a finding
-        return *found, -1, -1, UNREADABLE, f"unreadable image {path}: {type(error).__name__}: {error}"
+        return *found, -1, -1, UNREADABLE, f"unreadable image {path}: {type(error).__name__}: {error}", 1
+    width, height = displayed_size(stored, orientation)
     if truncated:
-        return *found, width, height, TRUNCATED, f"{path} has no JPEG end-of-image marker (truncated?)"
-    return *found, width, height, OK, None
+        message = f"{path} has no JPEG end-of-image marker (truncated?)"
+        return *found, width, height, TRUNCATED, message, orientation
+    return *found, width, height, OK, None, orientation
 
 
 # --- many images, and their record -------------------------------------------------------
@@ -226,17 +255,19 @@ class ScanRecord:
     Attributes:
         paths: the images, in the order scanned.
         stats: (N, 2) int64 file size and mtime_ns (-1: missing).
-        sizes: (N, 2) int32 stored (width, height) (-1: unknown).
+        sizes: (N, 2) int32 (width, height) as displayed (-1: unknown).
         status: (N,) int8 OK, MISSING, UNREADABLE or TRUNCATED.
         messages: index -> message, for the images that are not OK.
+        orientations: (N,) int8 EXIF orientation, 1-8 (1 when unknown).
     """
 
-    def __init__(self, paths: list[str], stats, sizes, status, messages: dict[int, str]):
+    def __init__(self, paths: list[str], stats, sizes, status, messages: dict[int, str], orientations=None):
         self.paths = paths
         self.stats = np.asarray(stats, np.int64).reshape(-1, 2)
         self.sizes = np.asarray(sizes, np.int32).reshape(-1, 2)
         self.status = np.asarray(status, np.int8).reshape(-1)
         self.messages = messages
+        self.orientations = np.ones(len(paths), np.int8) if orientations is None else np.asarray(orientations, np.int8)
 
     def result(self, index: int) -> tuple[tuple[int, int] | None, str | None, str | None]:
         """(size or None, problem kind or None, message or None) of image `index`, as `data.check` takes it."""
@@ -248,7 +279,8 @@ class ScanRecord:
     def save(self, path: str, mode: str) -> None:
         """Writes the record atomically (a reader sees the old file or the new one)."""
         meta = {"version": SCAN_VERSION, "mode": mode, "messages": self.messages}
-        save_record(path, meta, {"paths": self.paths}, stats=self.stats, sizes=self.sizes, status=self.status)
+        arrays = {"stats": self.stats, "sizes": self.sizes, "status": self.status, "orientations": self.orientations}
+        save_record(path, meta, {"paths": self.paths}, **arrays)
 
     @classmethod
     def load(cls, path: str, mode: str) -> ScanRecord | None:
@@ -256,11 +288,15 @@ class ScanRecord:
 
         def read(meta, data):
             messages = {int(k): v for k, v in meta["messages"].items()}
-            return cls(record_text(data["paths"]), data["stats"], data["sizes"], data["status"], messages)
+            arrays = (data[name] for name in ("stats", "sizes", "status"))
+            return cls(record_text(data["paths"]), *arrays, messages, data["orientations"])
 
         expected = {"version": SCAN_VERSION, "mode": mode}
         record = load_record(path, expected, read, logger, "scan record %s unreadable (%s: %s): scanning again")
-        if record is None or not (len(record.paths) == len(record.stats) == len(record.sizes) == len(record.status)):
+        if record is None:
+            return None
+        lengths = {len(part) for part in (record.paths, record.stats, record.sizes, record.status, record.orientations)}
+        if len(lengths) != 1:
             return None
         return record
 
@@ -337,14 +373,14 @@ def scan_images(
     for index, path in enumerate(paths):
         if path in reuse:
             at = reuse[path]
-            row = (*old.stats[at], *old.sizes[at], old.status[at], old.messages.get(at))
+            row = (*old.stats[at], *old.sizes[at], old.status[at], old.messages.get(at), old.orientations[at])
         else:
             row = scanned[path]
-        rows.append(row[:5])
+        rows.append((*row[:5], row[6]))
         if row[5] is not None:
             messages[index] = row[5]
-    table = np.array(rows, np.int64).reshape(-1, 5)
-    result = ScanRecord(paths, table[:, 0:2], table[:, 2:4], table[:, 4], messages)
+    table = np.array(rows, np.int64).reshape(-1, 6)
+    result = ScanRecord(paths, table[:, 0:2], table[:, 2:4], table[:, 4], messages, table[:, 5])
     elapsed = time.perf_counter() - start
     if todo:
         logger.info(

@@ -6,7 +6,7 @@ first time it met it. This block holds every image once, for the training
 process and its workers alike.
 
 Layout: a table of `(num_images, 7)` int64 rows (state, file mtime_ns, file
-size, stored w, stored h, cached w, cached h), then each image's pixels at an
+size, image w, image h (as displayed), cached w, cached h), then each image's pixels at an
 offset fixed from its letterbox size (`Annotation.size`; the whole canvas when
 unknown), so the block's size is `check_cache_fits`' estimate.
 
@@ -31,7 +31,7 @@ from keras_yolo_mgpu.data.letterbox import letterbox_bytes
 __all__ = ["SharedImageCache"]
 
 EMPTY, CLAIMED, READY = 0, 1, 2
-_COLUMNS = 7  # state, mtime_ns, file size, stored w, stored h, cached w, cached h
+_COLUMNS = 7  # state, mtime_ns, file size, image w, image h (as displayed), cached w, cached h
 
 
 class SharedImageCache:
@@ -76,7 +76,7 @@ class SharedImageCache:
         self._view()
 
     def get(self, index: int, stat) -> tuple[np.ndarray, tuple[int, int]] | None:
-        """Image `index` if cached from the file `stat` describes: ((h', w', 3) uint8 read-only view, stored (w, h))."""
+        """Image `index` if cached from the file `stat` describes: ((h', w', 3) uint8 read-only view, its (w, h))."""
         with self.lock:
             state, mtime, file_size, stored_w, stored_h, width, height = (int(v) for v in self.table[index])
         if state != READY or (mtime, file_size) != (stat.st_mtime_ns, stat.st_size):

@@ -24,7 +24,7 @@ from PIL import UnidentifiedImageError
 from tqdm import tqdm
 
 from keras_yolo_mgpu import outputs
-from keras_yolo_mgpu.data.images import read_displayed_image
+from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.fileio import atomic_write
 from keras_yolo_mgpu.inference.video import VideoReader, VideoWriter, planned_video_path
@@ -392,7 +392,7 @@ def process_images(
                 batch = []
                 for path in paths[first : first + yolo.batch_size]:
                     try:
-                        batch.append((path, read_displayed_image(path)))
+                        batch.append((path, read_image(path)))
                     except _IMAGE_ERRORS as error:
                         logger.error("cannot read image %s: %s", path, error)
                         failed += 1
@@ -569,12 +569,12 @@ def process_image_names(
 
 
 def _read_named_image(path: str) -> np.ndarray:
-    """`read_displayed_image`, with a short reason for a name that is no file."""
+    """`read_image`, with a short reason for a name that is no file."""
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a folder: name an image file")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such image file: {path}")
     try:
-        return read_displayed_image(path)
+        return read_image(path)
     except _IMAGE_ERRORS as error:
         raise OSError(f"cannot read image {path}: {error}") from None

@@ -6,7 +6,10 @@ whose best anchor's ratio metric r = min(w / aw, aw / w, h / ah, ah / h)
 exceeds 1 / 4) and the mean best IoU (keras-yolo3's assignment measure).
 Only anchors an output scale uses count (the tiny masks leave anchor 0
 out). A BPR under 0.98 is warned about; `--anchors auto` fits the used
-anchors with k-means (data/kmeans.py) instead.
+anchors with k-means (data/kmeans.py) instead. So are the boxes that get
+no target at all: keras-yolo3's targets give a box to its best anchor by
+IoU over all anchors, and a box whose best is anchor 0 of the tiny masks
+(with Darknet's `--iou-thresh`, and no used anchor above it) trains nothing.
 """
 
 from __future__ import annotations
@@ -52,13 +55,37 @@ def best_possible_recall(sizes: np.ndarray, anchors: np.ndarray, threshold: floa
     return float((best_ratio(sizes, anchors) > 1.0 / threshold).mean())
 
 
+def boxes_without_target(sizes: np.ndarray, anchors: np.ndarray, masks, iou_thresh: float | None = None) -> np.ndarray:
+    """`(N,)` bool: the boxes (`(N, 2)` sizes) that keras-yolo3's targets give to no anchor.
+
+    A box goes to its best anchor by IoU of centred boxes over all `(A, 2)`
+    anchors (the first on ties), when a mask holds it; with `iou_thresh`
+    (Darknet's) also to every anchor of the masks with IoU above it
+    (`data.device_side.build_targets`).
+    """
+    sizes, anchors = np.asarray(sizes, np.float64), np.asarray(anchors, np.float64)
+    intersection = np.minimum(sizes[:, None, :], anchors[None, :, :]).prod(axis=2)
+    iou = intersection / (sizes.prod(axis=1)[:, None] + anchors.prod(axis=1)[None, :] - intersection)
+    used = sorted({index for mask in masks for index in mask})
+    assigned = np.isin(iou.argmax(axis=1), used)
+    if iou_thresh is not None and iou_thresh < 1.0:
+        assigned |= (iou[:, used] > iou_thresh).any(axis=1)
+    return ~assigned
+
+
 def used_anchors(anchors: np.ndarray, masks) -> np.ndarray:
     """The anchors some output scale uses, in index order."""
     return np.asarray(anchors)[sorted({index for mask in masks for index in mask})]
 
 
-def report_anchor_fit(sizes: np.ndarray, anchors: np.ndarray, masks, input_shape) -> tuple[float, float]:
-    """Logs BPR and mean best IoU of the used anchors; warns when BPR < `GOOD_BPR`. Returns (BPR, mean best IoU)."""
+def report_anchor_fit(
+    sizes: np.ndarray, anchors: np.ndarray, masks, input_shape, iou_thresh: float | None = None
+) -> tuple[float, float]:
+    """Logs BPR and mean best IoU of the used anchors; warns when BPR < `GOOD_BPR` or a box gets no target.
+
+    Returns:
+        (BPR, mean best IoU).
+    """
     if not len(sizes):
         logger.info("anchor fit: no boxes to measure")
         return float("nan"), float("nan")
@@ -74,6 +101,18 @@ def report_anchor_fit(sizes: np.ndarray, anchors: np.ndarray, masks, input_shape
             bpr,
             GOOD_BPR,
             100 * (1 - bpr),
+        )
+    untrained = boxes_without_target(sizes, anchors, masks, iou_thresh)
+    if untrained.any():
+        unused = sorted(set(range(len(anchors))) - {index for mask in masks for index in mask})
+        logger.warning(
+            "%d of %d training boxes (%.1f %%) get no target, so the model never learns them: their best anchor by "
+            "IoU (keras-yolo3's assignment) is anchor %s, which no output scale predicts (the run's train_batch "
+            "pictures show them without a box). --anchors auto refits the anchors so that no box is left out.",
+            untrained.sum(),
+            len(sizes),
+            100 * untrained.mean(),
+            ", ".join(map(str, unused)),
         )
     return bpr, iou
 
@@ -93,10 +132,13 @@ def fit_anchors(sizes: np.ndarray, num_anchors: int, masks, seed: int = 0) -> np
     return anchors.astype(np.float32)
 
 
-def run_anchors(config, anchors: np.ndarray, masks, train_annotations, run_dir: str) -> np.ndarray:
+def run_anchors(
+    config, anchors: np.ndarray, masks, train_annotations, run_dir: str, iou_thresh: float | None = None
+) -> np.ndarray:
     """The run's anchors: `anchors`, or with `config.anchors == "auto"` k-means ones; logs their fit.
 
-    A fitted set is written to `run_dir/anchors.txt`; a resumed run reads it back.
+    A fitted set is written to `run_dir/anchors.txt`; a resumed run reads it back. `iou_thresh` is the
+    run's resolved one (the targets').
     """
     sizes = box_sizes_at_input(train_annotations, config.input_shape)
     if config.anchors == AUTO:
@@ -104,10 +146,10 @@ def run_anchors(config, anchors: np.ndarray, masks, train_annotations, run_dir: 
         if config.resume and os.path.isfile(path):
             anchors = get_anchors(path)
         else:
-            report_anchor_fit(sizes, anchors, masks, config.input_shape)
+            report_anchor_fit(sizes, anchors, masks, config.input_shape, iou_thresh)
             anchors = fit_anchors(sizes, len(anchors), masks, seed=0)
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write(format_anchors(anchors) + "\n")
             logger.info("--anchors auto: k-means anchors %s (written to %s)", format_anchors(anchors), path)
-    report_anchor_fit(sizes, anchors, masks, config.input_shape)
+    report_anchor_fit(sizes, anchors, masks, config.input_shape, iou_thresh)
     return anchors

@@ -94,7 +94,9 @@ class RunSetup:
         if self.chief:
             self.engine.wait_for_all_workers(DATA_BARRIER)
         check_cache_fits(config.cache, [*self.train_annotations, *self.val_annotations], config.input_shape)
-        self.anchors = run_anchors(config, self.anchors, self.masks, self.train_annotations, self.run_dir)
+        self.anchors = run_anchors(
+            config, self.anchors, self.masks, self.train_annotations, self.run_dir, self.iou_thresh
+        )
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
         logger.info(

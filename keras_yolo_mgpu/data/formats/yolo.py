@@ -14,8 +14,8 @@ folder; the YAML's folder when `path` is no folder here, as in a dataset
 copied from another machine), else the YAML's folder; Roboflow's `../train/images` is also tried
 without its `../`, as ultralytics does. `names` is a list or a
 `{index: name}` mapping. Labels are normalised to the image as displayed,
-EXIF orientation applied (ultralytics' convention); the boxes are moved onto
-the stored pixels that every command reads (`data.images.displayed_to_stored`).
+EXIF orientation applied (ultralytics' convention), which is how every
+command reads images (`data.images`).
 
 A folder without `data.yaml` is read as `images/` + `labels/`, with
 `train/` and `val/` (or `valid/`) sub-folders when it has them (under
@@ -36,12 +36,7 @@ import yaml
 from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.check import DROPPED, degenerate_box_reason
 from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords, is_image_file, pixel_box_rounding
-from keras_yolo_mgpu.data.images import (
-    ORIENTATION_NAMES,
-    displayed_size,
-    displayed_to_stored,
-    image_size_and_orientation,
-)
+from keras_yolo_mgpu.data.images import image_size
 
 logger = logging.getLogger(__name__)
 
@@ -91,16 +86,15 @@ def _parse_label_line(text: str, names_count: int | None) -> tuple[list[float] |
 
 
 def _read_label_file(label_path: str, image_path: str, names_count: int | None):
-    """(Annotation or None, problems, EXIF orientation) for one image and its label file.
+    """(Annotation or None, problems) for one image and its label file.
 
-    The labels are normalised to the image as a viewer shows it, EXIF
-    orientation applied (as ultralytics reads them); the boxes returned lie
-    on the stored pixels, which every command reads (`data.images`). A
-    degenerate box is left out on its own (reported on its line); any other
-    problem leaves the image out.
+    The labels are normalised to the image as displayed (EXIF orientation
+    applied, `data.images.image_size`); the record carries that size as its
+    `recorded_size`. A degenerate box is left out on its own (reported on
+    its line); any other problem leaves the image out.
     """
     if not os.path.isfile(label_path):
-        return Annotation(image_path, np.zeros((0, 5), np.float32), label_path, 0), [], 1
+        return Annotation(image_path, np.zeros((0, 5), np.float32), label_path, 0), []
     problems, rows = [], []
     with open(label_path, encoding="utf-8-sig") as handle:
         lines = [(number, line) for number, line in enumerate(handle, start=1) if line.strip()]
@@ -111,14 +105,13 @@ def _read_label_file(label_path: str, image_path: str, names_count: int | None):
         else:
             rows.append((index, number, line.strip(), values))
     if problems:
-        return None, problems, 1
-    boxes, orientation = [], 1
+        return None, problems
+    boxes, size = [], None
     if rows:
         try:
-            stored_size, orientation = image_size_and_orientation(image_path)  # the header only
+            size = width, height = image_size(image_path)  # the header only: normalised -> pixels
         except Exception as error:  # noqa: BLE001 - the checker reports the image itself
-            return None, _unreadable(image_path, error), 1
-        width, height = displayed_size(stored_size, orientation)
+            return None, _unreadable(image_path, error)
         for index, number, text, (c, cx, cy, w, h) in rows:
             corners = ((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height)
             box = [*(pixel_box_rounding(v) for v in corners), c]
@@ -128,11 +121,9 @@ def _read_label_file(label_path: str, image_path: str, names_count: int | None):
                 problems.append(Problem(label_path, number, "degenerate-box", message))
             else:
                 boxes.append(box)
-        if orientation != 1 and boxes:
-            moved = displayed_to_stored(boxes, orientation, stored_size).tolist()
-            boxes = [[*(pixel_box_rounding(v) for v in box[:4]), box[4]] for box in moved]
     # Line 1: the checker's "box N" then counts the label file's boxes.
-    return Annotation(image_path, np.array(boxes, np.float32).reshape(-1, 5), label_path, 1), problems, orientation
+    boxes = np.array(boxes, np.float32).reshape(-1, 5)
+    return Annotation(image_path, boxes, label_path, 1, recorded_size=size), problems
 
 
 def _unreadable(image_path: str, error: Exception) -> list[Problem]:
@@ -176,7 +167,7 @@ def read_yolo_split(entries: list[str], names_count: int | None, source: str) ->
     split = SplitRecords(source=source)
     image_paths = [path for entry in entries for path in _list_images(entry)]
     split.num_entries = len(image_paths)
-    unlabelled, turned = [], []
+    unlabelled = []
     for image_path in image_paths:
         if not os.path.isfile(image_path):
             split.problems.append(Problem(image_path, 0, "missing-file", f"image not found: {image_path}"))
@@ -184,23 +175,11 @@ def read_yolo_split(entries: list[str], names_count: int | None, source: str) ->
         label_path = label_path_for(image_path)
         if not os.path.isfile(label_path):
             unlabelled.append(image_path)
-        record, problems, orientation = _read_label_file(label_path, image_path, names_count)
+        record, problems = _read_label_file(label_path, image_path, names_count)
         split.problems += problems
         if record is not None:
             split.records.append(record)
-            if orientation != 1:
-                turned.append((image_path, orientation))
     split.problems += _orphan_labels(image_paths)
-    if turned:
-        path, orientation = turned[0]
-        logger.info(
-            "%s: %d labelled image(s) carry an EXIF orientation (first %s: %s): their labels are read on the "
-            "image as displayed, as ultralytics reads them, and moved onto the stored pixels, which training reads",
-            source,
-            len(turned),
-            path,
-            ORIENTATION_NAMES[orientation],
-        )
     split.num_unlabelled = len(unlabelled)
     if image_paths:
         split.labels_looked_for = _labels_looked_for((unlabelled or image_paths)[0])
