@@ -138,11 +138,13 @@ def test_exif_orientation_is_read_in_either_byte_order_from_the_first_exif_segme
     from keras_yolo_mgpu.data.images import image_size_and_orientation
     from keras_yolo_mgpu.data.scan import _exif_orientation
 
-    def exif(order: str, orientation: int) -> bytes:
+    def exif(order: str, orientation: int, at: int = 8) -> bytes:
+        """A TIFF block whose first directory, at byte `at`, holds the Orientation alone."""
         endian = "big" if order == "MM" else "little"
         entry = (0x0112).to_bytes(2, endian) + (3).to_bytes(2, endian) + (1).to_bytes(4, endian)
         entry += orientation.to_bytes(2, endian) + b"\0\0"
-        return order.encode() + (42).to_bytes(2, endian) + (8).to_bytes(4, endian) + (1).to_bytes(2, endian) + entry
+        header = order.encode() + (42).to_bytes(2, endian) + at.to_bytes(4, endian)
+        return header + bytes(at - 8) + (1).to_bytes(2, endian) + entry + bytes(4)
 
     assert _exif_orientation(exif("MM", 6)) == 6 and _exif_orientation(exif("II", 8)) == 8
     assert _exif_orientation(exif("II", 9)) == 1 and _exif_orientation(b"II*\0") == 1
@@ -160,3 +162,8 @@ def test_exif_orientation_is_read_in_either_byte_order_from_the_first_exif_segme
     )
     assert image_size_and_orientation(str(path)) == ((40, 30), 6)  # Pillow's reading
     assert scan_image(str(path))[2:4] == (30, 40) and scan_image(str(path))[6] == 6
+    # A directory past the first 4 KB the scan reads of the segment: it reads the rest.
+    far = tmp_path / "far.jpg"
+    far.write_bytes(b"\xff\xd8" + segment(b"Exif\0\0" + exif("II", 8, at=6000)) + body)
+    assert image_size_and_orientation(str(far)) == ((40, 30), 8)
+    assert scan_image(str(far))[2:4] == (30, 40) and scan_image(str(far))[6] == 8

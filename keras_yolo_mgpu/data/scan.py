@@ -63,6 +63,8 @@ OK, MISSING, UNREADABLE, TRUNCATED = 0, 1, 2, 3
 _KINDS = {MISSING: "missing-file", UNREADABLE: "unreadable-image"}
 # JPEG frame headers (SOF0-SOF15 but DHT C4, JPG C8 and DAC CC): they hold the height and width.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Bytes of an Exif segment read for its first directory (the rest only where the directory lies beyond).
+_EXIF_HEAD = 4096
 # Markers without a length field: TEM and the restart markers.
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
 
@@ -166,24 +168,34 @@ def _jpeg_size(handle) -> tuple[int, int, int]:
         if length < 2:
             raise ValueError(f"JPEG segment of length {length}")
         if marker == 0xE1 and orientation is None:  # APP1: Exif, or XMP
-            segment = handle.read(length - 2)
+            # The first directory sits near the start; a phone's Exif block (thumbnail included) runs to 64 KB.
+            segment = handle.read(min(length - 2, _EXIF_HEAD))
             if segment.startswith(b"Exif\0\0"):
                 orientation = _exif_orientation(segment[6:])
+                if orientation is None:  # a directory further in: the whole block
+                    segment += handle.read(length - 2 - len(segment))
+                    orientation = _exif_orientation(segment[6:]) or 1
+            handle.seek(length - 2 - len(segment), os.SEEK_CUR)
             continue
         handle.seek(length - 2, os.SEEK_CUR)
 
 
-def _exif_orientation(tiff: bytes) -> int:
-    """The Orientation tag (0x0112) of an Exif block's first image directory; 1 where it has none or a bad one."""
+def _exif_orientation(tiff: bytes) -> int | None:
+    """The Orientation tag (0x0112) of an Exif block's first image directory; 1 where it has none or a bad one.
+
+    None when the directory runs past the end of `tiff` (a block read in part).
+    """
     order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
     if order is None or len(tiff) < 8:
         return 1
     directory = int.from_bytes(tiff[4:8], order)
+    if directory + 2 > len(tiff):
+        return None
     count = int.from_bytes(tiff[directory : directory + 2], order)
     for start in range(directory + 2, directory + 2 + 12 * count, 12):
         entry = tiff[start : start + 12]
         if len(entry) < 12:
-            return 1
+            return None
         if int.from_bytes(entry[0:2], order) == 0x0112:  # a SHORT: the first 2 bytes of the value field
             value = int.from_bytes(entry[8:10], order)
             return value if 1 <= value <= 8 else 1
