@@ -205,6 +205,7 @@ def test_exif_rotated_photos_are_read_upright_with_their_labels_from_either_grid
     boxes on the stored pixels (keras-yolo3 read images as stored) and are turned with the image. For every
     orientation both give the box around the object in the pixels training reads."""
     from keras_yolo_mgpu.cli.check_dataset import main as check_main
+    from keras_yolo_mgpu.cli.dataset_args import checked_records
     from keras_yolo_mgpu.data.check import check_records
     from keras_yolo_mgpu.data.formats.records import SplitRecords
     from keras_yolo_mgpu.data.images import decode_image
@@ -236,11 +237,14 @@ def test_exif_rotated_photos_are_read_upright_with_their_labels_from_either_grid
         keras_yolo3 = open_dataset(str(tmp_path / "train.txt")).checked("train", 1).annotations
     assert "7 image(s) carry an EXIF orientation and were labelled on their stored pixels" in caplog.text
     assert f"first {tmp_path / 'images' / 'o2.jpg'}: mirrored" in caplog.text
-    # The raw reader (evaluate.py --annotations, kmeans.py, the API) turns them too, and the check does not again.
+    # The raw reader (evaluate.py --annotations, kmeans.py, the API) turns them too, and the check does not again;
+    # so does evaluate.py --data, whose check reads no image header.
     raw = read_annotations(str(tmp_path / "train.txt"))
     rechecked = check_records(SplitRecords(raw, source="raw"), 1).annotations
-    assert len(yolo) == len(keras_yolo3) == len(raw) == len(rechecked) == 8
-    for from_yolo, from_keras_yolo3, from_raw, again in zip(yolo, keras_yolo3, raw, rechecked):
+    unscanned = checked_records(open_dataset(str(tmp_path / "train.txt")), "train", 1, check_images=False)
+    assert len(yolo) == len(keras_yolo3) == len(raw) == len(rechecked) == len(unscanned) == 8
+    for from_yolo, from_keras_yolo3, from_raw, again, without_scan in zip(yolo, keras_yolo3, raw, rechecked, unscanned):
+        np.testing.assert_array_equal(without_scan.boxes, from_keras_yolo3.boxes)
         pixels, _, size = decode_image(from_yolo.image_path)  # what training decodes
         assert size == (64, 48) == from_yolo.size
         np.testing.assert_allclose(from_yolo.boxes[0, :4], _bright_box(pixels), atol=1, err_msg=from_yolo.image_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from keras_yolo_mgpu.data.annotations import turned_upright
 from keras_yolo_mgpu.data.dataset_source import open_dataset
 from keras_yolo_mgpu.data.scan import cache_dir
 
@@ -76,4 +77,6 @@ def checked_records(dataset, split: str, num_classes: int, *, check_images: bool
     logger.info("%s", report.summary_text())
     if not report.annotations:
         raise ValueError(f"{dataset.path} ({split}): no usable images")
+    if not check_images:  # the check's scan turns boxes drawn on stored pixels; without it, each header does
+        return [turned_upright(annotation) for annotation in report.annotations]
     return report.annotations

@@ -37,6 +37,7 @@ __all__ = [
     "parse_annotation_line",
     "read_annotations",
     "resolve_image_path",
+    "turned_upright",
 ]
 
 
@@ -214,23 +215,33 @@ def read_annotations(path: str, root: str | None = None) -> list[Annotation]:
             problem instead.
     """
     return [
-        _turned_with_image(parse_annotation_line(line, source=path, line_number=line_number, root=root))
+        turned_upright(parse_annotation_line(line, source=path, line_number=line_number, root=root))
         for line_number, line in iter_annotation_lines(path)
     ]
 
 
-def _turned_with_image(annotation: Annotation) -> Annotation:
-    """`annotation` with its stored-pixel boxes turned as its image is shown (unchanged where nothing turns)."""
+def turned_upright(annotation: Annotation) -> Annotation:
+    """`annotation` with boxes drawn on its image's stored pixels turned as the image is shown.
+
+    Every command reads images upright (EXIF orientation applied,
+    `data.images`). Boxes lie on the stored pixels where the record gives no
+    size (keras-yolo3's files: keras-yolo3 read images as stored) or gives
+    the stored size of a photo turned 90 degrees; those are turned, and the
+    record then gives the displayed size (so no later step turns them
+    again). The dataset check does the same from its scan (`data.check`);
+    this reads the image's header, for records that skip the scan.
+    """
     if not len(annotation.boxes):
         return annotation
     try:
         stored, orientation = image_size_and_orientation(annotation.image_path)  # the header only
     except Exception:  # noqa: BLE001 - a missing or unreadable image is the checker's finding
         return annotation
-    if orientation == 1:
+    displayed = displayed_size(stored, orientation)
+    if orientation == 1 or annotation.recorded_size not in (None, stored) or annotation.recorded_size == displayed:
         return annotation
     boxes = stored_to_displayed(annotation.boxes, orientation, stored).astype(np.float32)
-    return replace(annotation, boxes=boxes, recorded_size=displayed_size(stored, orientation))
+    return replace(annotation, boxes=boxes, recorded_size=displayed)
 
 
 def _format_number(value: float) -> str:
