@@ -241,6 +241,8 @@ def test_exif_rotated_photos_are_read_upright_with_their_labels_from_either_grid
     # so does evaluate.py --data, whose check reads no image header.
     raw = read_annotations(str(tmp_path / "train.txt"))
     rechecked = check_records(SplitRecords(raw, source="raw"), 1).annotations
+    twice = check_records(SplitRecords(keras_yolo3, source="checked"), 1).annotations  # a check's output, again
+    assert [a.boxes.tolist() for a in twice] == [a.boxes.tolist() for a in keras_yolo3]
     unscanned = checked_records(open_dataset(str(tmp_path / "train.txt")), "train", 1, check_images=False)
     assert len(yolo) == len(keras_yolo3) == len(raw) == len(rechecked) == len(unscanned) == 8
     for from_yolo, from_keras_yolo3, from_raw, again, without_scan in zip(yolo, keras_yolo3, raw, rechecked, unscanned):

@@ -65,9 +65,14 @@ class Annotation:
         size: the image's (width, height) as displayed (EXIF orientation applied) once the dataset check read
             its header, so later steps need not open the file (None before;
             not part of equality).
-        recorded_size: the (width, height) the annotation itself gives the
-            image (COCO's `width`/`height`, VOC's `<size>`), which the check
-            compares with the file's; None where the format records none.
+        recorded_size: the (width, height) of the image the boxes were drawn
+            on, where known: the size the annotation gives (COCO's
+            `width`/`height`, VOC's `<size>`, the displayed size a YOLO
+            label is normalised to), which the check compares with the
+            file's, and the displayed size once the boxes are on the
+            displayed image (after the check or `turned_upright`, so no
+            later step turns them again). None where the format records none
+            (keras-yolo3's files, drawn on the stored pixels).
     """
 
     image_path: str

@@ -304,7 +304,7 @@ def _match_recorded_sizes(
         stored = displayed_size(shown, orientation)  # the swap is its own inverse
         if orientation != 1 and annotation.recorded_size in (None, stored):
             boxes = stored_to_displayed(annotation.boxes, orientation, stored).astype(np.float32)
-            records[index] = dataclasses.replace(annotation, boxes=boxes)
+            records[index] = dataclasses.replace(annotation, boxes=boxes, recorded_size=shown)
             turned.append((annotation.image_path, orientation))
             continue
         width, height = annotation.recorded_size
@@ -412,7 +412,7 @@ def check_records(
         size, kind, message = scan.result(at[index])
         if not kind and not screened[index] and index not in mismatched:  # the common case: nothing to word
             good.append(Annotation(annotation.image_path, annotation.boxes, annotation.source,
-                                   annotation.line_number, size))  # fmt: skip
+                                   annotation.line_number, size, size or annotation.recorded_size))  # fmt: skip
             continue
         found = [(kind, message)] if kind else []
         if index in mismatched:  # its boxes are in another image's pixels: checking them says nothing more
@@ -422,9 +422,10 @@ def check_records(
         if found:
             found_by_record[index] = [Problem(annotation.source, annotation.line_number, k, m) for k, m in found]
             if all(k in REPAIRABLE for k, _ in found):
-                good.append(dataclasses.replace(repair_boxes(annotation, size), size=size))
+                repaired = repair_boxes(annotation, size)
+                good.append(dataclasses.replace(repaired, size=size, recorded_size=size or annotation.recorded_size))
         else:
-            good.append(dataclasses.replace(annotation, size=size))
+            good.append(dataclasses.replace(annotation, size=size, recorded_size=size or annotation.recorded_size))
     problems = list(split.problems) + [p for index in sorted(found_by_record) for p in found_by_record[index]]
     problems.sort(key=lambda p: (p.source, p.line_number))  # stable: a line's problems keep their order
     return CheckReport(
