@@ -157,27 +157,7 @@ def _add_schedule_args(recipe) -> None:
         "body's features of the letterboxed images, computed once (batch 8, Adam 1e-3, one device; default 0: "
         "none; train_bottleneck.py: 30)",
     )
-    recipe.add_argument(
-        "--batch-size",
-        type=cli.batch_size_or_auto,
-        default=32,
-        help="GLOBAL batch size of stage 1 (split over the replicas), or 'auto': the largest whose training step "
-        "fits each device's memory, measured before the first step (JAX: the compiled step's own figures; "
-        "TensorFlow: a trial step) and recorded in args.json",
-    )
-    recipe.add_argument(
-        "--memory-budget",
-        metavar="GIB",
-        type=cli.positive_float,
-        default=None,
-        help="--batch-size auto: GiB per device to fit into (default: 90%% of the device's memory)",
-    )
-    recipe.add_argument(
-        "--batch-size2",
-        type=cli.positive_int,
-        default=None,
-        help="global batch size of stage 2 (default: --batch-size)",
-    )
+    _add_batch_args(recipe)
     recipe.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     recipe.add_argument(
         "--lr",
@@ -200,6 +180,31 @@ def _add_schedule_args(recipe) -> None:
         type=cli.positive_int,
         default=None,
         help="override steps per epoch (default: all images once)",
+    )
+
+
+def _add_batch_args(recipe) -> None:
+    """The stages' global batch sizes, and the memory `--batch-size auto` fits into."""
+    recipe.add_argument(
+        "--batch-size",
+        type=cli.batch_size_or_auto,
+        default=32,
+        help="GLOBAL batch size of stage 1 (split over the replicas), or 'auto': the largest whose training step "
+        "fits each device's memory, measured before the first step (JAX: the compiled step's own figures; "
+        "TensorFlow: a trial step) and recorded in args.json",
+    )
+    recipe.add_argument(
+        "--memory-budget",
+        metavar="GIB",
+        type=cli.positive_float,
+        default=None,
+        help="--batch-size auto: GiB per device to fit into (default: 90%% of the device's memory)",
+    )
+    recipe.add_argument(
+        "--batch-size2",
+        type=cli.positive_int,
+        default=None,
+        help="global batch size of stage 2 (default: --batch-size)",
     )
 
 
