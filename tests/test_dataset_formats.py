@@ -400,3 +400,27 @@ def test_a_data_yaml_copied_from_another_machine_reads_its_own_folder(reference,
     assert "path /content/datasets/elsewhere is no folder here: reading the splits from the YAML's own folder" in (
         caplog.text
     )
+
+
+def test_roboflows_placeholder_category_is_no_class(reference, tmp_path, caplog):
+    """Roboflow's COCO export: category 0 is the dataset's name, supercategory of every class, and no annotation
+    uses it. It is left out: the classes are the labelled ones, numbered from 0, in train/ and valid/ alike."""
+    _, train, val = reference
+    for split, records in (("train", train[:3]), ("valid", val[:2])):
+        folder = tmp_path / split
+        folder.mkdir()
+        for record in records:
+            shutil.copy(record.image_path, folder)
+        write_coco(folder / "_annotations.coco.json", records)
+        instances = json.loads((folder / "_annotations.coco.json").read_text())
+        for category in instances["categories"]:
+            category["supercategory"] = "shapes"
+        instances["categories"].insert(0, {"id": 0, "name": "shapes", "supercategory": "none"})
+        (folder / "_annotations.coco.json").write_text(json.dumps(instances))
+    with caplog.at_level(logging.INFO, logger="keras_yolo_mgpu"):
+        dataset = open_dataset(str(tmp_path))
+    assert dataset.class_names == CLASSES
+    assert "category 0 ('shapes') is the supercategory of all the others" in caplog.text
+    for split, records in (("train", train[:3]), ("val", val[:2])):
+        got = dataset.checked(split, len(CLASSES)).annotations
+        assert [a.boxes.tolist() for a in got] == [r.boxes.tolist() for r in records]

@@ -3,7 +3,9 @@
 Images are looked up, for each `file_name`, in `--image-dir` when given,
 else beside the JSON, else in `images/` next to it. Categories sorted by id
 become class indices 0, 1, ... (`data.coco.category_mapping`); their names
-are the dataset's class names. Crowd regions are left out, as keras-yolo3's
+are the dataset's class names. Roboflow's placeholder category (the
+dataset's name, supercategory of every class, used by no annotation) is
+left out. Crowd regions are left out, as keras-yolo3's
 COCO converter does. Each image is one record whose `source` names the
 JSON and the image id, so a problem reads `instances.json[image 7]: ...`.
 A bbox under 1 px wide or high is left out on its own (the image stays);
@@ -13,6 +15,7 @@ an image no annotation names counts as unlabelled (`data.check`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
@@ -22,6 +25,8 @@ from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.check import DROPPED, degenerate_box_reason
 from keras_yolo_mgpu.data.coco import category_mapping
 from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords, pixel_box_rounding, recorded_size
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["find_image_dir", "read_coco_json"]
 
@@ -60,6 +65,29 @@ def _box(ann: dict) -> tuple[list[float] | None, str | None, str | None]:
     return [x, y, x + w, y + h], None, None
 
 
+def _without_placeholder(categories: list[dict], annotations: list[dict], json_path: str) -> list[dict]:
+    """`categories` without Roboflow's placeholder: the supercategory of all the others, which no annotation uses.
+
+    Roboflow's COCO export writes the dataset's name as category 0
+    (`supercategory: none`) and every real class under it; kept, it would be
+    a class that never has a box.
+    """
+    used = {ann.get("category_id") for ann in annotations}
+    for category in categories:
+        rest = [c for c in categories if c is not category]
+        heads_all = bool(rest) and all(c.get("supercategory") == category.get("name") for c in rest)
+        if heads_all and category.get("id") not in used:
+            logger.info(
+                "%s: category %s (%r) is the supercategory of all the others and no annotation uses it "
+                "(Roboflow's export writes one): not a class",
+                json_path,
+                category.get("id"),
+                category.get("name"),
+            )
+            return rest
+    return categories
+
+
 def read_coco_json(json_path: str, image_dir: str | None = None) -> tuple[SplitRecords, list[str]]:
     """(the JSON's images as one split, class names by index)."""
     try:
@@ -67,7 +95,8 @@ def read_coco_json(json_path: str, image_dir: str | None = None) -> tuple[SplitR
             instances = json.load(handle)
     except json.JSONDecodeError as error:
         raise ValueError(f"{json_path}: not valid JSON: {error}") from None
-    id_to_index, names = category_mapping(instances.get("categories", []))
+    categories = _without_placeholder(instances.get("categories", []), instances.get("annotations", []), json_path)
+    id_to_index, names = category_mapping(categories)
     images = instances.get("images", [])
     folder = find_image_dir(json_path, [str(i.get("file_name", "")) for i in images], image_dir)
     by_image: dict = {image["id"]: [] for image in images}
