@@ -23,7 +23,7 @@ images, arrays from users or OpenCV) go through `to_rgb_array`; both return
   it; its size is the displayed one (`image_size`). Boxes drawn on the
   stored pixels (keras-yolo3's annotation files; a COCO or VOC file that
   records the stored size) are turned with the image (`stored_to_displayed`,
-  applied by `data.check`).
+  applied by `data.check` and `data.annotations.turned_upright`).
 
 Training decodes with `decode_image`, which decodes a JPEG that will be
 shrunk anyway at reduced scale: several times faster, and the pixels of
@@ -50,8 +50,8 @@ __all__ = [
     "displayed_size",
     "image_size",
     "image_size_and_orientation",
-    "stored_to_displayed",
     "read_image",
+    "stored_to_displayed",
     "to_rgb_array",
     "turn_upright",
 ]
