@@ -138,7 +138,7 @@ def box_orders(seeds, counts) -> list[np.ndarray]:
 
 
 def resize_image(pixels: np.ndarray, extent, width: int, height: int) -> np.ndarray:
-    """The decoded image resized to `width` x `height` of the stored image's extent.
+    """The decoded image resized to `width` x `height` of the whole image's extent.
 
     Axes that shrink are averaged by area (antialiased, as PIL's bicubic
     averages when it shrinks), axes that grow are interpolated bilinearly
@@ -146,10 +146,10 @@ def resize_image(pixels: np.ndarray, extent, width: int, height: int) -> np.ndar
 
     Args:
         pixels: (H, W, 3) uint8, the decoded image.
-        extent: (width, height) float32 of the whole stored image in `pixels`'
-            pixels (W, H, unless it was decoded at reduced scale: the stored
+        extent: (width, height) float32 of the whole image in `pixels`'
+            pixels (W, H, unless it was decoded at reduced scale: the image's
             size over the reduction, not rounded).
-        width, height: the size keras-yolo3 resizes the stored image to.
+        width, height: the size keras-yolo3 resizes the whole image to.
 
     Returns:
         (height, width, 3) uint8.
@@ -214,7 +214,7 @@ def augment_boxes(
 
     Args:
         boxes: (K, 5) float32 x_min, y_min, x_max, y_max, class in image pixels.
-        image_size: (width, height) of the stored image.
+        image_size: (width, height) of the image (as displayed: `data.images`).
         params: one image's `augmentation_params` (scalars).
         max_boxes: boxes kept (a random subset when there are more).
         order: the boxes' shuffle, a permutation of K (`box_orders`).
