@@ -23,6 +23,7 @@ from inference_helpers import (
     random_images,
     write_classes,
 )
+from PIL import Image, ImageOps
 
 from keras_yolo_mgpu.cli.detect import main
 from keras_yolo_mgpu.data.synthetic import make_synthetic_video
@@ -189,8 +190,6 @@ def test_a_photo_stored_sideways_is_detected_and_drawn_as_a_viewer_shows_it(yolo
     """A phone's portrait photo: stored 160 wide and 120 high, EXIF orientation 6 (turn 90 degrees clockwise to
     show). The network sees it upright and the annotated file is upright, as ultralytics draws it (keras-yolo3 drew
     it sideways)."""
-    from PIL import Image, ImageOps
-
     stored = Image.fromarray(cv2.cvtColor(read_bgr_frames(clip)[0], cv2.COLOR_BGR2RGB))
     exif = Image.Exif()
     exif[0x0112] = 6
@@ -468,6 +467,15 @@ def test_the_command_writes_one_image_into_the_file_output_names(folder, backend
     result = yolo_video(folder, "--image", "a.jpg", "--output", target.name, backend=backend)
     assert result.returncode == 0, result.stderr
     assert target.is_file() and cv2.imread(str(target)).shape == cv2.imread(str(folder / "a.jpg")).shape
+    # a.jpg stored sideways with EXIF orientation 6: the command draws it upright, as a viewer shows it.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    with Image.open(folder / "a.jpg") as image:
+        image.save(folder / f"portrait_{backend}.jpg", quality=95, exif=exif.tobytes())
+    turned = folder / f"portrait_boxes_{backend}.jpg"
+    result = yolo_video(folder, "--image", f"portrait_{backend}.jpg", "--output", turned.name, backend=backend)
+    assert result.returncode == 0, result.stderr
+    assert cv2.imread(str(turned)).shape == (80, 64, 3)  # a.jpg is 64 high and 80 wide, as stored
 
 
 def test_a_role_given_twice_or_nothing_to_detect_is_a_usage_error(folder):
