@@ -32,6 +32,7 @@ from keras_yolo_mgpu.data.images import displayed_size, image_size_and_orientati
 __all__ = [
     "Annotation",
     "AnnotationError",
+    "drawn_on_stored_pixels",
     "format_annotation_line",
     "iter_annotation_lines",
     "parse_annotation_line",
@@ -242,11 +243,26 @@ def turned_upright(annotation: Annotation) -> Annotation:
         stored, orientation = image_size_and_orientation(annotation.image_path)  # the header only
     except Exception:  # noqa: BLE001 - a missing or unreadable image is the checker's finding
         return annotation
-    displayed = displayed_size(stored, orientation)
-    if orientation == 1 or annotation.recorded_size not in (None, stored) or annotation.recorded_size == displayed:
+    if not drawn_on_stored_pixels(annotation.recorded_size, stored, orientation):
         return annotation
     boxes = stored_to_displayed(annotation.boxes, orientation, stored).astype(np.float32)
-    return replace(annotation, boxes=boxes, recorded_size=displayed)
+    return replace(annotation, boxes=boxes, recorded_size=displayed_size(stored, orientation))
+
+
+def drawn_on_stored_pixels(recorded_size, stored_size: tuple[int, int], orientation: int) -> bool:
+    """Whether a record's boxes lie on its image's stored pixels, which the image's EXIF orientation turns.
+
+    Args:
+        recorded_size: the record's `recorded_size`: None (keras-yolo3's
+            files, drawn as stored), or the size the boxes were drawn on.
+        stored_size: (width, height) of the stored pixels.
+        orientation: the image's EXIF orientation, 1-8.
+
+    A photo flipped or turned 180 degrees has one size in both views: a
+    recorded size then means the displayed view, as browser-based tools draw.
+    """
+    displayed = displayed_size(stored_size, orientation)
+    return orientation != 1 and recorded_size in (None, stored_size) and recorded_size != displayed
 
 
 def _format_number(value: float) -> str:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from keras_yolo_mgpu.data.annotations import Annotation
+from keras_yolo_mgpu.data.annotations import Annotation, drawn_on_stored_pixels
 from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
 from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords
 from keras_yolo_mgpu.data.images import ORIENTATION_NAMES, displayed_size, stored_to_displayed
@@ -302,7 +302,7 @@ def _match_recorded_sizes(
         annotation, orientation = records[index], int(orientations[index])
         shown = (int(sizes[index, 0]), int(sizes[index, 1]))
         stored = displayed_size(shown, orientation)  # the swap is its own inverse
-        if orientation != 1 and annotation.recorded_size in (None, stored):
+        if drawn_on_stored_pixels(annotation.recorded_size, stored, orientation):
             boxes = stored_to_displayed(annotation.boxes, orientation, stored).astype(np.float32)
             records[index] = dataclasses.replace(annotation, boxes=boxes, recorded_size=shown)
             turned.append((annotation.image_path, orientation))
