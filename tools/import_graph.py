@@ -26,8 +26,12 @@ PACKAGE = "keras_yolo_mgpu"
 # Bottom to top: a module imports from its own layer (without a circle) and from the layers below,
 # never from a layer above. One entry per package folder (or top-level module), relative to the package.
 LAYERS = (
-    # files written atomically, the C heap, get_config, Keras internals, model_data/, the backend switch
-    ("base", ("__init__", "optional", "fileio", "heap", "serialization", "keras_compat", "resources", "backend")),
+    # files written atomically, the C heap, progress displays, get_config, Keras internals, model_data/,
+    # the backend switch
+    (
+        "base",
+        ("__init__", "optional", "fileio", "heap", "progress", "serialization", "keras_compat", "resources", "backend"),
+    ),
     ("model", ("model",)),  # networks, loss, boxes, BatchNormalization, in keras.ops
     # annotation formats, the input pipeline; Darknet conversion, weight files; which outputs may be replaced
     ("data, weights", ("data", "weights", "outputs")),

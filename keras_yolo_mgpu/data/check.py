@@ -379,7 +379,7 @@ def check_records(
             gives the size that boxes are checked against; `data.scan`). When
             False only the existence of each image is checked.
         workers: threads reading images (default: CPU count, at most 8).
-        progress: show a tqdm progress bar.
+        progress: show the progress (`progress.progress_bar`).
         full_decode: with `check_images`, decode every image in full instead
             of reading its header (`check_dataset --full`).
         record_dir, write_record: the folder of scan records (`data.scan.cache_dir`;

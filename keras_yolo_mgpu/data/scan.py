@@ -27,17 +27,16 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from tqdm import tqdm
 
 from keras_yolo_mgpu.data import images
 from keras_yolo_mgpu.data.images import displayed_size, image_size_and_orientation, read_image
 from keras_yolo_mgpu.fileio import atomic_write
+from keras_yolo_mgpu.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -324,13 +323,12 @@ def _stat(path: str) -> tuple[int, int]:
 def _in_parallel(function: Callable, items: Sequence, workers: int | None, *, enabled: bool, **bar_options) -> list:
     """`[function(item) for item in items]` in threads (file reads release the GIL).
 
-    With a tqdm bar (counts and rates) on stderr when `enabled` and stderr is a terminal.
+    With a progress display (`progress.progress_bar`) when `enabled`.
     """
     chunk = 256  # a future per chunk, not per file: 118k futures cost more than the headers
     chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
     results: list = []
-    shown = enabled and sys.stderr.isatty()
-    bar = tqdm(total=len(items), unit_scale=True, smoothing=0.1, disable=not shown, **bar_options)
+    bar = progress_bar(len(items), enabled=enabled, unit_scale=True, smoothing=0.1, **bar_options)
     with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
         for part in pool.map(lambda part: [function(item) for item in part], chunks):
             results.extend(part)
@@ -357,7 +355,8 @@ def scan_images(
         write_record: write the record back when something was scanned (the
             chief of several processes does; the others only read it).
         workers: threads (default: the CPU count, at most 8).
-        progress: tqdm bars (on a terminal); a summary with the rate is logged either way.
+        progress: a bar on a terminal, a line every half minute in a log (`progress.progress_bar`); a
+            summary with the rate is logged either way.
 
     Returns:
         A `ScanRecord` of the distinct paths, sorted.
@@ -370,7 +369,7 @@ def scan_images(
     reuse: dict[str, int] = {}
     if old is not None:
         # Statting is ~20x cheaper than opening and parsing: the unchanged files come from the record.
-        stats = _in_parallel(_stat, paths, workers, desc="checking the scan record", unit="img", enabled=progress)
+        stats = _in_parallel(_stat, paths, workers, desc="checking the scan record", unit="image", enabled=progress)
         position = {path: index for index, path in enumerate(old.paths)}
         for path, stat in zip(paths, stats):
             index = position.get(path)
@@ -379,7 +378,7 @@ def scan_images(
     todo = [path for path in paths if path not in reuse]
     desc = {"header": "scanning image headers", "full": "decoding images", "none": "finding images"}[mode]
     scanned = dict(
-        zip(todo, _in_parallel(lambda p: scan_image(p, mode), todo, workers, desc=desc, unit="img", enabled=progress))
+        zip(todo, _in_parallel(lambda p: scan_image(p, mode), todo, workers, desc=desc, unit="image", enabled=progress))
     )
     rows, messages = [], {}
     for index, path in enumerate(paths):

@@ -29,7 +29,6 @@ import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.images import image_size, read_image
@@ -39,6 +38,7 @@ from keras_yolo_mgpu.optional import faster_coco_eval
 from keras_yolo_mgpu.optional import pyplot as plt
 from keras_yolo_mgpu.outputs import record_written
 from keras_yolo_mgpu.plots.evaluation import write_evaluation_pictures
+from keras_yolo_mgpu.progress import progress_bar
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
 from keras_yolo_mgpu.weights.metadata import settings_for
 
@@ -391,7 +391,7 @@ def detect_annotations(
             bar.update(len(chunk) - len(prepared))
 
     results, sizes = [], []
-    with tqdm(total=len(annotations), unit="image", disable=not progress, desc="detect") as bar:
+    with progress_bar(len(annotations), unit="image", desc="detect", enabled=progress) as bar:
         for first, prepared in _prefetch(batches()):
             found = yolo.detect_letterboxed(np.stack([p[0] for p in prepared]), [p[1] for p in prepared])
             results.extend(coco_results(first, found))

@@ -21,13 +21,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 from PIL import UnidentifiedImageError
-from tqdm import tqdm
 
 from keras_yolo_mgpu import outputs
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.fileio import atomic_write
 from keras_yolo_mgpu.inference.video import VideoReader, VideoWriter, planned_video_path
+from keras_yolo_mgpu.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -212,9 +212,7 @@ def process_video(
         )
         with (
             _json_sink(save_json) as sink,
-            tqdm(
-                total=reader.frame_count, unit="frame", disable=not progress, dynamic_ncols=True, desc="detect"
-            ) as bar,
+            progress_bar(reader.frame_count, unit="frame", desc="detect", enabled=progress, dynamic_ncols=True) as bar,
         ):
             if sink is not None:
                 rule.wrote(save_json)
@@ -384,7 +382,7 @@ def process_images(
     try:
         with (
             _json_sink(save_json) as sink,
-            tqdm(total=len(paths), unit="image", disable=not progress, desc="detect") as bar,
+            progress_bar(len(paths), unit="image", desc="detect", enabled=progress) as bar,
         ):
             if sink is not None:
                 rule.wrote(save_json)

@@ -17,16 +17,14 @@ import difflib
 import hashlib
 import logging
 import os
-import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from http.client import HTTPException
 
-from tqdm import tqdm
-
 from keras_yolo_mgpu.data.scan import CACHE_ENV, cache_dir
 from keras_yolo_mgpu.fileio import atomic_write
+from keras_yolo_mgpu.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +164,7 @@ def fetch_official_weights(name: str, *, progress: bool = True) -> str:
 
     Args:
         name: a key of `OFFICIAL_WEIGHTS`, e.g. `"yolov3-tiny"`.
-        progress: show a progress bar (tqdm, on stderr) while downloading.
+        progress: show the progress while downloading (`progress.progress_bar`).
 
     Raises:
         WeightsDownloadError: offline, an HTTP error, a truncated or
@@ -250,15 +248,7 @@ def _download(entry: OfficialWeights, url: str, temporary: str, final: str, prog
                 f"{url}: the server offers {int(announced):,} bytes; the official {entry.name} weights are "
                 f"{entry.size:,}. Not downloaded; {by_hand}"
             )
-        bar = tqdm(
-            total=entry.size,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=entry.name,
-            file=sys.stderr,
-            disable=not progress,
-        )
+        bar = progress_bar(entry.size, unit="byte", desc=entry.name, enabled=progress, byte_sizes=True)
         try:
             with bar, open(temporary, "wb") as handle:
                 # One byte past the official size is enough to know the file is not it.
