@@ -1,10 +1,11 @@
-"""`--batch-size auto`: the largest batch whose step fits the budget, and the next size up measured not to.
+"""`--batch-size auto`: the largest batch up to the default whose step fits the budget, and the next size up
+measured not to.
 
 The search is checked against every size measured by brute force on memory
 curves of the shapes real steps have (a fixed part and a slope, allocator
 blocks, a convex tail, out-of-memory trials); the command is checked through
 `train.py` on both engines, where the run's own measurements must place the
-budget between the chosen size and the next one.
+budget between the chosen size and the next one, or the size at the ceiling.
 """
 
 import json
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
-from keras_yolo_mgpu.training.batch_fit import BatchDoesNotFit, largest_fitting_batch
+from keras_yolo_mgpu.training.batch_fit import BatchDoesNotFit, BatchFit, auto_ceiling, describe, largest_fitting_batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 2**20
@@ -48,6 +49,25 @@ def test_the_largest_fitting_batch_of_every_budget_with_the_next_size_measured(c
         else:
             assert fit.largest_allowed
         assert len(calls) == len(set(calls)) <= 20  # each size compiled or tried once, and few of them
+
+
+def test_the_ceiling_is_the_default_global_batch_split_and_the_log_says_which_limit_chose():
+    assert auto_ceiling(num_train=148, replicas=1, default_batch=32) == 32  # not the 148 that fit on the CPU
+    assert auto_ceiling(num_train=148, replicas=4, default_batch=32) == 8  # the global batch stays 32 on 4 GPUs
+    assert auto_ceiling(num_train=148, replicas=3, default_batch=32) == 10
+    assert auto_ceiling(num_train=20, replicas=2, default_batch=32) == 10  # a set smaller than the batch
+    assert auto_ceiling(num_train=148, replicas=64, default_batch=32) == 1
+
+    def fit(per_device, largest_allowed):
+        return BatchFit(per_device, 3 * 2**30, None if largest_allowed else 5 * 2**30, 4 * 2**30, largest_allowed, {})
+
+    ceiling = describe(fit(8, True), replicas=4, budget_given=True, num_train=148)
+    assert ceiling.startswith("--batch-size auto: global batch 32 (8 per device): the default batch over the devices")
+    assert "3.00 GiB of the --memory-budget of 4.00 GiB per device" in ceiling
+    whole_set = describe(fit(10, True), replicas=2, budget_given=False, num_train=20)
+    assert "global batch 20 (10 per device): every training image in one step" in whole_set
+    memory = describe(fit(6, False), replicas=1, budget_given=True, num_train=148)
+    assert memory.endswith("; 7 per device would need 5.00 GiB")
 
 
 def test_one_image_over_the_budget_is_refused_with_what_to_change():
@@ -81,7 +101,8 @@ def _train(root, backend, log_dir, *flags):
 
 
 def _chosen(log: str, budget_gib: float, replicas: int) -> int:
-    """The per-device batch the run chose, checked against the run's own measurements."""
+    """The per-device batch the run chose, checked against the run's own measurements (the next size up
+    measured not to fit, or not measured: the size is the ceiling)."""
     measured = re.search(r"step bytes by images per device: (\{.*\})", log).group(1)
     measured = {int(size): value for size, value in json.loads(re.sub(r"(\d+):", r'"\1":', measured)).items()}
     per_device = int(re.search(r"--batch-size auto: global batch \d+ \((\d+) per device\)", log).group(1))
@@ -116,3 +137,5 @@ def test_tensorflow_batch_auto_measures_a_trial_step_and_records_the_batch(datas
     log = _train(dataset, "tensorflow", "tf_auto", "--batch-size", "auto", "--memory-budget", "4")
     per_device = _chosen(log, 4, replicas=1)
     assert json.loads((dataset / "tf_auto" / "args.json").read_text())["batch_size"] == per_device
+    # The 36 training images all fit the budget (about 1.6 GiB on the CPU); auto stops at the default batch.
+    assert per_device == 32 and "global batch 32 (32 per device): the default batch over the devices" in log

@@ -60,7 +60,7 @@ def non_negative_int(text: str) -> int:
 
 
 def batch_size_or_auto(text: str) -> int | str:
-    """A positive integer, or "auto" (`training.batch_fit`: the largest batch that fits the devices)."""
+    """A positive integer, or "auto" (`training.batch_fit`: the largest batch up to the default that fits)."""
     return "auto" if text.strip().lower() == "auto" else positive_int(text)
 
 

@@ -25,7 +25,7 @@ from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_k
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
 from keras_yolo_mgpu.data.multiscale import check_size_range
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
-from keras_yolo_mgpu.training.config import TrainConfig
+from keras_yolo_mgpu.training.config import DEFAULT_BATCH_SIZE, TrainConfig
 from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPE_FIELDS, RECIPES, resolve_recipe
 from keras_yolo_mgpu.weights.download import resolve_weights
 
@@ -188,10 +188,10 @@ def _add_batch_args(recipe) -> None:
     recipe.add_argument(
         "--batch-size",
         type=cli.batch_size_or_auto,
-        default=32,
-        help="GLOBAL batch size of stage 1 (split over the replicas), or 'auto': the largest whose training step "
-        "fits each device's memory, measured before the first step (JAX: the compiled step's own figures; "
-        "TensorFlow: a trial step) and recorded in args.json",
+        default=DEFAULT_BATCH_SIZE,
+        help=f"GLOBAL batch size of stage 1 (split over the replicas), or 'auto': {DEFAULT_BATCH_SIZE}, or the "
+        "largest below it whose training step fits each device's memory, measured before the first step (JAX: the "
+        "compiled step's own figures; TensorFlow: a trial step) and recorded in args.json",
     )
     recipe.add_argument(
         "--memory-budget",
@@ -607,8 +607,8 @@ def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     return (
         f"out of memory at global batch {config.batch_size} ({config.input_shape[0]}x{config.input_shape[1]} input): "
         f"an allocation asked for {_gib(requested)} and the device has {_gib(limit)}. Try --batch-size auto (the "
-        f"largest batch that fits, measured before the first step) or a smaller batch: --batch-size {smaller}, and "
-        f"halve again until it runs. {kept}"
+        f"largest batch up to {DEFAULT_BATCH_SIZE} that fits, measured before the first step) or a smaller batch: "
+        f"--batch-size {smaller}, and halve again until it runs. {kept}"
     )
 
 

@@ -1,9 +1,15 @@
-"""`--batch-size auto`: the largest global batch whose training step fits each device's memory.
+"""`--batch-size auto`: the largest global batch up to the default whose training step fits each device's memory.
 
 The step's bytes on one device with its share of the batch come from
 `backend.memory.training_step_bytes`. The search measures 1 and 2 images per
 device, extrapolates the line to the budget, then steps from there until a
 size fits and the next does not: the answer is always measured.
+
+The default global batch is the ceiling (`auto_ceiling`): the recipes' learning
+rates are set for it, and the largest batch a device holds is no better a
+recipe. A batch that grew with the memory would train in fewer steps (a batch
+of the whole dataset takes one step an epoch) and, grown with the device
+count, would train another model on 4 GPUs than on one.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ class BatchFit:
         next_step_bytes: what one image more per device needs (None: out of
             memory, or not measured: `per_device` is the largest allowed).
         budget: the bytes per device it had to fit.
-        largest_allowed: True when the dataset, not memory, set the size.
+        largest_allowed: True when the ceiling (`auto_ceiling`), not memory, set the size.
         measured: every size measured, with its bytes (None: out of memory).
     """
 
@@ -42,6 +48,14 @@ class BatchFit:
     measured: dict
 
 
+def auto_ceiling(num_train: int, replicas: int, default_batch: int) -> int:
+    """The largest per-device batch `--batch-size auto` may take: the default global batch, split, at least 1.
+
+    Never more than the training images: a larger batch would repeat them in one step.
+    """
+    return max(1, min(num_train, default_batch) // replicas)
+
+
 def largest_fitting_batch(step_bytes: Callable[[int], int | None], budget: int, most: int) -> BatchFit:
     """The largest per-device batch `p` in [1, `most`] whose step fits `budget`, with `p + 1` measured not to.
 
@@ -49,7 +63,7 @@ def largest_fitting_batch(step_bytes: Callable[[int], int | None], budget: int, 
         step_bytes: bytes of one step at `p` images per device; None when
             the trial ran out of memory. Assumed to grow with `p`.
         budget: bytes per device.
-        most: the largest batch allowed (the training images per device).
+        most: the largest batch allowed (`auto_ceiling`).
 
     Raises:
         BatchDoesNotFit: one image per device does not fit.
@@ -117,7 +131,7 @@ def _bisect(fits: Callable[[int], bool], guess: int, most: int) -> tuple[int, in
     return low, high
 
 
-def describe(fit: BatchFit, replicas: int, budget_given: bool) -> str:
+def describe(fit: BatchFit, replicas: int, budget_given: bool, num_train: int) -> str:
     """The log's sentence on what `--batch-size auto` chose and why."""
     budget = (
         f"the --memory-budget of {_gib(fit.budget)} per device"
@@ -126,8 +140,13 @@ def describe(fit: BatchFit, replicas: int, budget_given: bool) -> str:
     )
     chosen = f"--batch-size auto: global batch {fit.per_device * replicas} ({fit.per_device} per device)"
     why = f"its training step needs {_gib(fit.step_bytes)} of {budget}"
-    if fit.largest_allowed:
+    if fit.largest_allowed and fit.per_device * replicas >= num_train:
         return f"{chosen}: every training image in one step; {why}"
+    if fit.largest_allowed:
+        return (
+            f"{chosen}: the default batch over the devices, the largest auto takes (the learning rates are set for "
+            f"it); {why}. A larger --batch-size uses more of the memory, in fewer steps per epoch"
+        )
     more = "runs out of memory" if fit.next_step_bytes is None else f"would need {_gib(fit.next_step_bytes)}"
     return f"{chosen}: {why}; {fit.per_device + 1} per device {more}"
 

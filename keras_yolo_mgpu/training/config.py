@@ -11,6 +11,9 @@ from keras_yolo_mgpu.model.architectures import model_name
 
 # JAX input feeds (TrainConfig.feed).
 FEEDS = ("auto", "threads", "processes")
+# The global batch of a run that names none (keras-yolo3's), and the largest `--batch-size auto` takes: the
+# learning rates are set for it, and a batch that grew with the device count would train another recipe.
+DEFAULT_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,9 @@ class TrainConfig:
     weights_partial: bool = False
     val_annotations: str | None = None
     val_split: float = 0.1
-    # The global batch, or "auto": the largest that fits each device's memory (`training.batch_fit`), recorded.
-    batch_size: int | str = 32
+    # The global batch, or "auto": the largest up to DEFAULT_BATCH_SIZE that fits each device's memory
+    # (`training.batch_fit`), recorded.
+    batch_size: int | str = DEFAULT_BATCH_SIZE
     # GiB per device `batch_size="auto"` fits into; None: `batch_fit.DEFAULT_MARGIN` of the device's memory.
     memory_budget: float | None = None
     batch_size2: int | None = None

@@ -25,6 +25,7 @@ from keras_yolo_mgpu.training import batch_fit, precision, run_state
 from keras_yolo_mgpu.training.anchor_fit import run_anchors
 from keras_yolo_mgpu.training.callbacks import EpochTensorBoard, HistoryCSVLogger, StopOnInterrupt, Throughput
 from keras_yolo_mgpu.training.checkpoint_policy import epoch_checkpoints
+from keras_yolo_mgpu.training.config import DEFAULT_BATCH_SIZE
 from keras_yolo_mgpu.training.model_settings import _initial_weights, _model_settings, _target_cells_bound
 from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
 from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks, make_optimizer
@@ -144,10 +145,11 @@ class RunSetup:
                 _write_args_json(dataclasses.replace(config, weights=self.weights_as_given))
 
     def choose_batch_size(self) -> None:
-        """`--batch-size auto`: the largest global batch whose step fits each device (`training.batch_fit`).
+        """`--batch-size auto`: the largest global batch up to the default whose step fits each device.
 
         Measured with every layer trainable (the stage that needs the most)
-        under the run's precision; args.json records the batch chosen.
+        under the run's precision (`training.batch_fit`); args.json records
+        the batch chosen.
         """
         config = self.config
         if config.batch_size != "auto":
@@ -164,11 +166,11 @@ class RunSetup:
         fit = batch_fit.largest_fitting_batch(
             lambda size: memory.training_step_bytes(model, _repeated(one_image, size)),
             budget,
-            most=max(1, len(self.train_annotations) // replicas),
+            most=batch_fit.auto_ceiling(len(self.train_annotations), replicas, DEFAULT_BATCH_SIZE),
         )
         logger.info(
             "%s (%d sizes measured in %.1f s)",
-            batch_fit.describe(fit, replicas, budget_given),
+            batch_fit.describe(fit, replicas, budget_given, len(self.train_annotations)),
             len(fit.measured),
             time.perf_counter() - started,
         )
