@@ -19,6 +19,11 @@ logger = logging.getLogger(__name__)
 LOG_INTERVAL_SECONDS = 30.0
 
 
+def is_interactive(stream) -> bool:
+    """Whether `stream` is watched as it is written: a terminal, or a notebook (whose streams are no terminal)."""
+    return stream.isatty() or "ipykernel" in sys.modules
+
+
 class LoggedProgress:
     """tqdm's `update`, `set_postfix`, `close` and `with`, as an INFO line every `interval` seconds.
 
@@ -74,7 +79,7 @@ class LoggedProgress:
 def progress_bar(
     total: int | None, *, unit: str, desc: str, enabled: bool = True, byte_sizes: bool = False, **tqdm_options
 ):
-    """A progress display for `total` items: tqdm's bar on a terminal, `LoggedProgress` in a file.
+    """A progress display for `total` items: tqdm's bar on a terminal or in a notebook, `LoggedProgress` in a file.
 
     Args:
         total: the number of items, or None when unknown (a stream).
@@ -88,7 +93,7 @@ def progress_bar(
     """
     if not enabled:
         return tqdm(total=total, disable=True)
-    if not sys.stderr.isatty():
+    if not is_interactive(sys.stderr):
         return LoggedProgress(total, unit=unit, desc=desc, byte_sizes=byte_sizes, interval=LOG_INTERVAL_SECONDS)
     if byte_sizes:
         tqdm_options = {"unit_scale": True, "unit_divisor": 1024, **tqdm_options}

@@ -4,11 +4,13 @@ import logging
 import os
 import pty
 import re
+import sys
+import types
 
 from tqdm import tqdm
 
 from keras_yolo_mgpu import progress
-from keras_yolo_mgpu.progress import LoggedProgress, progress_bar
+from keras_yolo_mgpu.progress import LoggedProgress, is_interactive, progress_bar
 
 
 def test_the_line_has_the_count_the_share_the_rate_and_the_time_left():
@@ -55,3 +57,15 @@ def test_a_terminal_gets_the_bar_a_file_the_lines_and_no_progress_nothing(monkey
     finally:
         os.close(main)
         os.close(secondary)
+
+
+def test_a_notebook_gets_the_bar_though_its_streams_are_no_terminal(monkeypatch, tmp_path):
+    """Jupyter's streams answer isatty() False; its kernel module is loaded (here a stand-in: not installed)."""
+    with open(tmp_path / "cell_output.txt", "w") as stream:
+        monkeypatch.setattr("sys.stderr", stream)
+        assert not is_interactive(sys.stderr)
+        monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+        assert is_interactive(sys.stderr)
+        bar = progress_bar(10, unit="image", desc="detect")
+        assert isinstance(bar, tqdm) and not bar.disable
+        bar.close()

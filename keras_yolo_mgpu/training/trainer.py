@@ -37,6 +37,7 @@ from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.model.loss import totalloss
 from keras_yolo_mgpu.model.yolo3 import freeze_layers
 from keras_yolo_mgpu.parallel.engine import build_engine, is_chief
+from keras_yolo_mgpu.progress import is_interactive
 from keras_yolo_mgpu.training import bottleneck, run_state
 from keras_yolo_mgpu.training.callbacks import read_history
 from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
@@ -58,8 +59,7 @@ def fit_verbosity(verbose: int) -> int:
 
     Written to a file (`train.py > log.txt`, nohup), the bar's every redraw and colour code would be kept.
     """
-    interactive = sys.stdout.isatty() or "ipykernel" in sys.modules
-    return 2 if verbose == 1 and not interactive else verbose
+    return 2 if verbose == 1 and not is_interactive(sys.stdout) else verbose
 
 
 def train(config: TrainConfig) -> TrainResult:
