@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -82,11 +83,17 @@ def write_annotations(path, boxes_wh, image="img.jpg"):
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_cli_writes_model_data_format(tmp_path, capsys):
+def test_cli_writes_model_data_format(tmp_path, capsys, caplog):
     annotations = tmp_path / "train.txt"
     write_annotations(annotations, np.rint(clustered_boxes(CENTRES, 30)))
     output = tmp_path / "model_data" / "my_anchors.txt"
-    assert main(["--annotations", str(annotations), "--clusters", "9", "--output", str(output)]) == 0
+    with caplog.at_level(logging.INFO, logger="kmeans"):
+        assert main(["--annotations", str(annotations), "--clusters", "9"]) == 0  # printed only, and said so
+        assert not output.exists() and "not written: --output FILE writes them" in caplog.text
+        assert "the anchors are in image pixels" in caplog.text and "--input-size N" in caplog.text
+        caplog.clear()
+        assert main(["--annotations", str(annotations), "--clusters", "9", "--output", str(output)]) == 0
+        assert "not written" not in caplog.text
     printed = capsys.readouterr().out
     assert "Mean IoU: " in printed
     text = output.read_text()

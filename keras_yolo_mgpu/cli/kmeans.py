@@ -103,6 +103,15 @@ def run(args) -> int:
         write_text_atomic(args.output, text)
         record_written([args.output])
         print(f"Wrote {args.output}")
+    else:
+        logger.info("not written: --output FILE writes them, for train.py --anchors FILE")
+    if args.input_size is None:
+        # train.py reads anchors in network input pixels: boxes of 1000-pixel photos give anchors twice too large
+        # for a 416 input.
+        logger.info(
+            "the anchors are in image pixels, as keras-yolo3's kmeans.py gives them; the network sees the images "
+            "letterboxed to its input: --input-size N (e.g. 416) gives the anchors at that size"
+        )
     return 0
 
 
