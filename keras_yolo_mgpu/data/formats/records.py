@@ -116,7 +116,7 @@ class SplitRecords:
 # --- the record of a split, so the next start reads arrays instead of the annotation file ---------
 
 # Bump when a reader's output or the record's layout changes: older records are then rebuilt.
-RECORDS_VERSION = 3
+RECORDS_VERSION = 4  # 4: YOLO boxes past an edge by the labels' rounding put on it
 
 
 def file_stat(path: str) -> list[int]:

@@ -85,6 +85,19 @@ def _parse_label_line(text: str, names_count: int | None) -> tuple[list[float] |
     return values, None, None  # a zero width or height: `degenerate_box_reason`, in pixels
 
 
+# Labels are written with a few decimals, so a box that touches the image's edge can sum past it:
+# 0.941838 + 0.116325 / 2 = 1.0000005 (a Roboflow export of a kangaroo photo, 1023 px wide). A corner within
+# this of an edge (0.4 px of a 4000-pixel photo) is on it; ultralytics, which checks each value alone, takes it too.
+EDGE_ROUNDING = 1e-4
+
+
+def _on_the_image(corner: float) -> float:
+    """A normalised corner coordinate, past an edge by no more than `EDGE_ROUNDING` put on it."""
+    if -EDGE_ROUNDING <= corner < 0.0:
+        return 0.0
+    return 1.0 if 1.0 < corner <= 1.0 + EDGE_ROUNDING else corner
+
+
 def _read_label_file(label_path: str, image_path: str, names_count: int | None):
     """(Annotation or None, problems) for one image and its label file.
 
@@ -113,8 +126,8 @@ def _read_label_file(label_path: str, image_path: str, names_count: int | None):
         except Exception as error:  # noqa: BLE001 - the checker reports the image itself
             return None, _unreadable(image_path, error)
         for index, number, text, (c, cx, cy, w, h) in rows:
-            corners = ((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height)
-            box = [*(pixel_box_rounding(v) for v in corners), c]
+            x1, y1, x2, y2 = (_on_the_image(v) for v in (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+            box = [*(pixel_box_rounding(v) for v in (x1 * width, y1 * height, x2 * width, y2 * height)), c]
             reason = degenerate_box_reason(box, (width, height))
             if reason:
                 message = f"box {index} ({text}): {reason}; {DROPPED} (image {image_path})"
