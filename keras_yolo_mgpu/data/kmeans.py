@@ -21,10 +21,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from tqdm import tqdm
 
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.images import image_size
+from keras_yolo_mgpu.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -177,16 +177,18 @@ def box_sizes_from_records(annotations, *, input_size: int | None = None) -> np.
     """`box_sizes_from_annotations` of records already read (`data.annotations.Annotation`, any format)."""
     sizes = []
     dropped = 0
-    if input_size is not None:
-        annotations = tqdm(annotations, desc="image sizes", unit="img", disable=len(annotations) < 1000)
-    for annotation in annotations:
-        wh = annotation.boxes[:, 2:4].astype(np.float64) - annotation.boxes[:, 0:2]
-        if input_size is not None and len(wh):
-            width, height = annotation.size or image_size(annotation.image_path)  # the check's scan read it
-            wh = wh * min(input_size / width, input_size / height)
-        keep = (wh > 0).all(axis=1)
-        dropped += int((~keep).sum())
-        sizes.append(wh[keep])
+    # Sizes not in the records are read from the images' headers: worth a progress display on a large set.
+    shown = input_size is not None and len(annotations) >= 1000
+    with progress_bar(len(annotations), unit="image", desc="image sizes", enabled=shown) as bar:
+        for annotation in annotations:
+            wh = annotation.boxes[:, 2:4].astype(np.float64) - annotation.boxes[:, 0:2]
+            if input_size is not None and len(wh):
+                width, height = annotation.size or image_size(annotation.image_path)  # the check's scan read it
+                wh = wh * min(input_size / width, input_size / height)
+            keep = (wh > 0).all(axis=1)
+            dropped += int((~keep).sum())
+            sizes.append(wh[keep])
+            bar.update(1)
     if dropped:
         logger.warning("Dropped %d boxes with zero or negative width/height", dropped)
     return np.concatenate(sizes) if sizes else np.zeros((0, 2))
