@@ -387,6 +387,8 @@ def test_segmentation_polygons_train_as_the_boxes_around_them(tmp_path):
 def test_a_box_that_sums_past_the_edge_by_the_labels_rounding_is_on_the_edge(tmp_path):
     """A Roboflow export of a kangaroo photo (1023x576): `cx + w / 2` = 1.0000005, rounding of the six decimals;
     a box that really crosses the edge is still reported."""
+    from keras_yolo_mgpu.cli.check_dataset import main as check_main
+
     (tmp_path / "images").mkdir()
     (tmp_path / "labels").mkdir()
     Image.new("RGB", (1023, 576)).save(tmp_path / "images" / "00155.png")
@@ -395,11 +397,13 @@ def test_a_box_that_sums_past_the_edge_by_the_labels_rounding_is_on_the_edge(tmp
     (tmp_path / "labels" / "00155.txt").write_text(on_the_edge + "\n")
     report = open_dataset(str(tmp_path)).checked("train", 1)
     assert report.problems == []
+    assert check_main(["--data", str(tmp_path), "--scan-cache", "none"]) == 0  # the command: no problem either
     [box] = report.annotations[0].boxes.tolist()
     assert box[2] == 1023 and box[0] == pytest.approx((0.941838 - 0.116325 / 2) * 1023, abs=1e-3)
     (tmp_path / "labels" / "00155.txt").write_text(on_the_edge + "\n0 0.95 0.5 0.2 0.2\n")  # x2 = 1.05
     report = open_dataset(str(tmp_path)).checked("train", 1)
     assert [(p.kind, "box 2" in p.message) for p in report.problems] == [("box-outside-image", True)]
+    assert check_main(["--data", str(tmp_path), "--scan-cache", "none"]) == 1
 
 
 def test_a_data_yaml_copied_from_another_machine_reads_its_own_folder(reference, tmp_path, caplog):
