@@ -27,7 +27,7 @@ def is_interactive(stream) -> bool:
 class LoggedProgress:
     """tqdm's `update`, `set_postfix`, `close` and `with`, as an INFO line every `interval` seconds.
 
-    The line: "detect: 1,200 of 54,000 frames (2 %), 41.2 frame/s, about 21.4 min left".
+    The line: "detect: N of M frames (P %), R frame/s, about T min left".
     Nothing is logged at the end: the commands log their own summary.
     """
 
