@@ -93,7 +93,8 @@ def jax_environment(devices: int = NUM_LOGICAL_DEVICES) -> dict[str, str]:
     """
     environment = {
         "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        # XLA flags the suite was started with stay (a dump, a compiler option to try).
+        "XLA_FLAGS": " ".join([*_other_xla_flags(), f"--xla_force_host_platform_device_count={devices}"]),
         "JAX_PLATFORMS": "cpu",
     }
     if os.environ.get(JAX_CACHE_VARIABLE):
@@ -106,6 +107,12 @@ def jax_environment(devices: int = NUM_LOGICAL_DEVICES) -> dict[str, str]:
             }
         )
     return environment
+
+
+def _other_xla_flags() -> list[str]:
+    """The `XLA_FLAGS` of this process but its device count."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    return [flag for flag in flags if not flag.startswith("--xla_force_host_platform_device_count")]
 
 
 def run_isolated(function, /, *args, floatx: str = "float32", backend: str = "tensorflow", **kwargs):

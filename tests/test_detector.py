@@ -14,8 +14,9 @@ from inference_helpers import (
     random_images,
     write_classes,
 )
-from PIL import Image
+from PIL import Image, ImageOps
 
+from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.inference.detector import YOLO, Detections
 from keras_yolo_mgpu.inference.draw import class_colors, draw_detections
@@ -300,3 +301,18 @@ def test_detect_image_returns_annotated_copy(yolo):
     assert annotated.size == image.size and annotated.mode == "RGB"
     assert not np.array_equal(np.asarray(annotated), np.asarray(image))
     yolo.close_session()  # keras-yolo3 compatibility
+
+
+def test_a_pil_image_is_detected_as_stored_and_exif_transpose_turns_it_as_the_commands_read_it(yolo, tmp_path):
+    """docs/inference.md: in memory the detector takes the pixels it is given; EXIF orientation is the file readers'."""
+    exif = Image.Exif()
+    exif[0x0112] = 3  # stored upside down: shown turned 180 degrees
+    path = tmp_path / "upside_down.jpg"
+    Image.fromarray(random_images(1, seed=4)[0]).save(path, quality=95, exif=exif.tobytes())
+
+    as_stored = as_rows(*yolo.detect(Image.open(path)))
+    np.testing.assert_array_equal(as_stored, as_rows(*yolo.detect(np.asarray(Image.open(path)))))
+    upright = as_rows(*yolo.detect(read_image(str(path))))  # what yolo_video.py, evaluate.py and training read
+    assert len(upright) > 0
+    assert as_stored.shape != upright.shape or not np.allclose(as_stored, upright)
+    np.testing.assert_array_equal(as_rows(*yolo.detect(ImageOps.exif_transpose(Image.open(path)))), upright)

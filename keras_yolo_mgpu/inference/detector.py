@@ -294,7 +294,10 @@ class YOLO:
 
         Args:
             image: (H, W, 3) uint8 RGB array (OpenCV frames are BGR: convert
-                with `cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)`) or a PIL image.
+                with `cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)`) or a PIL image,
+                taken as its pixels are: no EXIF orientation is applied
+                (`PIL.ImageOps.exif_transpose` turns a phone photo upright, as
+                the commands read files).
 
         Returns:
             `Detections(boxes, scores, classes)`: boxes (K, 4) as x_min,
