@@ -424,6 +424,8 @@ def test_image_prompt_annotates_each_name_until_end_of_input(folder):
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Input image filename:") == 6  # 5 lines, then the end of input
+    # Names from a pipe are echoed as a terminal shows them, so each prompt's line ends.
+    assert result.stdout.splitlines()[:2] == ["Input image filename:a.jpg", "Input image filename:missing.jpg"]
     for name in ("a.jpg", "b.jpg"):
         assert cv2.imread(str(detections / name)).shape == (64, 80, 3)
         assert f"annotated image detections/{name}" in result.stderr  # where each one went

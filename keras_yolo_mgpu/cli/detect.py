@@ -128,13 +128,22 @@ def _video_and_output(args) -> tuple[str | None, str | None]:
 
 
 def _typed_names() -> Iterator[str]:
-    """Lines typed at keras-yolo3's prompt, until end of input (Ctrl-D; keras-yolo3 died there with EOFError)."""
+    """Lines typed at keras-yolo3's prompt, until end of input (Ctrl-D; keras-yolo3 died there with EOFError).
+
+    Names from a pipe or a file (`yolo_video.py --image < names.txt`) are
+    echoed after the prompt, as a terminal shows what is typed: the prompt's
+    line ends before the image's log line, and the log says which name it read.
+    """
+    echo = not sys.stdin.isatty()
     while True:
         try:
-            yield input(_PROMPT)
+            name = input(_PROMPT)
         except EOFError:
             print()  # ends the prompt's line
             return
+        if echo:
+            print(name, flush=True)
+        yield name
 
 
 def run(args) -> int:
