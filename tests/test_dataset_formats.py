@@ -13,6 +13,7 @@ import pytest
 from dataset_writers import CLASSES, write_coco, write_voc, write_yolo
 from PIL import Image, ImageOps
 
+from keras_yolo_mgpu.cli.check_dataset import main as check_main
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.dataset_source import detect_kind, open_dataset, resolve_class_names
 from keras_yolo_mgpu.data.images import image_size
@@ -157,7 +158,6 @@ def test_class_names_from_the_dataset_or_the_file_and_a_contradiction_names_both
 
 
 def test_checker_and_kmeans_commands_take_data(reference, tmp_path, capsys):
-    from keras_yolo_mgpu.cli.check_dataset import main as check_main
     from keras_yolo_mgpu.cli.kmeans import main as kmeans_main
 
     out, train, val = reference
@@ -204,7 +204,6 @@ def test_exif_rotated_photos_are_read_upright_with_their_labels_from_either_grid
     does. YOLO-format labels are drawn on that view and taken as they are; keras-yolo3's annotation files hold
     boxes on the stored pixels (keras-yolo3 read images as stored) and are turned with the image. For every
     orientation both give the box around the object in the pixels training reads."""
-    from keras_yolo_mgpu.cli.check_dataset import main as check_main
     from keras_yolo_mgpu.cli.dataset_args import checked_records
     from keras_yolo_mgpu.data.check import check_records
     from keras_yolo_mgpu.data.formats.records import SplitRecords
@@ -321,7 +320,6 @@ def test_an_image_resized_after_labelling_is_named_and_left_out_and_a_stored_siz
 def test_a_test_split_is_read_checked_kept_out_of_training_and_its_overlap_named(reference, tmp_path, caplog, capsys):
     """data.yaml's `test` (Roboflow exports have test/): checked with the others, never trained on, and an image
     it shares with training named, since it would inflate the test score."""
-    from keras_yolo_mgpu.cli.check_dataset import main as check_main
     from keras_yolo_mgpu.training.config import TrainConfig
     from keras_yolo_mgpu.training.training_data import TrainingData
 
@@ -387,8 +385,6 @@ def test_segmentation_polygons_train_as_the_boxes_around_them(tmp_path):
 def test_a_box_that_sums_past_the_edge_by_the_labels_rounding_is_on_the_edge(tmp_path):
     """A Roboflow export of a kangaroo photo (1023x576): `cx + w / 2` = 1.0000005, rounding of the six decimals;
     a box that really crosses the edge is still reported."""
-    from keras_yolo_mgpu.cli.check_dataset import main as check_main
-
     (tmp_path / "images").mkdir()
     (tmp_path / "labels").mkdir()
     Image.new("RGB", (1023, 576)).save(tmp_path / "images" / "00155.png")
