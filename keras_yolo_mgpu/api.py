@@ -1,10 +1,12 @@
 """The commands as Python functions: their flags as keywords, their defaults, their checks.
 
     import keras_yolo_mgpu as kym
+    from keras_yolo_mgpu import api
+
     run = kym.train(data="my_dataset/data.yaml", weights="yolov3-tiny", epochs=50)
-    report = kym.evaluate(weights=run.final_weights)
-    kym.detect(model=run.final_weights, image=["photos/"], output="annotated")
-    kym.export(weights=run.final_weights, format="onnx")
+    report = kym.evaluate(weights=run.best_weights)
+    kym.detect(model=run.best_weights, image=["photos/"], output="annotated")
+    api.export(weights=run.best_weights, format="onnx")
 
 Each function takes its command's flags as keywords, dashes as underscores
 (`input_size=416`, `batch_size=16`, `no_augment=True`), and turns them into

@@ -1,5 +1,6 @@
 """The commands as Python functions: the same flags, the same defaults, the same run."""
 
+import csv
 import dataclasses
 import json
 import os
@@ -72,7 +73,7 @@ def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_HOME=str(home))
     flags = {
         "annotations": paths.train, "classes": paths.classes, "tiny": True, "input_size": 64, "batch_size": 4,
-        "epochs": 2, "val_split": 0.25, "seed": 3, "quiet": True, "no_pictures": True,
+        "epochs": 2, "val_split": 0.25, "seed": 3, "quiet": True, "no_pictures": True, "save_period": 1,
     }  # fmt: skip
     argv = command_line(train.build_parser(), flags)
     by_command = subprocess.run(
@@ -81,9 +82,9 @@ def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
     )  # fmt: skip
     assert by_command.returncode == 0, by_command.stderr[-3000:]
     script = (
-        "import json, sys, keras_yolo_mgpu as kym\n"
+        "import dataclasses, json, sys, keras_yolo_mgpu as kym\n"
         "result = kym.train(**json.loads(sys.argv[1]))\n"
-        "print(result.final_weights)\n"
+        "print(json.dumps(dataclasses.asdict(result)))\n"
     )
     by_function = subprocess.run(
         [sys.executable, "-c", script, json.dumps({**flags, "log_dir": str(tmp_path / "function")})],
@@ -95,11 +96,31 @@ def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
     assert command_args.pop("log_dir") != function_args.pop("log_dir")
     assert command_args == function_args and command_args["recipe"] == "default"  # the command's own defaults
     final = "trained_weights_final.weights.h5"
-    assert by_function.stdout.strip().endswith(final)
+    result = json.loads(by_function.stdout.strip().splitlines()[-1])
+    assert result["final_weights"] == str(tmp_path / "function" / final)
     ours, theirs = _weights(tmp_path / "function" / final), _weights(tmp_path / "command" / final)
     assert ours.keys() == theirs.keys()
     for name in ours:
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    # The best weights: the first epoch with the highest val_mAP50 (the default recipe's monitor) in history.csv,
+    # saved as that epoch's own checkpoint (--save-period 1) was.
+    with open(tmp_path / "function" / "history.csv", newline="") as handle:
+        scores = [float(row["val_mAP50"]) for row in csv.DictReader(handle)]
+    epoch = scores.index(max(scores)) + 1
+    assert result["best_weights"] == str(tmp_path / "function" / "best.weights.h5")
+    assert (result["monitor"], result["best_epoch"], result["best_value"]) == ("val_mAP50", epoch, max(scores))
+    (epoch_file,) = (tmp_path / "function").glob(f"ep{epoch:03d}-*.weights.h5")
+    (other_file,) = (tmp_path / "function").glob(f"ep{3 - epoch:03d}-*.weights.h5")
+    best = _weights(result["best_weights"])
+    assert best.keys() == _weights(epoch_file).keys()
+    assert all(np.array_equal(best[name], array) for name, array in _weights(epoch_file).items())
+    assert not all(np.array_equal(best[name], array) for name, array in _weights(other_file).items())
+    # The command's closing lines say the same, with the commands that use them.
+    best_path = tmp_path / "command" / "best.weights.h5"
+    assert f"best weights by val_mAP50: {best_path} (epoch {epoch}, val_mAP50 {max(scores):.4f})" in by_command.stderr
+    assert f"next: python evaluate.py --weights {best_path}; python yolo_video.py --model {best_path}" in (
+        by_command.stderr
+    )
 
 
 def test_what_the_command_refuses_is_a_value_error(tmp_path):

@@ -479,9 +479,22 @@ def run(args, given: dict | None = None, script: str = "train.py") -> int:
         print(START_HELP)
         return 2
     result = run_training(config)
-    epochs = f"{result.epochs_run} epoch" + ("" if result.epochs_run == 1 else "s")
-    logger.info("done: %s, final weights %s", epochs, result.final_weights)
+    for line in closing_lines(result):
+        logger.info("%s", line)
     return 0
+
+
+def closing_lines(result) -> list[str]:
+    """The log's last lines: what the run left (its best and final weights) and the commands that use them."""
+    epochs = f"{result.epochs_run} epoch" + ("" if result.epochs_run == 1 else "s")
+    lines = [f"done: {epochs} in {result.log_dir}; final weights (the last epoch's) {result.final_weights}"]
+    weights = result.final_weights
+    if result.best_weights:
+        weights = result.best_weights
+        best = f" (epoch {result.best_epoch}, {result.monitor} {result.best_value:.4f})" if result.best_epoch else ""
+        lines.append(f"best weights by {result.monitor}: {result.best_weights}{best}")
+    lines.append(f"next: python evaluate.py --weights {weights}; python yolo_video.py --model {weights} --image")
+    return lines
 
 
 def config_for(args, given: dict | None = None, script: str = "train.py"):

@@ -10,6 +10,7 @@ import threading
 import time
 
 import keras
+import numpy as np
 
 from keras_yolo_mgpu.optional import pyplot as plt
 
@@ -143,6 +144,20 @@ def read_history(history_csv: str) -> dict[str, list[float]]:
             except (TypeError, ValueError):
                 columns.setdefault(key, []).append(float("nan"))
     return columns
+
+
+def best_epoch(history: dict[str, list[float]], monitor: str, mode: str) -> tuple[int, float] | None:
+    """(epoch, value) of `history`'s (read_history) first epoch with the best `monitor` value, else None.
+
+    The first: a save-best-only checkpoint saves on a strict improvement
+    only. Epochs without the value (NaN: not evaluated that epoch) are skipped.
+    """
+    values = np.asarray(history.get(monitor, []), dtype=np.float64)
+    if not np.isfinite(values).any():
+        return None
+    index = int(np.nanargmax(values) if mode == "max" else np.nanargmin(values))
+    epochs = history.get("epoch") or range(1, len(values) + 1)
+    return int(epochs[index]), float(values[index])
 
 
 def plot_history(history_csv: str, output_png: str) -> None:

@@ -185,11 +185,23 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
+    """What a finished run left: its folder, its weights files and its history.
+
+    `final_weights` holds the last epoch's weights; `best_weights` the epoch
+    best by `monitor` (None when the run wrote no best.weights.h5), which is
+    `best_epoch` (numbered from 1, over every stage and every resumed
+    process) with `best_value`. `history` holds this process's epochs.
+    """
+
     log_dir: str
     final_weights: str
     history: dict[str, list[float]] = field(default_factory=dict)
     epochs_run: int = 0
     replicas: int = 1
+    best_weights: str | None = None
+    monitor: str = "val_loss"
+    best_epoch: int | None = None
+    best_value: float | None = None
 
 
 def draw_seed() -> int:

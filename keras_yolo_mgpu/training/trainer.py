@@ -39,13 +39,13 @@ from keras_yolo_mgpu.model.yolo3 import freeze_layers
 from keras_yolo_mgpu.parallel.engine import build_engine, is_chief
 from keras_yolo_mgpu.progress import is_interactive
 from keras_yolo_mgpu.training import bottleneck, run_state
-from keras_yolo_mgpu.training.callbacks import read_history
+from keras_yolo_mgpu.training.callbacks import best_epoch, read_history
 from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
 from keras_yolo_mgpu.training.config import TrainConfig, TrainResult, draw_seed
 from keras_yolo_mgpu.training.pictures import write_prediction_pictures
 from keras_yolo_mgpu.training.precision import training_device_kind
 from keras_yolo_mgpu.training.recipe_options import make_optimizer
-from keras_yolo_mgpu.training.run_folder import FINAL_WEIGHTS, _remove_unstarted_run
+from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS, FINAL_WEIGHTS, _remove_unstarted_run
 from keras_yolo_mgpu.training.run_setup import RunSetup
 from keras_yolo_mgpu.training.training_model import create_model
 
@@ -220,7 +220,7 @@ class _TrainingRun(RunSetup):
         final_path = self.save_final_weights(last)
         if self.chief and self.config.pictures:
             write_prediction_pictures(self, final_path)
-        return TrainResult(self.config.log_dir, final_path, history, self.epochs_run(history), self.engine.replicas)
+        return self.result(final_path, history)
 
     def run_bottleneck_stage(self) -> None:
         """Stage 0 (`bottleneck_epochs`): the start weights, their output convolutions trained on features.
@@ -441,6 +441,25 @@ class _TrainingRun(RunSetup):
             shutil.rmtree(self.run_dir, ignore_errors=True)
         self.engine.wait_for_all_workers()
         return final_path
+
+    def result(self, final_path: str, history: dict[str, list[float]]) -> TrainResult:
+        """The run's `TrainResult`: its weights files, and which epoch best.weights.h5 holds (history.csv)."""
+        best_path = os.path.join(self.config.log_dir, BEST_WEIGHTS)
+        kept = self.chief and os.path.isfile(best_path)
+        epoch, value = (
+            best_epoch(read_history(self.history_csv), self.recipe.monitor, self.recipe.mode) if kept else None
+        ) or (None, None)
+        return TrainResult(
+            self.config.log_dir,
+            final_path,
+            history,
+            self.epochs_run(history),
+            self.engine.replicas,
+            best_weights=best_path if kept else None,
+            monitor=self.recipe.monitor,
+            best_epoch=epoch,
+            best_value=value,
+        )
 
     def epochs_run(self, history: dict[str, list[float]]) -> int:
         """Epochs the run has done in all its processes (history.csv), else in this one."""
