@@ -238,6 +238,10 @@ def test_no_worker_outlives_the_trainer_after_ctrl_c_or_a_kill(dataset, tmp_path
     # Said as an interruption, not as the TypeError of Keras's clean-up after a first step that never finished
     # (Python may also print a Ctrl-C it ignored in JAX's garbage-collection callback: training.callbacks).
     assert trainer.returncode == 130 and "interrupted" in messages and "TypeError" not in messages, messages[-3000:]
+    # What the run keeps and how to continue it, said once: the first epoch's state is saved.
+    kept = f"the run stopped; {tmp_path / 'run'} keeps the weights it saved (last.weights.h5, best.weights.h5)."
+    assert messages.count(kept) == 1, messages[-3000:]
+    assert f"python train.py --resume {tmp_path / 'run'} continues it from epoch 2 of 50 " in messages
     # Only the few steps dispatched ahead (DispatchLimit) ran after the Ctrl-C: without the bound the step loop
     # had queued up to XLA's 32 programs, each run before the process could end.
     after = _steps_done(tmp_path, steps) - done_at_interrupt

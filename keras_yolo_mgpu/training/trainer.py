@@ -45,7 +45,7 @@ from keras_yolo_mgpu.training.config import TrainConfig, TrainResult, draw_seed
 from keras_yolo_mgpu.training.pictures import write_prediction_pictures
 from keras_yolo_mgpu.training.precision import training_device_kind
 from keras_yolo_mgpu.training.recipe_options import make_optimizer
-from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS, FINAL_WEIGHTS, _remove_unstarted_run
+from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS, FINAL_WEIGHTS, LAST_WEIGHTS, _remove_unstarted_run
 from keras_yolo_mgpu.training.run_setup import RunSetup
 from keras_yolo_mgpu.training.training_model import create_model
 
@@ -96,11 +96,37 @@ def train(config: TrainConfig) -> TrainResult:
     except BaseException:
         if new_folder:
             _remove_unstarted_run(config.log_dir)
+        if training_run is None or training_run.chief:
+            _say_what_was_kept(config)
         raise
     finally:
         if training_run is not None and training_run.folder_lock is not None:
             os.close(training_run.folder_lock)  # the next run in this process may take the folder
         restore_global_dtype_policy(previous_policy)
+
+
+def _say_what_was_kept(config: TrainConfig) -> None:
+    """After a run stopped (Ctrl-C, an error): a warning naming what its folder keeps and how to continue it.
+
+    Silent when no epoch finished (the folder holds no state) or the run had finished.
+    """
+    try:
+        state = run_state.read_run_state(config.log_dir)
+    except (OSError, ValueError):  # never mask what stopped the run
+        return
+    if state is None or state.finished:
+        return
+    kept = [name for name in (LAST_WEIGHTS, BEST_WEIGHTS) if os.path.isfile(os.path.join(config.log_dir, name))]
+    logger.warning(
+        "the run stopped; %s keeps the weights it saved%s. python train.py --resume %s continues it from epoch %d "
+        "of %d as if it had not stopped (from Python: train(resume=%r))",
+        config.log_dir,
+        f" ({', '.join(kept)})" if kept else "",
+        config.log_dir,
+        state.epoch + 1,
+        config.epochs,
+        config.log_dir,
+    )
 
 
 def _check_backend(config: TrainConfig) -> TrainConfig:
