@@ -36,7 +36,7 @@ from keras_yolo_mgpu.inference.media import process_video
 from keras_yolo_mgpu.resources import format_anchors
 from keras_yolo_mgpu.training.config import TrainConfig
 from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPES
-from keras_yolo_mgpu.training.run_folder import BEST_WEIGHTS
+from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = N
         result = train(config)
 
     with _timed(seconds, "evaluate"):
-        weights = weights_to_evaluate(result, config)
+        weights = weights_to_evaluate(result)
         metrics = _evaluate_demo(weights, data, anchors_path, s["image_size"], out / "eval")
 
     with _timed(seconds, "video"):
@@ -301,11 +301,10 @@ def demo_train_config(
     )
 
 
-def weights_to_evaluate(result, config) -> str:
+def weights_to_evaluate(result) -> str:
     """The run's best-by-mAP weights when it monitored val_mAP, else its final weights."""
-    best = Path(result.log_dir) / BEST_WEIGHTS
-    if config.monitor in ("val_mAP", "val_mAP50") and best.is_file():
-        return str(best)
+    if result.monitor in MAP_MONITORS and result.best_weights:
+        return result.best_weights
     return result.final_weights
 
 
