@@ -14,9 +14,11 @@ the command line the command itself parses: the defaults, the conversions
 and the refusals are the command's own, so `train(**flags)` and `python
 train.py --flags` resolve the same run (the same args.json). A keyword the
 command does not know is a TypeError that names the closest one. Values:
-True turns a switch on; a list gives a flag that takes several values
-(`image=["a.jpg", "b.jpg"]`); a tuple gives one value of several parts
-(`input_size=(320, 416)`, `multi_scale=(320, 608)`); None leaves the default.
+True turns a switch on (False its opposite: `jit=False` is `--no-jit`), and
+gives a flag whose value may be left out alone (`resume=True`, `image=True`);
+a list gives a flag that takes several values (`image=["a.jpg", "b.jpg"]`);
+a tuple gives one value of several parts (`input_size=(320, 416)`,
+`multi_scale=(320, 608)`); None leaves the default.
 """
 
 from __future__ import annotations
@@ -93,24 +95,41 @@ def command_line(parser: argparse.ArgumentParser, flags: dict) -> list[str]:
         if not actions[0].option_strings:
             positionals[actions[0].dest] = _tokens(value)
             continue
-        # `jit=False` names --jit's dest: its other switch, --no-jit, says it.
-        dests = {a.dest for a in actions}
-        switches = [a for a in parser._actions if a.dest in dests and isinstance(a, _SWITCHES)]
-        if switches:
-            chosen = [a for a in switches if a.const == value]
-            if not chosen:
-                if value is False and all(a.const is True for a in switches):
-                    continue  # a switch left off
-                raise TypeError(f"{parser.prog}: {key}={value!r} is not one of {[a.const for a in switches]}")
-            options.append(_option(chosen[0], key))
-            continue
         action = actions[0]
-        if action.nargs == "?" and isinstance(value, bool):  # `resume=True`: the flag alone; False leaves it off
+        if isinstance(action, _SWITCHES):
+            options += _switch(parser, action, key, value)
+            continue
+        if action.nargs in ("?", "*") and isinstance(value, bool):
+            # `resume=True`, `image=True`: the flag alone; False leaves it off.
             options += [_option(action, key)] if value else []
             continue
         options += [_option(action, key), *_tokens(value)]
     ordered = [word for a in parser._actions if not a.option_strings for word in positionals.get(a.dest, [])]
     return [*ordered, *options]
+
+
+def _switch(parser: argparse.ArgumentParser, action: argparse.Action, key: str, value) -> list[str]:
+    """The switch of `action`'s dest that gives it `value` (`jit=False`: --no-jit), or none when that is the default.
+
+    Raises:
+        TypeError: no switch gives `value`, and leaving them off gives another value (`mixed_precision=False`:
+            the default is the device's choice), naming the keywords that set that dest.
+    """
+    switches = [a for a in parser._actions if a.dest == action.dest and isinstance(a, _SWITCHES)]
+    chosen = [a for a in switches if a.const == value]
+    if chosen:
+        return [_option(chosen[0], key)]
+    if value is False and parser.get_default(action.dest) is False:
+        return []  # a switch left off
+    others = [
+        option[2:].replace("-", "_")
+        for a in parser._actions
+        if a.dest == action.dest and not isinstance(a, _SWITCHES)
+        for option in a.option_strings
+        if option.startswith("--")
+    ]
+    hint = f"; set {' or '.join(others)} instead" if others else ""
+    raise TypeError(f"{parser.prog}: {key}={value!r} is not one of {[a.const for a in switches]}{hint}")
 
 
 def _option(action: argparse.Action, key: str) -> str:

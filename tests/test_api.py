@@ -41,6 +41,15 @@ def test_keywords_become_the_command_line_the_command_parses():
     for resume, expected in ((True, ["--resume"]), ("logs/003", ["--resume", "logs/003"]), (False, [])):
         argv = command_line(parser, {"resume": resume, "quiet": True})
         assert argv == [*expected, "--quiet"] and parser.parse_args(argv).resume == resume
+    # keras-yolo3's bare --image (ask for file names): image=True.
+    assert command_line(detect.build_parser(), {"image": True}) == ["--image"]
+    assert detect.build_parser().parse_args(["--image"]).image == []
+    # --precision shares its dest with the --mixed-precision switch: a value, not a switch.
+    argv = command_line(parser, {"precision": "float32"})
+    assert argv == ["--precision", "float32"] and parser.parse_args(argv).mixed_precision is False
+    # Leaving --mixed-precision off is the device's choice, not float32: refused, naming the keyword that says it.
+    with pytest.raises(TypeError, match="mixed_precision=False is not one of \\[True\\]; set precision instead"):
+        command_line(parser, {"mixed_precision": False})
 
 
 def test_an_unknown_keyword_names_the_closest_one():
