@@ -116,6 +116,7 @@ def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
     with open(tmp_path / "function" / "history.csv", newline="") as handle:
         scores = [float(row["val_mAP50"]) for row in csv.DictReader(handle)]
     epoch = scores.index(max(scores)) + 1
+    assert result["history"]["epoch"] == [1, 2] and result["history"]["val_mAP50"] == scores
     assert result["best_weights"] == str(tmp_path / "function" / "best.weights.h5")
     assert (result["monitor"], result["best_epoch"], result["best_value"]) == ("val_mAP50", epoch, max(scores))
     (epoch_file,) = (tmp_path / "function").glob(f"ep{epoch:03d}-*.weights.h5")

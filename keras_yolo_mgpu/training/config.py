@@ -190,7 +190,8 @@ class TrainResult:
     `final_weights` holds the last epoch's weights; `best_weights` the epoch
     best by `monitor` (None when the run wrote no best.weights.h5), which is
     `best_epoch` (numbered from 1, over every stage and every resumed
-    process) with `best_value`. `history` holds this process's epochs.
+    process) with `best_value`. `history` holds history.csv's columns, every
+    epoch of the run (resumed ones too), NaN where an epoch has no value.
     """
 
     log_dir: str

@@ -469,26 +469,21 @@ class _TrainingRun(RunSetup):
         return final_path
 
     def result(self, final_path: str, history: dict[str, list[float]]) -> TrainResult:
-        """The run's `TrainResult`: its weights files, and which epoch best.weights.h5 holds (history.csv)."""
+        """The run's `TrainResult`: its weights files, its history (history.csv: every process's epochs; on a
+        multi-worker run's other workers, `history`: this process's) and which epoch best.weights.h5 holds."""
+        if self.chief and os.path.isfile(self.history_csv):
+            history = read_history(self.history_csv)
         best_path = os.path.join(self.config.log_dir, BEST_WEIGHTS)
         kept = self.chief and os.path.isfile(best_path)
-        epoch, value = (
-            best_epoch(read_history(self.history_csv), self.recipe.monitor, self.recipe.mode) if kept else None
-        ) or (None, None)
+        epoch, value = (best_epoch(history, self.recipe.monitor, self.recipe.mode) if kept else None) or (None, None)
         return TrainResult(
             self.config.log_dir,
             final_path,
             history,
-            self.epochs_run(history),
+            len(history.get("epoch") or history.get("loss", [])),  # history.csv's rows, else this process's
             self.engine.replicas,
             best_weights=best_path if kept else None,
             monitor=self.recipe.monitor,
             best_epoch=epoch,
             best_value=value,
         )
-
-    def epochs_run(self, history: dict[str, list[float]]) -> int:
-        """Epochs the run has done in all its processes (history.csv), else in this one."""
-        if self.chief and os.path.isfile(self.history_csv):
-            return len(read_history(self.history_csv).get("epoch", []))
-        return len(history.get("loss", []))
