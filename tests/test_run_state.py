@@ -8,7 +8,9 @@ import keras
 import pytest
 
 from keras_yolo_mgpu.training import run_state
+from keras_yolo_mgpu.training.config import TrainConfig
 from keras_yolo_mgpu.training.run_folder import _remove_unstarted_run, _trim_history, lock_run_folder
+from keras_yolo_mgpu.training.trainer import _say_what_was_kept
 
 
 def _stage2_callbacks():
@@ -109,3 +111,28 @@ def test_no_validation_images_with_a_recipe_that_scores_them_says_which_flags_th
     config = dataclasses.replace(config, recipe="default")
     with pytest.raises(ValueError, match=r"--val-split 0, .* the default recipe scores validation mAP every 1 epoch"):
         monitor_and_mode(config, has_validation=False)
+
+
+def test_a_stopped_run_says_what_it_kept_only_when_resuming_would_continue_it(tmp_path, caplog):
+    config = TrainConfig(annotations="a.txt", classes="c.txt", log_dir=str(tmp_path), epochs=10)
+    (tmp_path / "last.weights.h5").write_bytes(b"")
+
+    def said(error, epochs_before):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="keras_yolo_mgpu.training.trainer"):
+            _say_what_was_kept(config, error, epochs_before)
+        return [record.getMessage() for record in caplog.records]
+
+    assert said(KeyboardInterrupt(), 0) == []  # no epoch saved: nothing to continue
+    run_state.write_run_state(str(tmp_path), run_state.RunState(stage=1, epoch=3, stream_position=24))
+    expected = (
+        f"the run stopped; {tmp_path} keeps the weights it saved (last.weights.h5). python train.py --resume "
+        f"{tmp_path} continues it from epoch 4 of 10 as if it had not stopped (from Python: train(resume='{tmp_path}'))"
+    )
+    assert said(KeyboardInterrupt(), 0) == [expected]
+    assert said(KeyboardInterrupt(), 3) == [expected]  # Ctrl-C of a resumed run before its next epoch
+    assert said(MemoryError(), 1) == [expected]  # an error after this process saved epochs 2 and 3
+    # A resumed run that fails before training on would fail the same way resumed again.
+    assert said(ValueError("the dataset changed"), 3) == []
+    run_state.write_run_state(str(tmp_path), run_state.RunState(stage=1, epoch=10, stream_position=80, finished=True))
+    assert said(KeyboardInterrupt(), 0) == []  # a finished run: nothing to resume

@@ -89,15 +89,16 @@ def train(config: TrainConfig) -> TrainResult:
     previous_policy = global_dtype_policy_setting()
     # A new run that stops before its first epoch ends (refused weights, bad data) removes the folder it created.
     new_folder = not config.resume and not (os.path.isdir(config.log_dir) and os.listdir(config.log_dir))
+    saved_before = _saved_state(config.log_dir) if config.resume else None
     training_run = None
     try:
         training_run = _TrainingRun(config, engine)
         return training_run.run()
-    except BaseException:
+    except BaseException as error:
         if new_folder:
             _remove_unstarted_run(config.log_dir)
         if training_run is None or training_run.chief:
-            _say_what_was_kept(config)
+            _say_what_was_kept(config, error, saved_before.epoch if saved_before else 0)
         raise
     finally:
         if training_run is not None and training_run.folder_lock is not None:
@@ -105,16 +106,23 @@ def train(config: TrainConfig) -> TrainResult:
         restore_global_dtype_policy(previous_policy)
 
 
-def _say_what_was_kept(config: TrainConfig) -> None:
-    """After a run stopped (Ctrl-C, an error): a warning naming what its folder keeps and how to continue it.
-
-    Silent when no epoch finished (the folder holds no state) or the run had finished.
-    """
+def _saved_state(log_dir: str) -> run_state.RunState | None:
+    """The unfinished run state saved in `log_dir`, or None (none, finished, or unreadable)."""
     try:
-        state = run_state.read_run_state(config.log_dir)
+        state = run_state.read_run_state(log_dir)
     except (OSError, ValueError):  # never mask what stopped the run
-        return
-    if state is None or state.finished:
+        return None
+    return None if state is None or state.finished else state
+
+
+def _say_what_was_kept(config: TrainConfig, error: BaseException, epochs_before: int) -> None:
+    """After a run stopped: a warning naming what its folder keeps and the epoch --resume continues from.
+
+    Said after Ctrl-C, or an error once this process saved an epoch; not when a resumed run fails before
+    training on (resuming again would fail the same way), nor when no epoch was saved.
+    """
+    state = _saved_state(config.log_dir)
+    if state is None or not (isinstance(error, KeyboardInterrupt) or state.epoch > epochs_before):
         return
     kept = [name for name in (LAST_WEIGHTS, BEST_WEIGHTS) if os.path.isfile(os.path.join(config.log_dir, name))]
     logger.warning(
