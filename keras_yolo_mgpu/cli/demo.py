@@ -36,7 +36,6 @@ from keras_yolo_mgpu.inference.media import process_video
 from keras_yolo_mgpu.resources import format_anchors
 from keras_yolo_mgpu.training.config import TrainConfig
 from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPES
-from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +302,7 @@ def demo_train_config(
 
 def weights_to_evaluate(result) -> str:
     """The run's best-by-mAP weights when it monitored val_mAP, else its final weights."""
-    if result.monitor in MAP_MONITORS and result.best_weights:
+    if result.monitor in ("val_mAP", "val_mAP50") and result.best_weights:  # recipe_options.MAP_MONITORS: no Keras here
         return result.best_weights
     return result.final_weights
 
