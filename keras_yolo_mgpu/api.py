@@ -16,6 +16,7 @@ train.py --flags` resolve the same run (the same args.json). A keyword the
 command does not know is a TypeError that names the closest one. Values:
 True turns a switch on (False its opposite: `jit=False` is `--no-jit`), and
 gives a flag whose value may be left out alone (`resume=True`, `image=True`);
+a flag that needs a value refuses True and False (a TypeError);
 a list gives a flag that takes several values (`image=["a.jpg", "b.jpg"]`);
 a tuple gives one value of several parts (`input_size=(320, 416)`,
 `multi_scale=(320, 608)`); None leaves the default.
@@ -103,6 +104,11 @@ def command_line(parser: argparse.ArgumentParser, flags: dict) -> list[str]:
             # `resume=True`, `image=True`: the flag alone; False leaves it off.
             options += [_option(action, key)] if value else []
             continue
+        if isinstance(value, bool):  # `pr_curve=True` would write a file named "True"
+            what = action.metavar or action.dest.upper()
+            raise TypeError(
+                f"{parser.prog}: {key}={value!r}: {_option(action, key)} takes a value ({what}), not a switch"
+            )
         options += [_option(action, key), *_tokens(value)]
     ordered = [word for a in parser._actions if not a.option_strings for word in positionals.get(a.dest, [])]
     return [*ordered, *options]

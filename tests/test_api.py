@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_yolo_mgpu.api import command_line
-from keras_yolo_mgpu.cli import detect, train
+from keras_yolo_mgpu.cli import detect, evaluate, train
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 from keras_yolo_mgpu.training.config import TrainConfig
 
@@ -47,6 +47,9 @@ def test_keywords_become_the_command_line_the_command_parses():
     # --precision shares its dest with the --mixed-precision switch: a value, not a switch.
     argv = command_line(parser, {"precision": "float32"})
     assert argv == ["--precision", "float32"] and parser.parse_args(argv).mixed_precision is False
+    # A flag that takes a value is not a switch: True would become a file named "True".
+    with pytest.raises(TypeError, match="pr_curve=True: --pr-curve takes a value \\(PNG\\), not a switch"):
+        command_line(evaluate.build_parser(), {"pr_curve": True})
     # Leaving --mixed-precision off is the device's choice, not float32: refused, naming the keyword that says it.
     with pytest.raises(TypeError, match="mixed_precision=False is not one of \\[True\\]; set precision instead"):
         command_line(parser, {"mixed_precision": False})
