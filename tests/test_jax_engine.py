@@ -9,6 +9,7 @@ same final weights. The runs are float64 (a `keras.json` of their own), so
 "the same" means rounding, ~1e-16, against steps of ~1e-2.
 """
 
+import csv
 import json
 import os
 import signal
@@ -140,6 +141,7 @@ def two_device_run(dataset, keras_home, tmp_path_factory):
     args = _args(dataset, log_dir, "--gpus", "2", "--simulate-devices", "--epochs", "2")
     result = _run(args, _env(keras_home), without_tensorflow=True)
     assert result.returncode == 0, result.stderr[-3000:]
+    (log_dir.parent / "stderr.txt").write_text(result.stderr)
     return log_dir
 
 
@@ -150,6 +152,15 @@ def test_jax_run_records_its_backend_and_dtype_and_needs_no_tensorflow(two_devic
     # It trained, validated and saved where `import tensorflow` fails.
     assert (two_device_run / FINAL).exists() and (two_device_run / "best.weights.h5").exists()
     assert not (two_device_run / "tensorboard").exists()
+    # Its closing lines name the best weights: the first epoch with the lowest val_loss (the keras-yolo3 recipe's
+    # monitor) in history.csv.
+    with open(two_device_run / "history.csv", newline="") as handle:
+        losses = [float(row["val_loss"]) for row in csv.DictReader(handle)]
+    best = two_device_run / "best.weights.h5"
+    stderr = (two_device_run.parent / "stderr.txt").read_text()
+    epoch = losses.index(min(losses)) + 1
+    assert f"best weights by val_loss: {best} (epoch {epoch}, val_loss {min(losses):.4f})" in stderr, stderr[-2000:]
+    assert f"next: python evaluate.py --weights {best}; python yolo_video.py --model {best} --image" in stderr
 
 
 def _free_port():
