@@ -236,19 +236,22 @@ VOC_CLASSES = [
 ]  # fmt: skip  (keras-yolo3's voc_annotation.py `classes`)
 
 
-def keras_yolo3_voc_lines(cwd: str, year: str, image_set: str) -> str:
-    """keras-yolo3's voc_annotation.py for one set, transcribed (its `wd = getcwd()`, int boxes, difficult skipped)."""
+def keras_yolo3_voc_lines(cwd: str, year: str, image_set: str, classes=VOC_CLASSES) -> str:
+    """keras-yolo3's voc_annotation.py for one set, transcribed (its `wd = getcwd()`, int boxes, difficult skipped).
+
+    `classes`: the script's `classes` list, which its users edit to their own.
+    """
     out = []
     ids = open(f"{cwd}/VOCdevkit/VOC{year}/ImageSets/Main/{image_set}.txt").read().strip().split()
     for image_id in ids:
         out.append(f"{cwd}/VOCdevkit/VOC{year}/JPEGImages/{image_id}.jpg")
         for obj in ET.parse(f"{cwd}/VOCdevkit/VOC{year}/Annotations/{image_id}.xml").getroot().iter("object"):
             difficult, cls = obj.find("difficult").text, obj.find("name").text
-            if cls not in VOC_CLASSES or int(difficult) == 1:
+            if cls not in classes or int(difficult) == 1:
                 continue
             box = obj.find("bndbox")
             b = [int(box.find(t).text) for t in ("xmin", "ymin", "xmax", "ymax")]
-            out.append(" " + ",".join(str(a) for a in b) + "," + str(VOC_CLASSES.index(cls)))
+            out.append(" " + ",".join(str(a) for a in b) + "," + str(classes.index(cls)))
         out.append("\n")
     return "".join(out)
 
@@ -283,6 +286,25 @@ def test_voc_annotation_without_flags_writes_keras_yolo3s_three_files(tmp_path):
         written = (tmp_path / f"2007_{image_set}.txt").read_text()
         assert written == keras_yolo3_voc_lines(cwd, "2007", image_set), image_set
     assert (tmp_path / "2007_train.txt").read_text().startswith(f"{cwd}/VOCdevkit/VOC2007/JPEGImages/000001.jpg 48,")
+
+    # A keras-yolo3 user with their own classes lists them in model_data/voc_classes.txt, the file
+    # train.py reads there (and in the script's `classes`): the ids follow that file.
+    (tmp_path / "model_data").mkdir()
+    own_classes = ["unicorn", "dog", "aeroplane"]
+    (tmp_path / "model_data" / "voc_classes.txt").write_text("\n".join(own_classes) + "\n")
+    result = run_script("voc_annotation.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "class names from model_data/voc_classes.txt" in result.stderr
+    for image_set in ("train", "val", "test"):
+        written = (tmp_path / f"2007_{image_set}.txt").read_text()
+        assert written == keras_yolo3_voc_lines(cwd, "2007", image_set, own_classes), image_set
+
+    # A list none of the objects is in would write every image without boxes: refused, nothing replaced.
+    (tmp_path / "model_data" / "voc_classes.txt").write_text("kangaroo\n")
+    result = run_script("voc_annotation.py", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "(aeroplane, dog, person, tvmonitor, unicorn) is in model_data/voc_classes.txt" in result.stderr
+    assert written == (tmp_path / "2007_test.txt").read_text()
 
 
 def keras_yolo3_coco_train_txt(instances: dict) -> str:

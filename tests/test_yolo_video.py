@@ -547,3 +547,12 @@ def test_process_video_ends_cleanly_at_a_read_error_midway(yolo, clip, tmp_path,
     stats = process_video(yolo, clip, str(tmp_path / "out.mp4"), progress=False, rule=rule)
     assert stats["frames"] == 4 and stats["input_ended_early"]
     assert video_properties(tmp_path / "out.mp4")[3] == 4  # the frames before the error, in a finished file
+
+
+def test_an_mp4_from_a_server_without_byte_ranges_is_refused_with_the_reason(folder, server, monkeypatch):
+    """FFmpeg cannot seek to an .mp4's index at its end on such a server: the error says so, not "the file"."""
+    make_synthetic_video(folder / "clip.mp4", num_frames=60, frame_size=(240, 320), seed=3)
+    for proxy in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    with pytest.raises(VideoError, match=r"clip\.mp4: the stream sent no decodable frame .*byte ranges"):
+        video_module.open_capture(f"{server}/clip.mp4")

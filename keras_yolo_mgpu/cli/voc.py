@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
+from keras_yolo_mgpu.cli.keras_yolo3_folder import CLASSES as KERAS_YOLO3_CLASSES
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.data.formats.voc_xml import voc_class_names
 from keras_yolo_mgpu.data.voc import DEFAULT_SETS, voc_set_lines, voc_set_list_path, xml_dir_lines
@@ -59,8 +60,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--classes",
         default=None,
-        help="class names file (default: --devkit: model_data/voc_classes.txt; --xml-dir: the object names the XML "
-        "files use, sorted, written beside --output as <output>_classes.txt)",
+        help="class names file (default: --devkit: model_data/voc_classes.txt of this folder, else VOC's 20; "
+        "--xml-dir: the object names the XML files use, sorted, written beside --output as <output>_classes.txt)",
     )
     parser.add_argument(
         "--keep-difficult", action="store_true", help="keep objects marked difficult (skipped by default)"
@@ -76,7 +77,7 @@ def run(args) -> int:
         return _convert_xml_dir(args)
     if args.devkit is None:
         args.devkit = _keras_yolo3_devkit(args.sets)
-    classes_path = resolve_resource(args.classes, "voc_classes")
+    classes_path = args.classes or _devkit_classes()
     class_names = get_classes(classes_path)
     lists = [voc_set_list_path(args.devkit, year, image_set) for year, image_set in args.sets]
     missing = [path for path in lists if not os.path.isfile(path)]
@@ -87,12 +88,57 @@ def run(args) -> int:
     outputs = [os.path.join(args.output_dir, f"{year}_{image_set}.txt") for year, image_set in args.sets]
     for output in outputs:  # all of them before any is written
         check_output(output, inputs=[*lists, classes_path], overwrite=args.overwrite, flag="output")
-    for (year, image_set), output in zip(args.sets, outputs):
-        lines = voc_set_lines(args.devkit, year, image_set, class_names, keep_difficult=args.keep_difficult)
+    set_lines = [
+        voc_set_lines(args.devkit, year, image_set, class_names, keep_difficult=args.keep_difficult)
+        for year, image_set in args.sets
+    ]
+    if not any(" " in line for lines in set_lines for line in lines):
+        _refuse_a_class_list_no_object_is_in(args.devkit, args.sets, classes_path, class_names)
+    for output, lines in zip(outputs, set_lines):
         write_lines_atomic(output, lines)
         record_written([output])
         print(f"Wrote {output} ({len(lines)} images)")
     return 0
+
+
+def _refuse_a_class_list_no_object_is_in(devkit, sets, classes_path, class_names) -> None:
+    """No set got a box: refused when the sets' XML files name objects, none of them in the class list.
+
+    Raises:
+        ValueError: naming the classes file and the classes the XML files use.
+    """
+    xml_paths = []
+    for year, image_set in sets:
+        with open(voc_set_list_path(devkit, year, image_set), encoding="utf-8") as f:
+            ids = [line.split()[0] for line in f if line.strip()]
+        xml_paths += [os.path.join(devkit, f"VOC{year}", "Annotations", f"{image_id}.xml") for image_id in ids]
+    used = voc_class_names(xml_paths)
+    if used and not set(used) & set(class_names):
+        folder_classes = KERAS_YOLO3_CLASSES["train.py"][0]
+        fix = (
+            "list your classes in it, one per line"
+            if os.path.abspath(classes_path) == os.path.abspath(folder_classes)
+            else f"write your classes, one per line, into {folder_classes} here (train.py reads it too)"
+        )
+        raise ValueError(
+            f"none of the classes the XML files name ({', '.join(used[:10])}) is in {classes_path} "
+            f"({', '.join(class_names[:5])}{', ...' if len(class_names) > 5 else ''}): every image would be written "
+            f"without boxes; {fix}, or give --classes FILE"
+        )
+
+
+def _devkit_classes() -> str:
+    """No --classes: the folder's `model_data/voc_classes.txt`, the file `python train.py` reads here, else VOC's 20.
+
+    keras-yolo3 users list their classes in that file for train.py (and in
+    voc_annotation.py's own list); taking the same file keeps the class ids
+    written here the ids train.py names.
+    """
+    folder_classes = KERAS_YOLO3_CLASSES["train.py"][0]
+    if os.path.isfile(folder_classes):
+        logger.info("class names from %s (the file train.py reads in this folder; --classes to choose)", folder_classes)
+        return folder_classes
+    return resolve_resource(None, "voc_classes")
 
 
 def _keras_yolo3_devkit(sets) -> str:

@@ -158,7 +158,14 @@ def open_capture(source: str | int) -> tuple[cv2.VideoCapture, np.ndarray]:
         logger.debug("reading the first frame of %s: %s", name, error)
     if not ok or first is None:
         capture.release()
-        raise VideoError(f"cannot read any frame from {name}: the file is empty or not a readable video")
+        if isinstance(source, int):
+            why = "the camera sent no frame (in use by another program, or no permission?)"
+        elif is_stream(source):
+            # FFmpeg reads an .mp4 whose index sits at its end only where the server can seek (HTTP byte ranges).
+            why = "the stream sent no decodable frame (an .mp4 over HTTP needs a server that serves byte ranges)"
+        else:
+            why = "the file is empty or not a readable video"
+        raise VideoError(f"cannot read any frame from {name}: {why}")
     return capture, first
 
 
