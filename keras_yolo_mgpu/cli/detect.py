@@ -232,11 +232,11 @@ def _detect_video(yolo, args, video: str, output: str | None, rule) -> dict:
         rule=rule,
     )
     logger.info(
-        "%d frames in %.1f s (%.2f fps), %d boxes%s",
-        stats["frames"],
+        "%s in %.1f s (%.2f fps), %s%s",
+        counted(stats["frames"], "frames"),
         stats["seconds"],
         stats["fps"],
-        stats["detections"],
+        counted(stats["detections"], "boxes"),
         f", video written to {stats['output']}" if stats["output"] else "",
     )
     return stats

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import UnidentifiedImageError
 
 from keras_yolo_mgpu import outputs
+from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.fileio import atomic_write
@@ -553,7 +554,9 @@ def process_image_names(
                 if sink is not None:
                     sink.write(json.dumps(_image_record(path, image, found, yolo.class_names)) + "\n")
                     sink.flush()  # the next name may never come (Ctrl-C at the prompt)
-                logger.info("%s: %d boxes%s", path, found.num_boxes, f", annotated image {target}" if target else "")
+                logger.info(
+                    "%s: %s%s", path, counted(found.num_boxes, "boxes"), f", annotated image {target}" if target else ""
+                )
                 if show:
                     _show(np.asarray(drawn)[..., ::-1])
                 boxes += found.num_boxes
