@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import shutil
 import subprocess
 import sys
 
+import cv2
 import numpy as np
 import pytest
-from inference_helpers import INPUT_SHAPE, TINY_ANCHORS, TINY_ANCHORS_PATH, compare_detections, make_body, write_classes
+from inference_helpers import (
+    INPUT_SHAPE,
+    TINY_ANCHORS,
+    TINY_ANCHORS_PATH,
+    compare_detections,
+    make_body,
+    random_images,
+    write_classes,
+)
 
 from keras_yolo_mgpu.cli.export import main
 from keras_yolo_mgpu.inference import export
@@ -200,3 +211,29 @@ def test_the_export_command_on_jax_writes_through_tensorflow(files, tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "export runs Keras on TensorFlow" in result.stderr and (tmp_path / "saved" / "saved_model.pb").is_file()
+
+
+def test_a_rerun_replaces_its_own_export_checked_on_the_images_the_run_held_out(files, tmp_path, capsys, caplog):
+    """A run's weights: the check runs on its val_split.txt; a re-run replaces its own file, never an edited one."""
+    run = tmp_path / "logs" / "000"
+    run.mkdir(parents=True)
+    weights = run / "best.weights.h5"
+    shutil.copy(files["weights"], weights)
+    lines = []
+    for index, image in enumerate(random_images(3, seed=7)):
+        cv2.imwrite(str(run / f"held_{index}.jpg"), image)
+        lines.append(f"{run / f'held_{index}.jpg'} 2,3,40,50,1")
+    (run / "val_split.txt").write_text("\n".join(lines) + "\n")
+    argv = ["--weights", str(weights), "--classes", files["classes"], "--anchors", TINY_ANCHORS_PATH]
+    argv += ["--input-size", "96x128", "--format", "tflite"]
+
+    assert main(argv) == 0
+    assert f"check on 3 images of {run / 'val_split.txt'}" in capsys.readouterr().out
+    caplog.set_level(logging.INFO)
+    assert main([*argv, "--no-check"]) == 0
+    assert f"replacing {run / 'best.tflite'}, an earlier output of keras-yolo-mgpu" in caplog.text
+    exported = (run / "best.tflite").read_bytes()
+    (run / "best.tflite").write_bytes(exported + b"an edit")  # now the user's file
+    assert main([*argv, "--no-check"]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert (run / "best.tflite").read_bytes() == exported + b"an edit"

@@ -20,6 +20,7 @@ from keras_yolo_mgpu.inference.export import (  # light: TensorFlow loads later
 )
 from keras_yolo_mgpu.inference.export_check import format_check
 from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
+from keras_yolo_mgpu.training.run_folder import held_out_list
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
@@ -54,7 +55,8 @@ def build_parser() -> cli.ArgumentParser:
         metavar="DIR_OR_ANNOTATION_FILE",
         default=None,
         help="training images (a folder, or an annotation file's images): the self-check runs on 8 of them "
-        "(default: generated scenes with objects) and --int8 calibrates on them",
+        "(default: the images a run held out, its val_split.txt beside --weights, else generated scenes with "
+        "objects) and --int8 calibrates on them",
     )
     precision = parser.add_mutually_exclusive_group()
     precision.add_argument(
@@ -106,6 +108,12 @@ def exported(args) -> dict:
     use_keras_on_tensorflow()  # before anything builds a model
     args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
     params = cli.detector_params(args, args.weights)
+    images = args.images
+    if images is None and not args.int8 and not args.no_check:
+        # A run's weights: check the export on photos like the ones it will see, not only generated scenes.
+        images = held_out_list(args.weights)
+        if images:
+            logger.info("checking the export on images the run held out (%s); --images chooses others", images)
     result = export_model(
         args.weights,
         args.format,
@@ -116,7 +124,7 @@ def exported(args) -> dict:
         check=not args.no_check,
         overwrite=args.overwrite,
         precision="int8" if args.int8 else "float16" if args.half else "float32",
-        images=args.images,
+        images=images,
         calibration_images=args.calibration_images,
     )
     return {**result, "settings": params["settings"]}

@@ -26,6 +26,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from keras_yolo_mgpu import outputs
 from keras_yolo_mgpu.fileio import atomic_write, replace_directory
 from keras_yolo_mgpu.inference import export_check
 from keras_yolo_mgpu.inference.export_check import image_paths, sample_paths
@@ -37,7 +38,7 @@ from keras_yolo_mgpu.inference.quantize import (
 )
 from keras_yolo_mgpu.optional import onnx, onnxruntime, tf2onnx
 from keras_yolo_mgpu.optional import tensorflow as tf
-from keras_yolo_mgpu.weights.metadata import ATTRIBUTE, make_metadata, settings_for, write_sidecar
+from keras_yolo_mgpu.weights.metadata import ATTRIBUTE, make_metadata, settings_for, sidecar_path, write_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +134,20 @@ def export_savedmodel(model, path: str, fixed_batch: bool = False, mark: bool = 
     return replace_directory(path, write)
 
 
-def _check_output(output: str, fmt: str, overwrite: bool) -> None:
-    """Raises FileExistsError when writing `output` would replace something this tool did not write."""
+def _check_output(output: str, fmt: str, overwrite: bool, weights: str | None = None, say: bool = True) -> None:
+    """Raises FileExistsError when writing `output` would replace something this tool did not write.
+
+    A `.tflite`/`.onnx` file and the `.metadata.json` beside any export
+    follow the project's rule (`outputs`): refused when it is `weights`,
+    replaced when this project wrote it and it is unchanged, else only with
+    `overwrite`. `say`: log a replacement (off for the check made again
+    after building).
+    """
+    for path in (output, sidecar_path(output)) if fmt != "savedmodel" else (sidecar_path(output),):
+        if say:
+            outputs.check_output(path, inputs=[weights], overwrite=overwrite)
+        elif os.path.lexists(path) and not overwrite and not outputs.written_here(path):
+            raise outputs.OutputExistsError(f"--output {path} appeared while the model was built; nothing was written")
     if not os.path.lexists(output):
         return
     if fmt == "savedmodel":
@@ -146,13 +159,6 @@ def _check_output(output: str, fmt: str, overwrite: bool) -> None:
             f"--output {output} already exists and is not a SavedModel exported by this tool (it has no "
             f"{EXPORT_MARKER}); nothing was written or removed. Choose a new path (the export is a folder), or "
             "move that one away yourself."
-        )
-    if os.path.isdir(output):
-        raise FileExistsError(f"--output {output} is a folder; a {fmt} export is a file: give a file path")
-    if not overwrite:
-        raise FileExistsError(
-            f"--output {output} already exists; nothing was written. Pass --overwrite to replace it, or choose "
-            "another path."
         )
 
 
@@ -263,9 +269,10 @@ def export_model(
 
     Nothing the user made is removed or overwritten: a SavedModel replaces
     only an empty folder or a previous export of this tool (it holds
-    `EXPORT_MARKER`); a `.tflite`/`.onnx` file replaces an existing file only
-    with `overwrite`. Every export is written beside `output` and moved into
-    place when complete, so an interrupted export leaves the previous one.
+    `EXPORT_MARKER`); a `.tflite`/`.onnx` file replaces an existing file
+    only when this project wrote it (a re-run) or with `overwrite`. Every
+    export is written beside `output` and moved into place when complete,
+    so an interrupted export leaves the previous one.
 
     Raises:
         FileExistsError: `output` exists and may not be replaced (see above).
@@ -276,7 +283,7 @@ def export_model(
         raise ValueError(f"format must be one of {FORMATS}. Received: format={fmt!r}")
     _check_precision(fmt, precision, images)
     output = output or default_output(weights, fmt, precision)
-    _check_output(output, fmt, overwrite)  # before the slow part
+    _check_output(output, fmt, overwrite, weights)  # before the slow part
     if fmt == "onnx":
         _import_onnx_tools()  # fail before building anything
     if settings is None:
@@ -298,9 +305,10 @@ def export_model(
         nms_method="padded" if fmt == "tflite" else "combined",
         batch_size=1 if fmt == "tflite" else None,
     )
-    _check_output(output, fmt, overwrite)  # again: building took a while
+    _check_output(output, fmt, overwrite, weights, say=False)  # again: building took a while
     _write(model, fmt, output, settings, precision, images, calibration_images)
     metadata_path = write_sidecar(output, settings)
+    outputs.record_written([output, metadata_path])  # a SavedModel folder is known by its EXPORT_MARKER
     size = export_size(output)
     logger.info("wrote %s (%s, %s, %.2f MB) and %s", output, fmt, precision, size / 1e6, metadata_path)
     result = {"format": fmt, "path": output, "check": None, "metadata": metadata_path}
