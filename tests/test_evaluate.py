@@ -86,6 +86,13 @@ def test_cli_detections_last_line_is_json(dataset, tmp_path, capsys):
     assert result["mAP"] == pytest.approx((HALF_RECALL_AP + 0.3) / 2)
     assert result["mAP50"] == pytest.approx((HALF_RECALL_AP + 1.0) / 2)
     assert any(line.startswith("cat ") for line in lines) and (tmp_path / "curve.png").is_file()
+    assert main(argv) == 0  # a re-run replaces its own three pictures
+    # A picture the user made where one of the three would go is refused before anything is scored.
+    users = tmp_path / "curve_confusion_matrix.png"
+    users.write_bytes(b"the user's picture")
+    assert main(argv) == 1
+    assert f"--pr-curve {users} already exists and was not written by keras-yolo-mgpu" in capsys.readouterr().err
+    assert users.read_bytes() == b"the user's picture"
 
     assert (
         main(

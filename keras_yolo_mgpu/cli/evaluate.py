@@ -20,6 +20,7 @@ from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.data.dataset_source import resolve_class_names
 from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights, format_report
 from keras_yolo_mgpu.outputs import check_output
+from keras_yolo_mgpu.plots.evaluation import evaluation_picture_paths
 from keras_yolo_mgpu.resources import resolve_resource
 from keras_yolo_mgpu.training.run_folder import held_out_list
 from keras_yolo_mgpu.weights.download import resolve_weights
@@ -92,13 +93,16 @@ def evaluation(args) -> dict:
             "give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file); "
             "weights of a run that held out validation images (its val_split.txt) need neither"
         )
-    if args.save_detections:
-        # Before the model runs: a refused file must not cost the whole evaluation.
+    # Before the model runs: a refused file must not cost the whole evaluation.
+    outputs = [(args.save_detections, "--save-detections")] if args.save_detections else []
+    if args.pr_curve:
+        outputs += [(path, "--pr-curve") for path in evaluation_picture_paths(args.pr_curve).values()]
+    for path, flag in outputs:
         check_output(
-            args.save_detections,
-            inputs=(args.weights, args.annotations, args.data, args.classes, args.anchors),
+            path,
+            inputs=(args.weights, args.detections, args.annotations, args.data, args.classes, args.anchors),
             overwrite=args.overwrite,
-            flag="--save-detections",
+            flag=flag,
         )
     if args.detections:
         annotations, class_names = args.annotations, resolve_resource(args.classes, "classes")

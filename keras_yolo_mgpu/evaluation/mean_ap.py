@@ -37,7 +37,7 @@ from keras_yolo_mgpu.model.box_matching import MATCH_IOU, greedy_matches, iou_ma
 from keras_yolo_mgpu.optional import faster_coco_eval
 from keras_yolo_mgpu.optional import pyplot as plt
 from keras_yolo_mgpu.outputs import record_written
-from keras_yolo_mgpu.plots.evaluation import write_evaluation_pictures
+from keras_yolo_mgpu.plots.evaluation import evaluation_picture_paths, write_evaluation_pictures
 from keras_yolo_mgpu.progress import progress_bar
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
 from keras_yolo_mgpu.weights.metadata import settings_for
@@ -326,6 +326,7 @@ def evaluate_detections(
             evaluator, class_names, pr_curve, (at_threshold["precision"], at_threshold["recall"])
         )
         result.update(write_evaluation_pictures(annotations, detections, class_names, pr_curve, score))
+        record_written(evaluation_picture_paths(pr_curve).values())  # a re-run replaces them
     return result
 
 

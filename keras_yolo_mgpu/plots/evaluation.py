@@ -16,6 +16,7 @@ from keras_yolo_mgpu.plots.results import _figure, _save
 __all__ = [
     "confidence_curves",
     "confusion_matrix",
+    "evaluation_picture_paths",
     "plot_confidence_curves",
     "plot_confusion_matrix",
     "write_evaluation_pictures",
@@ -148,14 +149,24 @@ def plot_confidence_curves(curves: dict, class_names, path: str) -> str:
     return _save(figure, path)
 
 
+def evaluation_picture_paths(pr_curve: str) -> dict:
+    """`{"pr_curve", "confusion_matrix", "confidence_curves"}`: the files `--pr-curve PATH` writes, beside PATH."""
+    stem = os.path.splitext(pr_curve)[0]
+    return {
+        "pr_curve": pr_curve,
+        "confusion_matrix": f"{stem}_confusion_matrix.png",
+        "confidence_curves": f"{stem}_confidence_curves.png",
+    }
+
+
 def write_evaluation_pictures(annotations, detections, class_names, pr_curve: str, score: float) -> dict:
     """`<pr_curve stem>_confusion_matrix.png` and `<stem>_confidence_curves.png` beside the PR curve; their paths."""
-    stem = os.path.splitext(pr_curve)[0]
+    paths = evaluation_picture_paths(pr_curve)
     num_classes = len(class_names)
     matrix = confusion_matrix(annotations, detections, num_classes, score)
     return {
-        "confusion_matrix": plot_confusion_matrix(matrix, class_names, f"{stem}_confusion_matrix.png", score),
+        "confusion_matrix": plot_confusion_matrix(matrix, class_names, paths["confusion_matrix"], score),
         "confidence_curves": plot_confidence_curves(
-            confidence_curves(annotations, detections, num_classes), class_names, f"{stem}_confidence_curves.png"
+            confidence_curves(annotations, detections, num_classes), class_names, paths["confidence_curves"]
         ),
     }
