@@ -356,8 +356,11 @@ def folder(tmp_path_factory, body):
     return root
 
 
-def yolo_video(folder, *args, stdin=None, backend=None):
-    """Runs yolo_video.py in `folder` with the test model; returns the CompletedProcess."""
+def yolo_video(folder, *args, stdin=None, backend=None, environment=None):
+    """Runs yolo_video.py in `folder` with the test model; returns the CompletedProcess.
+
+    `environment`: variables to set, a None value removes one.
+    """
     model = ["--model", "w.weights.h5", "--anchors", TINY_ANCHORS_PATH, "--classes", "classes.txt"]
     model += ["--input-size", "64", "--score", str(SCORE), "--no-progress"]
     # FFmpeg honours http_proxy: the loopback server must be reached directly.
@@ -365,6 +368,11 @@ def yolo_video(folder, *args, stdin=None, backend=None):
     env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
     if backend:
         env["KERAS_BACKEND"] = backend
+    for name, value in (environment or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return subprocess.run(
         [sys.executable, str(REPO / "yolo_video.py"), *model, *args],
         input=stdin,
@@ -467,10 +475,15 @@ def test_outputs_that_are_inputs_or_not_ours_are_refused_before_anything_is_read
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_the_command_writes_one_image_into_the_file_output_names(folder, backend):
+def test_the_command_writes_one_image_into_the_file_output_names(folder, backend, tmp_path):
+    """On JAX the command keeps its compiled programs in the user's cache folder, and a re-run compiles nothing new."""
+    # Not the suite's shared JAX cache (a process that names its own is left alone): the user's cache folder.
+    environment = {"KERAS_YOLO_MGPU_CACHE": str(tmp_path / "cache"), "JAX_COMPILATION_CACHE_DIR": None}
     target = folder / f"a_boxes_{backend}.jpg"
-    result = yolo_video(folder, "--image", "a.jpg", "--output", target.name, backend=backend)
+    result = yolo_video(folder, "--image", "a.jpg", "--output", target.name, backend=backend, environment=environment)
     assert result.returncode == 0, result.stderr
+    programs = sorted(os.listdir(tmp_path / "cache" / "xla")) if backend == "jax" else []
+    assert (len(programs) > 0) == (backend == "jax")
     assert target.is_file() and cv2.imread(str(target)).shape == cv2.imread(str(folder / "a.jpg")).shape
     # a.jpg stored sideways with EXIF orientation 6: the command draws it upright, as a viewer shows it.
     exif = Image.Exif()
@@ -478,9 +491,13 @@ def test_the_command_writes_one_image_into_the_file_output_names(folder, backend
     with Image.open(folder / "a.jpg") as image:
         image.save(folder / f"portrait_{backend}.jpg", quality=95, exif=exif.tobytes())
     turned = folder / f"portrait_boxes_{backend}.jpg"
-    result = yolo_video(folder, "--image", f"portrait_{backend}.jpg", "--output", turned.name, backend=backend)
+    result = yolo_video(
+        folder, "--image", f"portrait_{backend}.jpg", "--output", turned.name, backend=backend, environment=environment
+    )
     assert result.returncode == 0, result.stderr
     assert cv2.imread(str(turned)).shape == (80, 64, 3)  # a.jpg is 64 high and 80 wide, as stored
+    if backend == "jax":
+        assert sorted(os.listdir(tmp_path / "cache" / "xla")) == programs
 
 
 def test_a_role_given_twice_or_nothing_to_detect_is_a_usage_error(folder):

@@ -23,7 +23,9 @@ import warnings
 
 import numpy as np
 
+from keras_yolo_mgpu.backend import distribution
 from keras_yolo_mgpu.backend import inference as backend_inference
+from keras_yolo_mgpu.data.scan import cache_dir
 from keras_yolo_mgpu.inference.detector import YOLO
 from keras_yolo_mgpu.inference.layers import OUTPUT_NAMES, non_max_suppression
 from keras_yolo_mgpu.optional import onnxruntime
@@ -208,7 +210,13 @@ class ExportedDetector(YOLO):
 
 
 def open_detector(path: str, *, settings=None, score: float = 0.3, iou: float = 0.45, gpu_num: int = 1, **options):
-    """`ExportedDetector` for an exported model, else `detector.YOLO` for weights; arguments as for `YOLO`."""
+    """`ExportedDetector` for an exported model, else `detector.YOLO` for weights; arguments as for `YOLO`.
+
+    The commands' detector (yolo_video.py, evaluate.py): on JAX its compiled
+    programs are kept in the user's cache folder (`data.scan.cache_dir`, as
+    training's), so a later run of the same model skips XLA's compile.
+    """
+    distribution.use_compilation_cache(cache_dir())
     if export_format(path) is not None:
         if gpu_num > 1:
             logger.warning("--gpu_num %d is ignored for an exported model: it runs in its own runtime", gpu_num)
