@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
+from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.overlap import find_overlap
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
 
@@ -74,7 +75,7 @@ def _reports(path: str, args):
         raise CommandError(f"--classes {args.classes} lists {classes} but {path} names {dataset.class_names}")
     names = dataset.class_names or get_classes(resolve_resource(args.classes, "classes"))
     if dataset.kind != "keras-yolo3":
-        print(f"{path}: {dataset.kind} dataset, {len(names)} classes: {', '.join(names)}")
+        print(f"{path}: {dataset.kind} dataset, {counted(len(names), 'classes')}: {', '.join(names)}")
     for split in dataset.splits:
         yield (
             split,

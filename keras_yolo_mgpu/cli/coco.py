@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.coco import (
     COCO_CATEGORY_IDS,
     category_mapping,
@@ -107,7 +108,7 @@ def run(args) -> int:
     if args.classes_output:
         write_lines_atomic(args.classes_output, names)
         record_written([args.classes_output])
-    print(f"Wrote {args.output} ({len(lines)} images, {len(names)} classes)")
+    print(f"Wrote {args.output} ({len(lines)} images, {counted(len(names), 'classes')})")
     return 0
 
 

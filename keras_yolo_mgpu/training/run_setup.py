@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from keras_yolo_mgpu.backend import memory
+from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.host import HostBatches, check_cache_fits
 from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
 from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
@@ -101,10 +102,10 @@ class RunSetup:
         # Stored in every checkpoint, so a trained file alone is enough to detect with.
         self.metadata = make_metadata(self.anchors, self.class_names, config.input_shape, self.masks, kind=self.kind)
         logger.info(
-            "%d training and %d validation images, %d classes, %d anchors, %d replica(s) on %s",
+            "%d training and %d validation images, %s, %d anchors, %d replica(s) on %s",
             len(self.train_annotations),
             len(self.val_annotations),
-            len(self.class_names),
+            counted(len(self.class_names), "classes"),
             len(self.anchors),
             self.engine.replicas,
             ", ".join(self.engine.devices) or "the cluster",

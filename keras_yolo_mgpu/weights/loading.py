@@ -142,10 +142,11 @@ def load_weights(
     report.metadata = metadata
     if metadata is not None:
         logger.info(
-            "%s: %s, %d classes, masks %s (from the file's metadata)",
+            "%s: %s, %d %s, masks %s (from the file's metadata)",
             path,
             metadata.kind,
             metadata.num_classes,
+            "class" if metadata.num_classes == 1 else "classes",
             metadata.masks_list,
         )
     return report
