@@ -356,6 +356,27 @@ def test_a_test_split_is_read_checked_kept_out_of_training_and_its_overlap_named
     assert "\ntest: " in printed and f"have the same bytes as one of {tmp_path} (test)" in printed
 
 
+def test_a_test_split_the_folder_lacks_is_left_out_and_a_missing_val_split_refused(reference, tmp_path, caplog):
+    """Roboflow's data.yaml names `../test/images` whether or not the export has it (as ultralytics, a missing test
+    split matters only to a command that asks for it); a missing val split stops the run."""
+    _, train, val = reference
+    splits = {"train": train[:2], "val": val[:1]}
+    write_yolo(tmp_path, splits)
+    for split, records in splits.items():
+        (tmp_path / "images" / split).mkdir(parents=True)
+        for record in records:
+            shutil.copy(record.image_path, tmp_path / "images" / split)
+    yaml_path = tmp_path / "data.yaml"
+    yaml_path.write_text(yaml_path.read_text(encoding="utf-8") + "test: ../test/images\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="keras_yolo_mgpu"):
+        assert list(open_dataset(str(tmp_path)).splits) == ["train", "val"]
+    assert "test: ../test/images not found" in caplog.text and "read without a test split" in caplog.text
+
+    yaml_path.write_text(yaml_path.read_text(encoding="utf-8").replace("val: images/val", "val: ../valid/images"))
+    with pytest.raises(FileNotFoundError, match="val: ../valid/images not found"):
+        open_dataset(str(tmp_path))
+
+
 def test_segmentation_polygons_train_as_the_boxes_around_them(tmp_path):
     """ultralytics' detection training reads a YOLO segmentation label (`class x1 y1 x2 y2 ...`) as the box around its
     points (`segments2boxes`: min and max of x and y); a line of 6 fields is neither form."""

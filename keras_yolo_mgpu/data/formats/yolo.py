@@ -250,7 +250,14 @@ def _yaml_splits(yaml_path: str) -> tuple[dict[str, list[str]], list[str] | None
             continue
         value = config[key]
         entries = value if isinstance(value, list) else [value]
-        splits[split] = [_resolve_entry(str(e), base, yaml_path, key) for e in entries]
+        try:
+            splits[split] = [_resolve_entry(str(e), base, yaml_path, key) for e in entries]
+        except FileNotFoundError as error:
+            if split != "test":  # training and its validation never read the test split
+                raise
+            # Roboflow's data.yaml names ../test/images whether or not the export has that folder (as ultralytics, a
+            # missing test split matters only to a command that asks for it, which then says it has none).
+            logger.warning("%s; the dataset is read without a test split", error)
     if "train" not in splits:
         raise ValueError(f"{yaml_path}: no train entry")
     return splits, names
