@@ -158,6 +158,7 @@ def _plot(model, path: str) -> None:
 
     try:
         atomic_write(path, lambda temporary: keras.utils.plot_model(model, to_file=temporary, show_shapes=True))
+        record_written([path])  # a re-run of the same line replaces it
     except ImportError as error:  # Keras raises it for a missing pydot or graphviz
         logger.warning(
             "model converted, but not plotted: -p needs pydot and graphviz "
