@@ -13,8 +13,9 @@
 What this project wrote is recorded per folder under the cache folder
 (`data.scan.cache_dir`: `$KERAS_YOLO_MGPU_CACHE`, else
 `~/.cache/keras-yolo-mgpu`), in `written/<hash of the folder>.json`, name ->
-(size, mtime_ns). Weights files that carry this project's metadata count as
-written here too, wherever they came from. With the cache turned off
+(size, mtime_ns). Weights files that carry this project's metadata, and
+the `.metadata.json` files beside exports, count as written here too,
+wherever they came from. With the cache turned off
 (`KERAS_YOLO_MGPU_CACHE=none`) nothing is recorded: rule 2 then asks for
 `--overwrite` for any other existing file.
 """
@@ -31,7 +32,7 @@ from collections.abc import Iterable
 
 from keras_yolo_mgpu.data.scan import cache_dir
 from keras_yolo_mgpu.fileio import write_text_atomic
-from keras_yolo_mgpu.weights.metadata import read_metadata
+from keras_yolo_mgpu.weights.metadata import SIDECAR_ENDING, ModelMetadata, read_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +89,13 @@ def _signature(path: str) -> list[int]:
 
 
 def _has_project_metadata(path: str) -> bool:
-    if not path.endswith(_WEIGHTS_ENDINGS):
-        return False
+    """A weights file with this project's metadata, or a `.metadata.json` sidecar of it (an export's)."""
     try:
-        return read_metadata(path) is not None
+        if path.endswith(SIDECAR_ENDING):
+            with open(path, encoding="utf-8") as handle:
+                ModelMetadata.from_json(handle.read(), path)
+            return True
+        return path.endswith(_WEIGHTS_ENDINGS) and read_metadata(path) is not None
     except (OSError, ValueError):
         return False
 

@@ -22,6 +22,7 @@ from inference_helpers import (
     write_classes,
 )
 
+from keras_yolo_mgpu import outputs
 from keras_yolo_mgpu.cli.export import main
 from keras_yolo_mgpu.inference import export
 from keras_yolo_mgpu.inference.export import ExportError, export_model
@@ -237,3 +238,9 @@ def test_a_rerun_replaces_its_own_export_checked_on_the_images_the_run_held_out(
     assert main([*argv, "--no-check"]) == 1
     assert "--overwrite" in capsys.readouterr().err
     assert (run / "best.tflite").read_bytes() == exported + b"an edit"
+    # The metadata beside an export of an earlier version (never recorded) is still known as this project's.
+    unrecorded = tmp_path / "old.onnx.metadata.json"
+    unrecorded.write_text((run / "best.tflite.metadata.json").read_text())
+    users = tmp_path / "mine.onnx.metadata.json"
+    users.write_text('{"notes": "mine"}')
+    assert outputs.written_here(unrecorded) and not outputs.written_here(users)

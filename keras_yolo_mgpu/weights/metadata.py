@@ -151,9 +151,12 @@ def make_metadata(anchors, class_names: Sequence[str], input_shape, masks=None, 
 # ---- Files ----------------------------------------------------------------
 
 
+SIDECAR_ENDING = ".metadata.json"
+
+
 def sidecar_path(path: str | os.PathLike) -> str:
     """``<path>.metadata.json``: the metadata of a file format with no room for it."""
-    return str(path).rstrip("/" + os.sep) + ".metadata.json"
+    return str(path).rstrip("/" + os.sep) + SIDECAR_ENDING
 
 
 def write_metadata(path: str | os.PathLike, metadata: ModelMetadata) -> None:
