@@ -143,11 +143,19 @@ def test_evaluate_scores_the_images_the_run_held_out_and_warns_on_a_dataset_with
     weights = "logs/000/trained_weights_final.h5"
     alone, log = _evaluated(root, "--weights", weights)
     assert alone["num_listed"] == 1 and "scoring the images the run held out" in log
+    assert "trained on" not in log  # the held-out image is no training image
     with_data, log = _evaluated(root, "--weights", weights, "--data", "train.txt")
     assert with_data["num_listed"] == 1 and "has no val split; " in log and "scoring those images" in log
     shutil.copy(root / "train.txt", root / "other.txt")  # a dataset the run did not train on: all of it, said
     other, log = _evaluated(root, "--weights", weights, "--data", "other.txt")
     assert other["num_listed"] == 11 and "WARNING" in log and "has no val split: scoring all of its images" in log
+    # ... and most of them are the ones the run trained on: said, naming the run's list of them.
+    trained_on = (root / "logs" / "000" / "train_split.txt").read_text().splitlines()
+    assert len(trained_on) == 10 and not set(trained_on) & set(held_out)
+    scored = {os.path.realpath(root / line.split()[0]) for line in (root / "other.txt").read_text().splitlines()}
+    learnt = scored & {os.path.realpath(line.split()[0]) for line in trained_on}
+    assert 0 < len(learnt) < len(scored)  # the held-out image is not counted
+    assert f"{len(learnt)} of the {len(scored)} images scored here are images the run of {weights} trained on" in log
 
 
 def _data_limit():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,12 +18,14 @@ from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.dataset_args import add_data_args, checked_records, open_data
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.dataset_source import resolve_class_names
+from keras_yolo_mgpu.data.overlap import find_overlap
 from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights, format_report
 from keras_yolo_mgpu.outputs import check_output
 from keras_yolo_mgpu.plots.evaluation import evaluation_picture_paths
 from keras_yolo_mgpu.resources import resolve_resource
-from keras_yolo_mgpu.training.run_folder import held_out_list
+from keras_yolo_mgpu.training.run_folder import held_out_list, trained_on_list
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
@@ -121,9 +124,11 @@ def evaluation(args) -> dict:
 
         args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
         params = cli.detector_params(args, args.weights)
-        annotations = args.annotations
         if args.data:
             annotations, _ = _data_records(args, list(params["settings"].class_names))
+        else:
+            annotations = _annotation_records(args.annotations, args.root)
+        _say_if_trained_on(args.weights, annotations)
         result = evaluate_weights(
             args.weights,
             annotations,
@@ -152,6 +157,35 @@ def _use_held_out_when_data_has_no_val(args) -> None:
             held_out,
         )
         args.annotations, args.data = held_out, None
+
+
+def _annotation_records(path: str, root: str | None) -> list:
+    """The records of a keras-yolo3 annotation file, read once for the check below and the evaluation."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"annotation file not found: {path}")
+    return read_annotations(path, root=root)
+
+
+def _say_if_trained_on(weights: str, records: list) -> None:
+    """Warns when images scored here are images the run of `weights` trained on (the same path or the same bytes)."""
+    trained_on = trained_on_list(weights)
+    if trained_on is None:
+        return
+    scored = [a.image_path for a in records]
+    overlap = find_overlap({"trained": [a.image_path for a in read_annotations(trained_on)], "scored": scored})
+    seen = set(overlap.shared.get(("trained", "scored"), []))
+    seen.update(path for _, path in overlap.same_content.get(("trained", "scored"), []))
+    if seen:
+        logger.warning(
+            "%d of the %d images scored here are images the run of %s trained on (the same file or the same bytes, "
+            "listed in %s): the scores count images the model has learnt. evaluate.py --weights %s alone scores "
+            "the images the run held out",
+            len(seen),
+            len(set(scored)),
+            weights,
+            trained_on,
+            weights,
+        )
 
 
 def _data_records(args, model_names: list[str] | None):

@@ -16,6 +16,8 @@ logger = logging.getLogger(__name__)
 FINAL_WEIGHTS = "trained_weights_final.weights.h5"
 # The validation images a run drew from its training data (--val-split), in keras-yolo3's annotation format.
 HELD_OUT_FILE = "val_split.txt"
+# The images a run trains on, in the same format: evaluate.py says when it scores any of them.
+TRAINED_ON_FILE = "train_split.txt"
 # Where a run stands after its last finished epoch (`run_state.write_run_state`).
 RUN_STATE_FILE = "run_state.json"
 # The recipe's checkpoints (`recipe_options.RecipeCallbacks`): best by the monitored value, and the last epoch's.
@@ -42,6 +44,12 @@ def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
         return None
     sources = [recorded.get("data"), recorded.get("annotations")]
     return held_out if os.path.abspath(dataset) in [os.path.abspath(s) for s in sources if s] else None
+
+
+def trained_on_list(weights_path: str) -> str | None:
+    """The list of the images the run whose folder holds `weights_path` trained on, or None (not a run's weights)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(weights_path)), TRAINED_ON_FILE)
+    return path if os.path.isfile(path) else None
 
 
 # `config` below is the run's `training.config.TrainConfig`, not imported here: TrainConfig.validate imports

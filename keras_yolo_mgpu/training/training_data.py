@@ -26,7 +26,7 @@ from keras_yolo_mgpu.data.scan import cache_dir
 from keras_yolo_mgpu.fileio import write_lines_atomic
 from keras_yolo_mgpu.resources import get_classes
 from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
-from keras_yolo_mgpu.training.run_folder import HELD_OUT_FILE
+from keras_yolo_mgpu.training.run_folder import HELD_OUT_FILE, TRAINED_ON_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,8 @@ class TrainingData:
     def splits(self, run_dir: str) -> tuple[list, list]:
         """(training records, validation records), checked; images listed twice or in both are warned of."""
         train, val, drawn = self._splits(run_dir)
+        if self.write_record:
+            _write_list(train, os.path.join(run_dir, TRAINED_ON_FILE))  # evaluate.py names these if it scores them
         if drawn and val and self.write_record:
             _write_held_out(val, run_dir, self.config.val_split)
         named = {"training": [a.image_path for a in train], "validation": [a.image_path for a in val]}
@@ -189,9 +191,14 @@ def _split_off_validation(annotations: list, val_split: float, seed, source: str
     return train, val
 
 
+def _write_list(records: list, path: str) -> None:
+    """`records` as keras-yolo3 annotation lines with absolute image paths."""
+    write_lines_atomic(path, [format_annotation_line(os.path.abspath(a.image_path), a.boxes) for a in records])
+
+
 def _write_held_out(val: list, run_dir: str, val_split: float) -> None:
     path = os.path.join(run_dir, HELD_OUT_FILE)  # what evaluate.py scores for the run's weights
-    write_lines_atomic(path, [format_annotation_line(os.path.abspath(a.image_path), a.boxes) for a in val])
+    _write_list(val, path)
     logger.info(
         "%d validation images held out (--val-split %g), listed in %s: evaluate.py --weights of this run scores them",
         len(val),
