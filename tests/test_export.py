@@ -23,6 +23,7 @@ from inference_helpers import (
 )
 
 from keras_yolo_mgpu import outputs
+from keras_yolo_mgpu.cli import export as export_cli
 from keras_yolo_mgpu.cli.export import main
 from keras_yolo_mgpu.inference import export
 from keras_yolo_mgpu.inference.export import ExportError, export_model
@@ -244,3 +245,7 @@ def test_a_rerun_replaces_its_own_export_checked_on_the_images_the_run_held_out(
     users = tmp_path / "mine.onnx.metadata.json"
     users.write_text('{"notes": "mine"}')
     assert outputs.written_here(unrecorded) and not outputs.written_here(users)
+    # A dataset moved since the run: its list no longer names images here, and the generated scenes check instead.
+    assert export_cli._held_out_images(str(weights)) == str(run / "val_split.txt")
+    (run / "held_0.jpg").unlink()
+    assert export_cli._held_out_images(str(weights)) is None

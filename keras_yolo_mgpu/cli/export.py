@@ -7,6 +7,7 @@ python -m keras_yolo_mgpu.export --weights W --format tflite --int8 --images tra
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli import args as cli
@@ -18,7 +19,7 @@ from keras_yolo_mgpu.inference.export import (  # light: TensorFlow loads later
     export_model,
     use_keras_on_tensorflow,
 )
-from keras_yolo_mgpu.inference.export_check import format_check
+from keras_yolo_mgpu.inference.export_check import format_check, image_paths
 from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
 from keras_yolo_mgpu.training.run_folder import held_out_list
 from keras_yolo_mgpu.weights.download import resolve_weights
@@ -108,12 +109,7 @@ def exported(args) -> dict:
     use_keras_on_tensorflow()  # before anything builds a model
     args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
     params = cli.detector_params(args, args.weights)
-    images = args.images
-    if images is None and not args.int8 and not args.no_check:
-        # A run's weights: check the export on photos like the ones it will see, not only generated scenes.
-        images = held_out_list(args.weights)
-        if images:
-            logger.info("checking the export on images the run held out (%s); --images chooses others", images)
+    images = args.images if args.images or args.int8 or args.no_check else _held_out_images(args.weights)
     result = export_model(
         args.weights,
         args.format,
@@ -128,6 +124,21 @@ def exported(args) -> dict:
         calibration_images=args.calibration_images,
     )
     return {**result, "settings": params["settings"]}
+
+
+def _held_out_images(weights: str) -> str | None:
+    """A run's weights: its held-out list, to check the export on photos like the ones it will see; else None."""
+    held_out = held_out_list(weights)
+    if held_out is None:
+        return None
+    missing = [path for path in image_paths(held_out) if not os.path.isfile(path)]
+    if missing:  # the dataset moved since the run: the generated scenes still check the export
+        logger.info(
+            "%s lists %d image(s) not found here (%s): checking on generated scenes", held_out, len(missing), missing[0]
+        )
+        return None
+    logger.info("checking the export on images the run held out (%s); --images chooses others", held_out)
+    return held_out
 
 
 def _compare_map(args, exported: str, settings) -> None:
