@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +20,7 @@ from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.data.annotations import read_annotations
 from keras_yolo_mgpu.data.dataset_source import resolve_class_names
 from keras_yolo_mgpu.data.overlap import find_overlap
-from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights, format_report
+from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_weights, format_report, load_annotations
 from keras_yolo_mgpu.outputs import check_output
 from keras_yolo_mgpu.plots.evaluation import evaluation_picture_paths
 from keras_yolo_mgpu.resources import resolve_resource
@@ -127,7 +126,7 @@ def evaluation(args) -> dict:
         if args.data:
             annotations, _ = _data_records(args, list(params["settings"].class_names))
         else:
-            annotations = _annotation_records(args.annotations, args.root)
+            annotations = load_annotations(args.annotations, args.root)  # read once: the check below and the scores
         _say_if_trained_on(args.weights, annotations)
         result = evaluate_weights(
             args.weights,
@@ -157,13 +156,6 @@ def _use_held_out_when_data_has_no_val(args) -> None:
             held_out,
         )
         args.annotations, args.data = held_out, None
-
-
-def _annotation_records(path: str, root: str | None) -> list:
-    """The records of a keras-yolo3 annotation file, read once for the check below and the evaluation."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"annotation file not found: {path}")
-    return read_annotations(path, root=root)
 
 
 def _say_if_trained_on(weights: str, records: list) -> None:

@@ -19,7 +19,13 @@ from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.keras_yolo3_folder import CLASSES as KERAS_YOLO3_CLASSES
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
 from keras_yolo_mgpu.data.formats.voc_xml import voc_class_names
-from keras_yolo_mgpu.data.voc import DEFAULT_SETS, voc_set_lines, voc_set_list_path, xml_dir_lines
+from keras_yolo_mgpu.data.voc import (
+    DEFAULT_SETS,
+    voc_set_lines,
+    voc_set_list_path,
+    voc_set_xml_paths,
+    xml_dir_lines,
+)
 from keras_yolo_mgpu.fileio import write_lines_atomic
 from keras_yolo_mgpu.outputs import check_output, record_written
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
@@ -88,13 +94,13 @@ def run(args) -> int:
     outputs = [os.path.join(args.output_dir, f"{year}_{image_set}.txt") for year, image_set in args.sets]
     for output in outputs:  # all of them before any is written
         check_output(output, inputs=[*lists, classes_path], overwrite=args.overwrite, flag="output")
-    set_lines = [
+    converted = [
         voc_set_lines(args.devkit, year, image_set, class_names, keep_difficult=args.keep_difficult)
         for year, image_set in args.sets
     ]
-    if not any(" " in line for lines in set_lines for line in lines):
+    if not sum(result.boxes for result in converted):
         _refuse_a_class_list_no_object_is_in(args.devkit, args.sets, classes_path, class_names)
-    for output, lines in zip(outputs, set_lines):
+    for output, (lines, _) in zip(outputs, converted):
         write_lines_atomic(output, lines)
         record_written([output])
         print(f"Wrote {output} ({len(lines)} images)")
@@ -107,12 +113,7 @@ def _refuse_a_class_list_no_object_is_in(devkit, sets, classes_path, class_names
     Raises:
         ValueError: naming the classes file and the classes the XML files use.
     """
-    xml_paths = []
-    for year, image_set in sets:
-        with open(voc_set_list_path(devkit, year, image_set), encoding="utf-8") as f:
-            ids = [line.split()[0] for line in f if line.strip()]
-        xml_paths += [os.path.join(devkit, f"VOC{year}", "Annotations", f"{image_id}.xml") for image_id in ids]
-    used = voc_class_names(xml_paths)
+    used = voc_class_names([path for year, image_set in sets for path in voc_set_xml_paths(devkit, year, image_set)])
     if used and not set(used) & set(class_names):
         folder_classes = KERAS_YOLO3_CLASSES["train.py"][0]
         fix = (

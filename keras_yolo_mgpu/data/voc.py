@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import logging
 import os
+import typing
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
@@ -140,29 +141,40 @@ def voc_set_list_path(devkit: str, year: str, image_set: str) -> str:
     return os.path.join(devkit, f"VOC{year}", "ImageSets", "Main", f"{image_set}.txt")
 
 
+def voc_set_xml_paths(devkit: str, year: str, image_set: str) -> list[str]:
+    """The ``Annotations/<id>.xml`` of every image id in the set's list, in order."""
+    with open(voc_set_list_path(devkit, year, image_set), encoding="utf-8") as f:
+        image_ids = [line.strip().split()[0] for line in f if line.strip()]
+    return [os.path.join(devkit, f"VOC{year}", "Annotations", f"{image_id}.xml") for image_id in image_ids]
+
+
+class VocSetLines(typing.NamedTuple):
+    """`voc_set_lines`' result: the annotation lines, and how many boxes they hold."""
+
+    lines: list[str]
+    boxes: int
+
+
 def voc_set_lines(
     devkit: str, year: str, image_set: str, class_names: Sequence[str], *, keep_difficult: bool = False
-) -> list[str]:
+) -> VocSetLines:
     """Annotation lines for ``VOCdevkit/VOC<year>/ImageSets/Main/<image_set>.txt``.
 
     The image paths are ``<devkit>/VOC<year>/JPEGImages/<id>.jpg``: with
     ``devkit`` = ``os.path.join(os.getcwd(), "VOCdevkit")`` exactly the
     lines keras-yolo3's voc_annotation.py writes for VOC's own XML.
     """
-    voc = os.path.join(devkit, f"VOC{year}")
-    list_path = voc_set_list_path(devkit, year, image_set)
-    with open(list_path, encoding="utf-8") as f:
-        image_ids = [line.strip().split()[0] for line in f if line.strip()]
     tally = _Tally()
     lines = []
-    for image_id in image_ids:
-        image = parse_voc_xml(
-            os.path.join(voc, "Annotations", f"{image_id}.xml"), class_names, keep_difficult=keep_difficult
-        )
+    for xml_path in voc_set_xml_paths(devkit, year, image_set):
+        image = parse_voc_xml(xml_path, class_names, keep_difficult=keep_difficult)
         tally.add(image)
-        lines.append(format_annotation_line(os.path.join(voc, "JPEGImages", f"{image_id}.jpg"), image.boxes))
+        image_id = os.path.splitext(os.path.basename(xml_path))[0]
+        lines.append(
+            format_annotation_line(os.path.join(devkit, f"VOC{year}", "JPEGImages", f"{image_id}.jpg"), image.boxes)
+        )
     tally.log(f"{year}_{image_set}")
-    return lines
+    return VocSetLines(lines, tally.boxes)
 
 
 def xml_dir_lines(

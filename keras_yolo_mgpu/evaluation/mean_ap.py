@@ -231,7 +231,12 @@ def plot_pr_curve(evaluator, class_names: Sequence[str], path: str, point: tuple
 # ---- Public entry points --------------------------------------------------
 
 
-def _load_annotations(annotations, root):
+def load_annotations(annotations, root: str | None = None) -> list:
+    """The records of a keras-yolo3 annotation file (image paths resolved against `root`), or `annotations` as a list.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+    """
     if isinstance(annotations, (str, os.PathLike)):
         path = os.fspath(annotations)
         if not os.path.isfile(path):
@@ -276,7 +281,7 @@ def evaluate_detections(
         a class without ground truth), `precision`, `recall`, `tp`, `fp`,
         `fn`, `score_threshold`, `num_images`, `num_detections`, `pr_curve`.
     """
-    annotations = _load_annotations(annotations, root)
+    annotations = load_annotations(annotations, root)
     class_names = _class_names(class_names)
     if isinstance(detections, (str, os.PathLike)):
         source = os.fspath(detections)
@@ -459,7 +464,7 @@ def evaluate_weights(
     # Keras's detector when a model runs: importing this module (the export command's) starts no backend.
     from keras_yolo_mgpu.inference.export_formats import open_detector
 
-    annotations = _load_annotations(annotations, root)
+    annotations = load_annotations(annotations, root)
     if not os.path.exists(os.fspath(weights)):  # a SavedModel export is a folder
         raise FileNotFoundError(f"weights file not found: {weights}")
     if settings is None:

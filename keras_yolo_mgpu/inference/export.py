@@ -143,7 +143,8 @@ def _check_output(output: str, fmt: str, overwrite: bool, weights: str | None = 
     `overwrite`. `say`: log a replacement (off for the check made again
     after building).
     """
-    for path in (output, sidecar_path(output)) if fmt != "savedmodel" else (sidecar_path(output),):
+    files = [sidecar_path(output)] if fmt == "savedmodel" else [output, sidecar_path(output)]
+    for path in files:
         if say:
             outputs.check_output(path, inputs=[weights], overwrite=overwrite)
         elif os.path.lexists(path) and not overwrite and not outputs.written_here(path):
