@@ -25,6 +25,7 @@ a tuple gives one value of several parts (`input_size=(320, 416)`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import logging
 import warnings
@@ -35,7 +36,7 @@ from keras_yolo_mgpu.cli import evaluate as evaluate_command
 from keras_yolo_mgpu.cli import export as export_command
 from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli import train as train_command
-from keras_yolo_mgpu.cli.runner import CommandError, UsageError
+from keras_yolo_mgpu.cli.runner import LOG_FORMAT, CommandError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -162,20 +163,48 @@ def _parse(build_parser, flags: dict) -> tuple[argparse.Namespace, list[str]]:
         raise ValueError(str(error)) from None
 
 
-def _refusals_as_value_errors(function, *args):
+def _refusals_as_value_errors(command_logger: str | None, function, *args):
     """`function(*args)`, a command's refusal (what it prints as `error: ...`) raised as a ValueError.
 
     As quiet as the command: TensorFlow's loader lines dropped when it is first imported (on JAX, Keras imports it
-    mid-run), and the warnings the commands filter (`quiet.KNOWN_WARNINGS`) filtered for the call.
+    mid-run), and the warnings the commands filter (`quiet.KNOWN_WARNINGS`) filtered for the call. As telling as
+    the command: its log lines shown (`_log_lines_shown`), the package's and `command_logger`'s (the command's own).
     """
     quiet.quiet_tensorflow_import()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _log_lines_shown(command_logger):
             for message, category, _ in quiet.KNOWN_WARNINGS:
                 warnings.filterwarnings("ignore", message=message, category=category)
             return function(*args)
     except (UsageError, CommandError) as error:
         raise ValueError(str(error)) from None
+
+
+@contextlib.contextmanager
+def _log_lines_shown(command_logger: str | None):
+    """The project's INFO lines on stderr for the call, as the command prints them, where no logging is set up.
+
+    Python shows only warnings from a program that set up no logging, so a
+    notebook's `train()` would not say which files it took, where the run
+    folder is or how to get keras-yolo3's behaviour. A program that set up its
+    own logging (a handler on the root logger or on these) keeps it.
+    """
+    loggers = [logging.getLogger(name) for name in (__package__, command_logger) if name]
+    if logging.getLogger().handlers or any(chosen.handlers for chosen in loggers):
+        yield
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    levels = [chosen.level for chosen in loggers]
+    for chosen in loggers:
+        chosen.addHandler(handler)
+        chosen.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for chosen, level in zip(loggers, levels):
+            chosen.removeHandler(handler)
+            chosen.setLevel(level)
 
 
 def _train(args, argv):
@@ -193,28 +222,28 @@ def train(**flags):
             train.py refuses (as its `error:` line says it).
     """
     args, argv = _parse(train_command.build_parser, flags)
-    return _refusals_as_value_errors(_train, args, argv)
+    return _refusals_as_value_errors(train_command.logger.name, _train, args, argv)
 
 
 def evaluate(**flags) -> dict:
     """`python evaluate.py` as a function; returns its report (what the command prints as JSON last)."""
     args, _ = _parse(evaluate_command.build_parser, flags)
-    return _refusals_as_value_errors(evaluate_command.evaluation, args)
+    return _refusals_as_value_errors(evaluate_command.logger.name, evaluate_command.evaluation, args)
 
 
 def detect(**flags) -> dict:
     """`python yolo_video.py` as a function (`model=`, `image=[...]` or `input=`); returns its counts."""
     args, _ = _parse(detect_command.build_parser, flags)
-    return _refusals_as_value_errors(detect_command.detection, args)
+    return _refusals_as_value_errors(detect_command.logger.name, detect_command.detection, args)
 
 
 def export(**flags) -> dict:
     """`python -m keras_yolo_mgpu.export` as a function; returns what it wrote and its check."""
     args, _ = _parse(export_command.build_parser, flags)
-    return _refusals_as_value_errors(export_command.exported, args)
+    return _refusals_as_value_errors(export_command.logger.name, export_command.exported, args)
 
 
 def check_dataset(**flags) -> bool:
     """`python -m keras_yolo_mgpu.check_dataset` as a function; True when it found no problem."""
     args, _ = _parse(check_dataset_command.build_parser, flags)
-    return _refusals_as_value_errors(check_dataset_command.run, args) == 0
+    return _refusals_as_value_errors(None, check_dataset_command.run, args) == 0

@@ -128,12 +128,13 @@ def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
     assert best.keys() == _weights(epoch_file).keys()
     assert all(np.array_equal(best[name], array) for name, array in _weights(epoch_file).items())
     assert not all(np.array_equal(best[name], array) for name, array in _weights(other_file).items())
-    # The command's closing lines say the same, with the commands that use them.
-    best_path = tmp_path / "command" / "best.weights.h5"
-    assert f"best weights by val_mAP50: {best_path} (epoch {epoch}, val_mAP50 {max(scores):.4f})" in by_command.stderr
-    assert f"next: python evaluate.py --weights {best_path}; python yolo_video.py --model {best_path}" in (
-        by_command.stderr
-    )
+    # The command's closing lines say the same, with the commands that use them; the function, in a program that
+    # set up no logging, logs them too, and the run's lines before them.
+    for folder, stderr in (("command", by_command.stderr), ("function", by_function.stderr)):
+        best_path = tmp_path / folder / "best.weights.h5"
+        assert f"best weights by val_mAP50: {best_path} (epoch {epoch}, val_mAP50 {max(scores):.4f})" in stderr
+        assert f"next: python evaluate.py --weights {best_path}; python yolo_video.py --model {best_path}" in stderr
+        assert "INFO keras_yolo_mgpu.training.trainer: stage 1: epochs 1-2" in stderr
 
 
 def test_what_the_command_refuses_is_a_value_error(tmp_path):

@@ -23,6 +23,8 @@ from keras_yolo_mgpu.cli import quiet
 
 logger = logging.getLogger(__name__)
 
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
 # Expected failures: bad input the user can fix. Anything else is a bug and keeps its traceback.
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 
@@ -94,7 +96,7 @@ def setup_logging(verbose: bool = False) -> None:
     """The project's log lines on stderr: INFO by default, DEBUG with `-v` (the libraries': `quiet.configure`)."""
     level = logging.DEBUG if verbose else logging.INFO
     # A no-op where logging is already set up (an embedding program, pytest); only -v lowers the level.
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=LOG_FORMAT)
     if verbose:
         logging.getLogger().setLevel(level)
     quiet.configure(verbose)

@@ -478,9 +478,7 @@ def run(args, given: dict | None = None, script: str = "train.py") -> int:
     if config is None:
         print(START_HELP)
         return 2
-    result = run_training(config)
-    for line in closing_lines(result):
-        logger.info("%s", line)
+    run_training(config)
     return 0
 
 
@@ -588,16 +586,23 @@ def _check_new_run_flags(args) -> None:
 
 
 def run_training(config):
-    """`training.trainer.train(config)`, an out-of-memory error said in one paragraph (a CommandError)."""
+    """`training.trainer.train(config)`, then the log's closing lines; returns its `TrainResult`.
+
+    Raises:
+        CommandError: the run ran out of device memory, said in one paragraph.
+    """
     from keras_yolo_mgpu.training.trainer import train
 
     try:
-        return train(config)
+        result = train(config)
     except Exception as error:
         paragraph = out_of_memory_paragraph(error, config)
         if paragraph is None:
             raise
         raise CommandError(paragraph) from error
+    for line in closing_lines(result):
+        logger.info("%s", line)
+    return result
 
 
 def _gib(size: int | None) -> str:
