@@ -2,7 +2,7 @@
 
 The public names follow keras-yolo3 so its users find their way, and the
 commands are functions with the same flags and defaults (`train`, `evaluate`,
-`detect`; `api.export`, `api.check_dataset`). They are imported lazily, so
+`detect`, `export`, `check_dataset`). They are imported lazily, so
 tools that need no TensorFlow (annotation converters, k-means, the dataset
 checker's help) start instantly.
 """
@@ -40,17 +40,21 @@ _EXPORTS = {
     "load_weights": "weights.loading",
     "YOLO": "inference.detector",
     "Detections": "inference.detector",
-    # The commands as functions (api.py); `api.export` and `api.check_dataset` keep the names of the
-    # `python -m keras_yolo_mgpu.export` / `.check_dataset` modules free.
+    # The commands as functions (api.py).
     "train": "api",
     "evaluate": "api",
     "detect": "api",
 }
+# The modules of `python -m keras_yolo_mgpu.export` / `.check_dataset`, which, called, are the API's functions of
+# the same names (`api.CommandModule`).
+_COMMAND_MODULES = ("export", "check_dataset")
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, *_COMMAND_MODULES])
 
 
 def __getattr__(name: str):
+    if name in _COMMAND_MODULES:
+        return importlib.import_module(f".{name}", __name__)
     if name not in _EXPORTS:
         raise AttributeError(f"module 'keras_yolo_mgpu' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

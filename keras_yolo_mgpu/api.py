@@ -1,12 +1,11 @@
 """The commands as Python functions: their flags as keywords, their defaults, their checks.
 
     import keras_yolo_mgpu as kym
-    from keras_yolo_mgpu import api
 
     run = kym.train(data="my_dataset/data.yaml", weights="yolov3-tiny", epochs=50)
     report = kym.evaluate(weights=run.best_weights)
     kym.detect(model=run.best_weights, image=["photos/"], output="annotated")
-    api.export(weights=run.best_weights, format="onnx")
+    kym.export(weights=run.best_weights, format="onnx")
 
 Each function takes its command's flags as keywords, dashes as underscores
 (`input_size=416`, `batch_size=16`, `no_augment=True`), and turns them into
@@ -28,6 +27,7 @@ import argparse
 import contextlib
 import difflib
 import logging
+import types
 import warnings
 
 from keras_yolo_mgpu.cli import check_dataset as check_dataset_command
@@ -40,7 +40,7 @@ from keras_yolo_mgpu.cli.runner import LOG_FORMAT, CommandError, UsageError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_dataset", "command_line", "detect", "evaluate", "export", "train"]
+__all__ = ["CommandModule", "check_dataset", "command_line", "detect", "evaluate", "export", "train"]
 
 _SWITCHES = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction)
 
@@ -247,3 +247,16 @@ def check_dataset(**flags) -> bool:
     """`python -m keras_yolo_mgpu.check_dataset` as a function; True when it found no problem."""
     args, _ = _parse(check_dataset_command.build_parser, flags)
     return _refusals_as_value_errors(None, check_dataset_command.run, args) == 0
+
+
+class CommandModule(types.ModuleType):
+    """The class of a `python -m keras_yolo_mgpu.<command>` module, which is also the command's function.
+
+    `keras_yolo_mgpu.export` and `keras_yolo_mgpu.check_dataset` are the modules
+    `python -m` runs, so the package cannot also bind those names to the
+    functions; called, such a module calls its `function` attribute
+    (`kym.export(weights="best.weights.h5", format="onnx")` is `export(...)` above).
+    """
+
+    def __call__(self, **flags):
+        return self.function(**flags)

@@ -144,3 +144,21 @@ def test_what_the_command_refuses_is_a_value_error(tmp_path):
         api.train(annotations=str(tmp_path / "missing.txt"), classes=str(tmp_path / "classes.txt"))
     with pytest.raises(ValueError, match="train.py: argument --batch-size: expected a positive integer"):
         api.train(data=str(tmp_path), batch_size=0)
+
+
+def test_export_and_check_dataset_are_called_as_the_package_names_them(tmp_path):
+    """`kym.export` and `kym.check_dataset` are also the `python -m` modules: called, they are the functions."""
+    import keras_yolo_mgpu as kym
+    import keras_yolo_mgpu.check_dataset as check_dataset_module
+    import keras_yolo_mgpu.export as export_module
+    from keras_yolo_mgpu import api, check_dataset
+
+    assert kym.export is export_module and kym.check_dataset is check_dataset_module is check_dataset
+    paths = make_synthetic_dataset(tmp_path / "data", num_train=4, num_val=0, image_size=64, seed=0)
+    assert kym.check_dataset(annotations=paths.train, classes=paths.classes) is True
+    assert api.check_dataset(annotations=paths.train, classes=paths.classes) is True
+    missing = tmp_path / "missing.weights.h5"
+    with pytest.raises(FileNotFoundError, match=f"model weights not found: {missing}"):
+        kym.export(weights=str(missing), format="onnx")
+    with pytest.raises(TypeError, match="unknown keyword 'formats'; did you mean 'format'"):
+        kym.export(weights=str(missing), formats="onnx")
