@@ -220,7 +220,7 @@ def _classes(folder):
 
 
 def test_counts_take_the_number_of_their_noun():
-    from keras_yolo_mgpu.data.check import counted
+    from keras_yolo_mgpu.wording import counted
 
     assert [counted(1, "boxes"), counted(2, "boxes"), counted(0, "lines")] == ["1 box", "2 boxes", "0 lines"]
     assert [counted(1, "classes"), counted(1, "images listed")] == ["1 class", "1 image listed"]

@@ -84,6 +84,8 @@ def test_explicit_values_that_contradict_the_file_name_both():
     assert reconcile(meta, "w.h5", class_names=CLASSES, anchors=TINY_ANCHORS) == meta
     with pytest.raises(MetadataError, match=r"--classes says 3 classes \['a', 'b', 'c'\] but w.h5 was saved with 2"):
         reconcile(meta, "w.h5", class_names=["a", "b", "c"])
+    with pytest.raises(MetadataError, match=r"--classes says 1 class \['a'\] but w.h5 was saved with 2 classes"):
+        reconcile(meta, "w.h5", class_names=["a"])
     with pytest.raises(MetadataError, match=r"--anchors says 1,2, .* but w.h5 was saved with 10,14, 23,27"):
         reconcile(meta, "w.h5", anchors=[(1, 2)] * 6)
     with pytest.raises(

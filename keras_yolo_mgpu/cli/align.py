@@ -26,6 +26,7 @@ from keras_yolo_mgpu.data.host import HostBatches
 from keras_yolo_mgpu.model.architectures import get_architecture, model_name, resolve_iou_thresh
 from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
 from keras_yolo_mgpu.weights.metadata import MetadataError, read_metadata, settings_for
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger("align")
 
@@ -260,8 +261,8 @@ def _diff_settings(args):
         first = second  # a legacy file takes the other's metadata (or, without any, the flags')
     elif read_metadata(args.second) is not None and network(first) != network(second):
         raise MetadataError(
-            f"{args.first} holds {first.kind} with {first.num_classes} classes but {args.second} holds "
-            f"{second.kind} with {second.num_classes} classes: not the same network"
+            f"{args.first} holds {first.kind} with {counted(first.num_classes, 'classes')} but {args.second} holds "
+            f"{second.kind} with {counted(second.num_classes, 'classes')}: not the same network"
         )
     return first
 

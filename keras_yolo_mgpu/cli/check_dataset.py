@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
 from keras_yolo_mgpu.cli.dataset_args import add_data_args, open_data
 from keras_yolo_mgpu.cli.runner import CommandError, run_command
-from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.overlap import find_overlap
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
+from keras_yolo_mgpu.wording import counted
 
 
 def build_parser() -> ArgumentParser:

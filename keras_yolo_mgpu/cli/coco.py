@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, add_overwrite_arg
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
-from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.coco import (
     COCO_CATEGORY_IDS,
     category_mapping,
@@ -27,6 +26,7 @@ from keras_yolo_mgpu.data.coco import (
 from keras_yolo_mgpu.fileio import write_lines_atomic
 from keras_yolo_mgpu.outputs import check_output, record_written
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger("coco_annotation")
 

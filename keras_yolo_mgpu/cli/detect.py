@@ -17,11 +17,11 @@ from collections.abc import Iterator, Sequence
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli.runner import UsageError, run_command
-from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.inference import media
 from keras_yolo_mgpu.inference.video import check_video_input
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger("yolo_video")
 

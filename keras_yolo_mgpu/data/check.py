@@ -45,6 +45,7 @@ from keras_yolo_mgpu.data.formats.keras_yolo3 import read_annotation_file
 from keras_yolo_mgpu.data.formats.records import Problem, SplitRecords
 from keras_yolo_mgpu.data.images import ORIENTATION_NAMES, displayed_size, stored_to_displayed
 from keras_yolo_mgpu.data.scan import record_path, scan_images
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +62,6 @@ KINDS = (
     "label-without-image",
     "size-mismatch",
 )
-
-
-def counted(number: int, plural: str) -> str:
-    """`1 box`, `2 boxes`, `1 class`, `1 image listed`: the number and its noun (the first word) in its number."""
-    noun, _, rest = plural.partition(" ")
-    if number == 1:
-        noun = noun[:-2] if noun.endswith(("xes", "sses", "ches", "shes")) else noun[:-1]
-    return " ".join(filter(None, (str(number), noun, rest)))
 
 
 @dataclass

@@ -82,6 +82,7 @@ from keras_yolo_mgpu.data.letterbox import (
 )
 from keras_yolo_mgpu.data.mosaic import MosaicDraws, draw_mosaics, join_tile_boxes, tile_shape
 from keras_yolo_mgpu.data.multiscale import check_size_range, rescale_batch, size_of_batch
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -455,7 +456,7 @@ class HostBatches:
             if len(bad):
                 raise ValueError(
                     f"{annotation.source}:{annotation.line_number}: class id {int(bad[0])} is out of range "
-                    f"for {num_classes} classes (run keras_yolo_mgpu.data.check)"
+                    f"for {counted(num_classes, 'classes')} (run keras_yolo_mgpu.data.check)"
                 )
 
     # --- 1. which images ------------------------------------------------------------

@@ -41,6 +41,7 @@ from keras_yolo_mgpu.plots.evaluation import evaluation_picture_paths, write_eva
 from keras_yolo_mgpu.progress import progress_bar
 from keras_yolo_mgpu.resources import get_classes, resolve_resource
 from keras_yolo_mgpu.weights.metadata import settings_for
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def coco_ground_truth(annotations, class_names: Sequence[str], image_sizes: Sequ
             if not 0 <= cls < len(class_names):
                 raise ValueError(
                     f"{annotation.source}:{annotation.line_number}: class id {cls} is not in the "
-                    f"{len(class_names)} classes of the classes file"
+                    f"{counted(len(class_names), 'classes')} of the classes file"
                 )
             w, h = x2 - x1, y2 - y1
             # Ids from 1: pycocotools treats a matched ground-truth id of 0 as unmatched.

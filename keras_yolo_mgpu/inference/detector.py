@@ -36,6 +36,7 @@ from keras_yolo_mgpu.model.batch_norm import fold_batch_norm
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
 from keras_yolo_mgpu.weights.loading import load_weights
 from keras_yolo_mgpu.weights.metadata import make_metadata, settings_for
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def load_body(model_path: str, anchors, num_classes: int, kind: str | None = Non
     except (ValueError, KeyError) as error:
         network = kind or ("yolov3-tiny" if len(anchors) == 6 else "yolov3")
         raise ValueError(
-            f"cannot load {model_path} into a {network} with {num_classes} classes: {error} "
+            f"cannot load {model_path} into a {network} with {counted(num_classes, 'classes')}: {error} "
             "Check that --model, --anchors and --classes match the ones the weights were trained with."
         ) from None
     return body

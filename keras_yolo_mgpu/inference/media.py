@@ -23,12 +23,12 @@ import numpy as np
 from PIL import UnidentifiedImageError
 
 from keras_yolo_mgpu import outputs
-from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.images import read_image
 from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.fileio import atomic_write
 from keras_yolo_mgpu.inference.video import VideoReader, VideoWriter, planned_video_path
 from keras_yolo_mgpu.progress import progress_bar
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ import keras
 import numpy as np
 
 from keras_yolo_mgpu.backend import memory
-from keras_yolo_mgpu.data.check import counted
 from keras_yolo_mgpu.data.host import HostBatches, check_cache_fits
 from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, patch_multiworker_log_reduction
 from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
@@ -41,6 +40,7 @@ from keras_yolo_mgpu.training.training_data import TrainingData
 from keras_yolo_mgpu.training.training_model import create_model
 from keras_yolo_mgpu.weights.metadata import make_metadata
 from keras_yolo_mgpu.weights.start_weights import resolve_start_weights
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 

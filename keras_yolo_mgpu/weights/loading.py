@@ -36,6 +36,7 @@ import numpy as np
 
 from keras_yolo_mgpu.keras_compat import child_layers
 from keras_yolo_mgpu.weights.metadata import read_metadata
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def load_weights(
         if metadata is None:
             raise
         raise type(error)(
-            f"{error} (The file says it holds {metadata.kind} with {metadata.num_classes} classes, "
+            f"{error} (The file says it holds {metadata.kind} with {counted(metadata.num_classes, 'classes')}, "
             f"{len(metadata.anchors)} anchors, trained at {metadata.input_shape[0]}x{metadata.input_shape[1]}.)"
         ) from None
     report.metadata = metadata

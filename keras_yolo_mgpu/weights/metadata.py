@@ -35,6 +35,7 @@ import numpy as np
 from keras_yolo_mgpu.fileio import write_text_atomic
 from keras_yolo_mgpu.model.architectures import get_architecture, model_name
 from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
+from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 
@@ -259,8 +260,8 @@ def reconcile(
     if class_names is not None and tuple(class_names) != metadata.class_names:
         raise contradiction(
             classes_label,
-            f"{len(class_names)} classes {_preview(class_names)}",
-            f"{metadata.num_classes} classes {_preview(metadata.class_names)}",
+            f"{counted(len(class_names), 'classes')} {_preview(class_names)}",
+            f"{counted(metadata.num_classes, 'classes')} {_preview(metadata.class_names)}",
         )
     if anchors is not None:
         given = np.asarray(anchors, np.float32).reshape(-1, 2)
