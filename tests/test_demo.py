@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_yolo_mgpu.cli.demo import build_parser, format_summary
+from keras_yolo_mgpu.cli.demo import build_parser, format_summary, main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,11 @@ def test_parser_refuses_misspelt_flags(capsys):
 
 @pytest.mark.slow
 def test_quick_demo_runs_end_to_end(tmp_path):
+    # The folder of a demo run before its folders were marked: its summary.json says so, and its stale outputs go.
     out = tmp_path / "demo"
+    (out / "train").mkdir(parents=True)
+    (out / "train" / "stale.txt").write_text("an earlier demo's\n")
+    (out / "summary.json").write_text(json.dumps({"mAP50": 0.9, "settings": {}, "outputs": {}}))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
     proc = subprocess.run(
         [sys.executable, "-m", "keras_yolo_mgpu.demo", "--quick", "--out", str(out)],
@@ -56,6 +60,18 @@ def test_quick_demo_runs_end_to_end(tmp_path):
     assert "Demo outputs:" in proc.stdout and "mAP@0.5" in proc.stdout
     # The closing message is what format_summary makes of summary.json.
     assert format_summary(summary).strip() in proc.stdout
+    assert not (out / "train" / "stale.txt").exists() and (out / ".keras-yolo-mgpu-demo").is_file()
+
+
+def test_a_folder_whose_output_names_the_demo_did_not_write_is_refused(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.txt").write_text("a user's dataset\n")
+    (tmp_path / "summary.json").write_text('{"mine": true}\n')
+    assert main(["--quick", "--out", str(tmp_path)]) == 1
+    error = capsys.readouterr().err
+    assert f"--out {tmp_path} holds data, summary.json, which no demo wrote" in error
+    assert sorted(path.name for path in tmp_path.rglob("*")) == ["data", "mine.txt", "summary.json"]
+    assert (tmp_path / "data" / "mine.txt").read_text() == "a user's dataset\n"
 
 
 # The demo's device plan on JAX where `import tensorflow` fails: it asks JAX, and leaves JAX's CPU split free.

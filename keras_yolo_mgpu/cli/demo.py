@@ -10,7 +10,8 @@
 4. Runs the detector on a generated video clip.
 5. Prints where every output is, and a summary with the wall time and mAP.
 
-Everything goes under `--out`; a rerun replaces the previous demo's outputs.
+Everything goes under `--out`; a rerun replaces the previous demo's outputs, and
+a folder whose `data/`, `train/`, ... the demo did not write is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
-from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
 from keras_yolo_mgpu.data.kmeans import box_sizes_from_annotations, kmeans_anchors
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset, make_synthetic_video
 from keras_yolo_mgpu.evaluation.mean_ap import evaluate_weights, format_report
@@ -89,13 +90,45 @@ def _devices_plan(gpus: int | None) -> tuple[int | None, bool, str]:
     return count, True, f"{count} simulated devices (the CPU split in {count}; no GPU visible)"
 
 
-def _clear_previous(out: Path) -> None:
-    for name in _OUTPUTS:
+# Left in --out by every demo, so that a rerun knows the outputs there are its own to replace.
+_MARKER = ".keras-yolo-mgpu-demo"
+
+
+def _claim(out: Path) -> None:
+    """Makes `out` the demo's folder, its earlier outputs deleted; refuses one whose output names are a user's.
+
+    A rerun deletes `_OUTPUTS` before writing them again, so a folder must be
+    the demo's before anything in it is deleted: it carries `_MARKER`, or
+    (written before the marker was) a demo's summary.json. A folder without
+    any of those names is taken as it is: the demo writes nothing else.
+
+    Raises:
+        CommandError: `out` holds one of `_OUTPUTS` and is no demo's folder.
+    """
+    present = [name for name in _OUTPUTS if os.path.lexists(out / name)]
+    if present and not _is_demo_folder(out):
+        raise CommandError(
+            f"--out {out} holds {', '.join(present)}, which no demo wrote (no {_MARKER} there): the demo would "
+            "replace them. Choose another --out, a new or empty folder"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / _MARKER).write_text("the outputs of python -m keras_yolo_mgpu.demo, replaced by its next run\n")
+    for name in present:
         path = out / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists():
+        else:
             path.unlink()
+
+
+def _is_demo_folder(out: Path) -> bool:
+    if (out / _MARKER).is_file():
+        return True
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and {"mAP50", "settings", "outputs"} <= summary.keys()
 
 
 @contextlib.contextmanager
@@ -111,7 +144,7 @@ def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = N
 
     Args:
         out_dir: folder for every output; the previous demo's outputs in it
-            are replaced.
+            are replaced, a user's refused (`_claim`).
         settings: `DEFAULTS`' keys and `seed` (summary.json's `settings`);
             `image_size` is the network input side and the longer side of
             every image, `drop_epoch` the epochs at `lr` before `lr / 10`
@@ -127,8 +160,7 @@ def run_demo(out_dir: str | os.PathLike, settings: dict, *, gpus: int | None = N
     start = time.perf_counter()
     seconds: dict[str, float] = {}
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    _clear_previous(out)
+    _claim(out)
 
     with _timed(seconds, "data"):
         data, anchors_path = make_demo_data(
