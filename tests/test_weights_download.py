@@ -305,3 +305,23 @@ def test_keras_yolo3_quick_start_without_wget_and_detection_by_name(cached_tiny,
     assert "converting with" in detected.stderr and (tmp_path / "detections" / "photo.jpg").is_file()
     # The conversion is kept in the cache: the next run loads it instead of converting again.
     assert list((cached_tiny / "weights" / "converted").glob("yolov3-tiny-*.weights.h5"))
+
+
+def test_python_detector_takes_an_official_name_or_a_darknet_file(cached_tiny, tmp_path, monkeypatch):
+    """`kym.YOLO("yolov3-tiny")` and `kym.YOLO("yolov3-tiny.weights")` load what `yolo_video.py --model` loads."""
+    from PIL import Image
+
+    import keras_yolo_mgpu as kym
+
+    monkeypatch.setenv("KERAS_YOLO_MGPU_CACHE", str(cached_tiny))
+    monkeypatch.setenv(download.WEIGHTS_URL_ENV, f"http://127.0.0.1:{_closed_port()}")  # the cache has it
+    monkeypatch.chdir(tmp_path)
+    by_name = kym.YOLO("yolov3-tiny")
+    by_file = kym.YOLO(str(cached_tiny / "weights" / "yolov3-tiny.weights"))
+    converted = cached_tiny / "weights" / "converted"
+    for detector in (by_name, by_file):
+        assert os.path.dirname(detector.model_path) == str(converted) and len(detector.class_names) == 80
+    boxes, scores, classes = by_name.detect(Image.new("RGB", (96, 64), (90, 120, 200)))
+    assert boxes.shape == (len(scores), 4) and len(classes) == len(scores)
+    with pytest.raises(FileNotFoundError, match="did you mean yolov3-tiny"):
+        kym.YOLO("yolov3-tinyy")

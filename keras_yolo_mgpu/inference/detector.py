@@ -34,8 +34,10 @@ from keras_yolo_mgpu.inference.layers import build_detection_model
 from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.batch_norm import fold_batch_norm
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
+from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.loading import load_weights
 from keras_yolo_mgpu.weights.metadata import make_metadata, settings_for
+from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
@@ -132,7 +134,10 @@ class YOLO:
 
     Args:
         model_path: weights to load: any file `checkpoints.load_weights`
-            reads (`.weights.h5`, `.keras`, Keras 2 `.h5`). When it carries
+            reads (`.weights.h5`, `.keras`, Keras 2 `.h5`), a Darknet
+            `.weights` file beside its cfg (converted once, as the commands
+            do), or an official net's name (`"yolov3-tiny"`, downloaded
+            once: `weights.download`). When it carries
             metadata (`weights.metadata`), its anchors, masks, class names
             and input size are used; explicit arguments must agree.
         anchors_path: anchors file; 9 anchors build YOLOv3, 6 tiny YOLOv3
@@ -170,7 +175,7 @@ class YOLO:
         masks=None,
         settings=None,
     ):
-        model_path = os.fspath(model_path)
+        model_path = darknet_as_keras(resolve_weights(os.fspath(model_path)))
         if not os.path.isfile(model_path):
             raise FileNotFoundError(f"model weights not found: {model_path}")
         if settings is None:
