@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import pytest
 from keras_yolo_mgpu.api import command_line
 from keras_yolo_mgpu.cli import detect, evaluate, train
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
-from keras_yolo_mgpu.training.config import TrainConfig
+from keras_yolo_mgpu.training.config import TrainConfig, TrainResult
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,6 +66,17 @@ def test_a_resolved_run_cannot_be_changed():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.epochs = 3
     assert dataclasses.replace(config, epochs=3).epochs == 3 and config.epochs == 100
+
+
+def test_the_commands_a_run_suggests_paste_into_a_shell_whatever_its_folder_is_named(tmp_path):
+    folder = tmp_path / "my runs" / "001"
+    best = str(folder / "best.weights.h5")
+    result = TrainResult(str(folder), str(folder / "last.weights.h5"), best_weights=best, best_epoch=2, best_value=0.5)
+    (line,) = [line for line in train.closing_lines(result) if line.startswith("next: ")]
+    assert [shlex.split(command) for command in line.removeprefix("next: ").split("; ")] == [
+        ["python", "evaluate.py", "--weights", best],
+        ["python", "yolo_video.py", "--model", best, "--image"],
+    ]
 
 
 def _weights(path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -176,7 +177,7 @@ def _say_if_trained_on(weights: str, records: list) -> None:
             len(set(scored)),
             weights,
             trained_on,
-            weights,
+            shlex.quote(weights),
         )
 
 

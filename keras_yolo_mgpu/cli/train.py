@@ -15,6 +15,7 @@ import dataclasses
 import glob
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -491,6 +492,7 @@ def closing_lines(result) -> list[str]:
         weights = result.best_weights
         best = f" (epoch {result.best_epoch}, {result.monitor} {result.best_value:.4f})" if result.best_epoch else ""
         lines.append(f"best weights by {result.monitor}: {result.best_weights}{best}")
+    weights = shlex.quote(weights)  # a command to paste, whatever the folder's name
     lines.append(f"next: python evaluate.py --weights {weights}; python yolo_video.py --model {weights} --image")
     return lines
 
@@ -619,7 +621,7 @@ def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     requested, limit = found
     smaller = max(1, config.batch_size // 2)
     if os.path.isdir(config.log_dir):
-        kept = f"The run folder {config.log_dir} keeps what it saved (--resume {config.log_dir} goes on)."
+        kept = f"The run folder {config.log_dir} keeps what it saved (--resume {shlex.quote(config.log_dir)} goes on)."
     else:
         kept = "Nothing was saved before it, and no run folder is left."
     return (

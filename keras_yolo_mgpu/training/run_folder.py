@@ -7,6 +7,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
 
 from keras_yolo_mgpu.fileio import atomic_write, write_text_atomic
@@ -64,8 +65,8 @@ def _prepare_log_dir(config) -> None:
         raise FileExistsError(f"--log-dir {config.log_dir} is a file, not a folder: give a folder for the run")
     if os.path.isdir(config.log_dir) and os.listdir(config.log_dir):
         raise FileExistsError(
-            f"log dir {config.log_dir} already holds a run. Pass --resume {config.log_dir} to continue it, "
-            "or choose another --log-dir (nothing was changed)."
+            f"log dir {config.log_dir} already holds a run. Pass --resume {shlex.quote(config.log_dir)} to continue "
+            "it, or choose another --log-dir (nothing was changed)."
         )
     os.makedirs(config.log_dir, exist_ok=True)
     _write_args_json(config)

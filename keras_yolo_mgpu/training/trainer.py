@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -130,7 +131,7 @@ def _say_what_was_kept(config: TrainConfig, error: BaseException, epochs_before:
         "of %d as if it had not stopped (from Python: train(resume=%r))",
         config.log_dir,
         f" ({', '.join(kept)})" if kept else "",
-        config.log_dir,
+        shlex.quote(config.log_dir),
         state.epoch + 1,
         config.epochs,
         config.log_dir,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 
 import numpy as np
 
@@ -114,9 +115,8 @@ class TrainingData:
 
     def _checker_args(self, path: str | None) -> str:
         config = self.config
-        if path is None:
-            return f"--data {config.data}" + (f" --classes {config.classes}" if config.classes else "")
-        return f"{path} --classes {config.classes}"
+        classes = ["--classes", config.classes] if config.classes else []
+        return shlex.join(["--data", config.data, *classes] if path is None else [path, *classes])
 
     def splits(self, run_dir: str) -> tuple[list, list]:
         """(training records, validation records), checked; images listed twice or in both are warned of."""
