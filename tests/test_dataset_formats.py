@@ -353,7 +353,10 @@ def test_a_test_split_is_read_checked_kept_out_of_training_and_its_overlap_named
 
     assert check_main(["--data", str(tmp_path)]) == 1
     printed = capsys.readouterr().out
-    assert "\ntest: " in printed and f"have the same bytes as one of {tmp_path} (test)" in printed
+    assert (
+        "\ntest: " in printed
+        and f"image(s) of {tmp_path} (train) have the same bytes as one of {tmp_path} (test)" in printed
+    )
 
 
 def test_a_test_split_the_folder_lacks_is_left_out_and_a_missing_val_split_refused(reference, tmp_path, caplog):

@@ -68,7 +68,10 @@ SPLIT_ROLES = {
 
 
 def _reports(path: str, args):
-    """(split name, CheckReport) for each split of the dataset at `path`."""
+    """(split name, its label in the messages, CheckReport) for each split of the dataset at `path`.
+
+    A dataset of one split (an annotation file) is labelled `path`, each split of one with several `path (split)`.
+    """
     classes = get_classes(args.classes) if args.classes else None
     dataset = open_data(args, classes, path=path)
     if dataset.class_names is not None and classes is not None and classes != dataset.class_names:
@@ -79,6 +82,7 @@ def _reports(path: str, args):
     for split in dataset.splits:
         yield (
             split,
+            path if len(dataset.splits) == 1 else f"{path} ({split})",
             dataset.checked(
                 split,
                 len(names),
@@ -98,8 +102,8 @@ def run(args) -> int:
     images = {}  # split label -> its image paths, for the overlap check across all of them
     for path in paths:
         try:
-            for split, report in _reports(path, args):
-                images[path if split == "train" else f"{path} ({split})"] = [a.image_path for a in report.annotations]
+            for split, label, report in _reports(path, args):
+                images[label] = [a.image_path for a in report.annotations]
                 for problem in report.problems:
                     print(problem)
                 print(report.summary_text() if split == "train" else f"{split}: {report.summary_text()}")
