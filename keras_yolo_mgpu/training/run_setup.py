@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import shlex
 import time
 from functools import partial
 
@@ -64,9 +65,10 @@ class RunSetup:
             self.folder_lock = lock_run_folder(config.log_dir)
         state = run_state.read_run_state(config.log_dir) if config.resume else None
         if state is not None and state.finished:
+            final = shlex.quote(os.path.join(config.log_dir, FINAL_WEIGHTS))
             raise ValueError(
                 f"the run in {config.log_dir} already finished ({FINAL_WEIGHTS} is written); nothing to resume. "
-                f"To train further, start a new run with --weights {os.path.join(config.log_dir, FINAL_WEIGHTS)}."
+                f"To train further, start a new run with --weights {final}."
             )
         if config.resume and self.chief:
             run_state.remove_stale_files(config.log_dir, keep=state.weights if state else None)

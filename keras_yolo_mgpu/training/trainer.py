@@ -147,7 +147,7 @@ def _check_backend(config: TrainConfig) -> TrainConfig:
         raise ValueError(
             f"the run in {config.log_dir} trained on the {config.backend} backend; this process runs {NAME}. "
             f"Resume it with KERAS_BACKEND={config.backend} (its optimizer state and data stream continue there), or "
-            f"start a new run from its weights: --weights {os.path.join(config.log_dir, 'last.weights.h5')}"
+            f"start a new run from its weights: --weights {shlex.quote(os.path.join(config.log_dir, LAST_WEIGHTS))}"
         )
     return config
 
