@@ -120,7 +120,8 @@ def simulate_devices(count: int) -> list:
     if len(devices) < count:
         raise RuntimeError(
             f"cannot simulate {count} devices: JAX already started with {len(devices)} CPU device(s). Set "
-            f"XLA_FLAGS={_SIMULATE_FLAG}={count} before the first JAX computation of the process."
+            f"XLA_FLAGS={_SIMULATE_FLAG}={count} before the first JAX computation of the process: from Python, "
+            "in a new process (a run or model built earlier in it fixed the devices)."
         )
     return devices[:count]
 

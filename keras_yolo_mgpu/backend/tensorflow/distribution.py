@@ -188,8 +188,9 @@ def simulate_devices(count: int, memory_limit_mb: int = DEFAULT_SIMULATED_GPU_ME
             logger.info("devices already initialised; using %d of %d logical %s devices", count, len(existing), kind)
         else:
             raise RuntimeError(
-                f"cannot split the {kind} into {count} logical devices: TensorFlow already "
-                f"initialised {len(existing)}. Simulate devices before building any model."
+                f"cannot split the {kind} into {count} logical devices: TensorFlow already initialised "
+                f"{len(existing)} in this process. Simulate devices before building any model: from Python, in a "
+                "new process (a run or model built earlier in it fixed the devices)."
             ) from None
     return [d.name for d in tf.config.list_logical_devices(kind)[:count]]
 
