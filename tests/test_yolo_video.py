@@ -227,6 +227,22 @@ def test_cli_reports_bad_inputs_without_traceback(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.skipif("GUI:                           NONE" not in cv2.getBuildInformation(), reason="OpenCV can show")
+def test_show_without_a_display_fails_before_a_frame_is_written(tmp_path, clip, caplog, capsys):
+    """On a headless OpenCV, --show is refused up front: no model built, no output file (it used to keep the frames
+    annotated before the first window failed)."""
+    classes = write_classes(tmp_path / "classes.txt")
+    weights = tmp_path / "w.weights.h5"
+    make_body().save_weights(str(weights))
+    common = ["--model", str(weights), "--anchors", TINY_ANCHORS_PATH, "--classes", classes, "--input-size", "96x128"]
+    output = tmp_path / "shown.avi"
+    with caplog.at_level(logging.INFO):
+        assert main([*common, "--input", clip, "--output", str(output), "--show"]) == 1
+    assert "error: --show needs a display" in capsys.readouterr().err
+    assert not output.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["classes.txt", "w.weights.h5"]
+    assert "Loaded" not in caplog.text  # refused before the model is built
+
+
 def test_cli_image_folder_in_process(tmp_path):
     classes = write_classes(tmp_path / "classes.txt")
     weights = tmp_path / "w.weights.h5"

@@ -158,6 +158,8 @@ def detection(args) -> dict:
     # An official net's name (`--model yolov3-tiny`) is its Darknet file, downloaded once.
     weights = resolve_weights(args.weights) or os.path.join("model_data", "yolo.h5")
     rule, image_folder = _checked_outputs(args, weights, video, output)
+    if args.show:
+        media.check_display()  # a headless machine fails here, before a model is built or a frame written
     quiet.import_tensorflow(args.verbose)
     from keras_yolo_mgpu.inference.export_formats import open_detector
 

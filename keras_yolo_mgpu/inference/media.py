@@ -114,11 +114,23 @@ def _show(frame_bgr: np.ndarray) -> bool:
         cv2.imshow(_SHOW_WINDOW, frame_bgr)
         return cv2.waitKey(1) & 0xFF not in (ord("q"), 27)
     except cv2.error as error:
-        raise RuntimeError(
-            "--show needs a display and an OpenCV build with GUI support "
-            "(pip install opencv-python instead of opencv-python-headless): "
-            f"{error.msg if hasattr(error, 'msg') else error}"
-        ) from None
+        raise _no_display(error) from None
+
+
+def check_display() -> None:
+    """Opens `--show`'s window, or raises its error before any model is built or output written."""
+    try:
+        cv2.namedWindow(_SHOW_WINDOW)
+    except cv2.error as error:
+        raise _no_display(error) from None
+
+
+def _no_display(error: cv2.error) -> RuntimeError:
+    return RuntimeError(
+        "--show needs a display and an OpenCV build with GUI support "
+        "(pip install opencv-python instead of opencv-python-headless): "
+        f"{error.msg if hasattr(error, 'msg') else error}"
+    )
 
 
 def check_video_outputs(
