@@ -174,3 +174,56 @@ def test_export_and_check_dataset_are_called_as_the_package_names_them(tmp_path)
         kym.export(weights=str(missing), format="onnx")
     with pytest.raises(TypeError, match="unknown keyword 'formats'; did you mean 'format'"):
         kym.export(weights=str(missing), formats="onnx")
+
+
+def test_detect_evaluate_and_export_as_functions_write_what_their_commands_write(tmp_path, capsys):
+    """The API's detect, evaluate and export against the commands' own main() with the same flags: the same
+    detections, annotated images, report, PR pictures and export files."""
+    from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body
+    from PIL import Image
+
+    import keras_yolo_mgpu as kym
+    from keras_yolo_mgpu.cli import export as export_command
+    from keras_yolo_mgpu.resources import get_classes
+
+    paths = make_synthetic_dataset(tmp_path / "data", num_train=3, num_val=0, image_size=64, seed=0)
+    weights = str(tmp_path / "w.weights.h5")
+    make_body(num_classes=len(get_classes(paths.classes))).save_weights(weights)
+    model = {"anchors": TINY_ANCHORS_PATH, "classes": paths.classes, "input_size": INPUT_SHAPE, "score": 0.3}
+    images = os.path.dirname(open(paths.train).readline().split()[0])
+
+    def both(command, function, flags_of):
+        """(the command's stdout, the function's result), each given `flags_of(side)`."""
+        capsys.readouterr()
+        assert command.main(command_line(command.build_parser(), flags_of("command"))) == 0
+        printed = capsys.readouterr().out
+        return printed, function(**flags_of("function"))
+
+    both(detect, kym.detect, lambda side: {
+        "model": weights, **model, "image": [images], "output": str(tmp_path / f"{side}_annotated"),
+        "save_json": str(tmp_path / f"{side}.jsonl"), "no_progress": True,
+    })  # fmt: skip
+    detected = [
+        (tmp_path / f"{side}.jsonl").read_text().replace(f"{side}_annotated", "") for side in ("command", "function")
+    ]
+    assert detected[0] == detected[1] and detected[0].count("\n") == 3
+    for drawn in (tmp_path / "command_annotated").iterdir():
+        assert np.array_equal(
+            np.asarray(Image.open(drawn)), np.asarray(Image.open(tmp_path / "function_annotated" / drawn.name))
+        )
+
+    printed, report = both(evaluate, kym.evaluate, lambda side: {
+        "weights": weights, **model, "annotations": paths.train, "pr_curve": str(tmp_path / f"{side}_pr.png"),
+        "no_progress": True,
+    })  # fmt: skip
+    printed_report = printed.strip().splitlines()[-1].replace(str(tmp_path / "command_"), str(tmp_path / "function_"))
+    assert json.loads(printed_report) == json.loads(json.dumps(report)) and report["pr_curve"]
+    for ending in ("pr", "pr_confusion_matrix", "pr_confidence_curves"):
+        assert (tmp_path / f"command_{ending}.png").read_bytes() == (tmp_path / f"function_{ending}.png").read_bytes()
+
+    both(export_command, kym.export, lambda side: {
+        "weights": weights, **model, "format": "tflite", "output": str(tmp_path / f"{side}.tflite"),
+    })  # fmt: skip
+    assert (tmp_path / "command.tflite").read_bytes() == (tmp_path / "function.tflite").read_bytes()
+    sidecars = [json.loads((tmp_path / f"{side}.tflite.metadata.json").read_text()) for side in ("command", "function")]
+    assert sidecars[0] == sidecars[1]
