@@ -11,10 +11,18 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body
+from PIL import Image
 
+import keras_yolo_mgpu as kym
+import keras_yolo_mgpu.check_dataset as check_dataset_module
+import keras_yolo_mgpu.export as export_module
+from keras_yolo_mgpu import api, check_dataset
 from keras_yolo_mgpu.api import command_line
 from keras_yolo_mgpu.cli import detect, evaluate, train
+from keras_yolo_mgpu.cli import export as export_command
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+from keras_yolo_mgpu.resources import get_classes
 from keras_yolo_mgpu.training.config import TrainConfig, TrainResult
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,7 +158,6 @@ def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
 
 
 def test_what_the_command_refuses_is_a_value_error(tmp_path):
-    from keras_yolo_mgpu import api
 
     with pytest.raises(ValueError, match="--annotations: file not found: .*missing.txt"):
         api.train(annotations=str(tmp_path / "missing.txt"), classes=str(tmp_path / "classes.txt"))
@@ -160,10 +167,6 @@ def test_what_the_command_refuses_is_a_value_error(tmp_path):
 
 def test_export_and_check_dataset_are_called_as_the_package_names_them(tmp_path):
     """`kym.export` and `kym.check_dataset` are also the `python -m` modules: called, they are the functions."""
-    import keras_yolo_mgpu as kym
-    import keras_yolo_mgpu.check_dataset as check_dataset_module
-    import keras_yolo_mgpu.export as export_module
-    from keras_yolo_mgpu import api, check_dataset
 
     assert kym.export is export_module and kym.check_dataset is check_dataset_module is check_dataset
     paths = make_synthetic_dataset(tmp_path / "data", num_train=4, num_val=0, image_size=64, seed=0)
@@ -179,13 +182,6 @@ def test_export_and_check_dataset_are_called_as_the_package_names_them(tmp_path)
 def test_detect_evaluate_and_export_as_functions_write_what_their_commands_write(tmp_path, capsys):
     """The API's detect, evaluate and export against the commands' own main() with the same flags: the same
     detections, annotated images, report, PR pictures and export files."""
-    from inference_helpers import INPUT_SHAPE, TINY_ANCHORS_PATH, make_body
-    from PIL import Image
-
-    import keras_yolo_mgpu as kym
-    from keras_yolo_mgpu.cli import export as export_command
-    from keras_yolo_mgpu.resources import get_classes
-
     paths = make_synthetic_dataset(tmp_path / "data", num_train=3, num_val=0, image_size=64, seed=0)
     weights = str(tmp_path / "w.weights.h5")
     make_body(num_classes=len(get_classes(paths.classes))).save_weights(weights)
