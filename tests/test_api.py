@@ -158,7 +158,6 @@ def test_train_function_and_train_py_resolve_and_train_the_same_run(tmp_path):
 
 
 def test_what_the_command_refuses_is_a_value_error(tmp_path):
-
     with pytest.raises(ValueError, match="--annotations: file not found: .*missing.txt"):
         api.train(annotations=str(tmp_path / "missing.txt"), classes=str(tmp_path / "classes.txt"))
     with pytest.raises(ValueError, match="train.py: argument --batch-size: expected a positive integer"):
