@@ -167,9 +167,11 @@ def _refusals_as_value_errors(command_logger: str | None, function, *args):
     """`function(*args)`, a command's refusal (what it prints as `error: ...`) raised as a ValueError.
 
     As quiet as the command: TensorFlow's loader lines dropped when it is first imported (on JAX, Keras imports it
-    mid-run), and the warnings the commands filter (`quiet.KNOWN_WARNINGS`) filtered for the call. As telling as
-    the command: its log lines shown (`_log_lines_shown`), the package's and `command_logger`'s (the command's own).
+    mid-run) and its C++ log level the command's where the user set none, and the warnings the commands filter
+    (`quiet.KNOWN_WARNINGS`) filtered for the call. As telling as the command: its log lines shown
+    (`_log_lines_shown`), the package's and `command_logger`'s (the command's own).
     """
+    quiet.configure_environment()
     quiet.quiet_tensorflow_import()
     try:
         with warnings.catch_warnings(), _log_lines_shown(command_logger):
