@@ -80,6 +80,16 @@ def run(args) -> int:
     return 0
 
 
+def _check_outputs(args) -> None:
+    """--save-detections and --pr-curve's pictures under the output rule (`outputs.check_output`)."""
+    outputs = [(args.save_detections, "--save-detections")] if args.save_detections else []
+    if args.pr_curve:
+        outputs += [(path, "--pr-curve") for path in evaluation_picture_paths(args.pr_curve).values()]
+    inputs = (args.weights, args.detections, args.annotations, args.data, args.classes, args.anchors)
+    for path, flag in outputs:
+        check_output(path, inputs=inputs, overwrite=args.overwrite, flag=flag)
+
+
 def evaluation(args) -> dict:
     """What the command does, returning its report (the JSON it prints last)."""
     if bool(args.weights) == bool(args.detections):
@@ -96,17 +106,7 @@ def evaluation(args) -> dict:
             "give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file); "
             "weights of a run that held out validation images (its val_split.txt) need neither"
         )
-    # Before the model runs: a refused file must not cost the whole evaluation.
-    outputs = [(args.save_detections, "--save-detections")] if args.save_detections else []
-    if args.pr_curve:
-        outputs += [(path, "--pr-curve") for path in evaluation_picture_paths(args.pr_curve).values()]
-    for path, flag in outputs:
-        check_output(
-            path,
-            inputs=(args.weights, args.detections, args.annotations, args.data, args.classes, args.anchors),
-            overwrite=args.overwrite,
-            flag=flag,
-        )
+    _check_outputs(args)  # before the model runs: a refused file must not cost the whole evaluation
     if args.detections:
         annotations, class_names = args.annotations, resolve_resource(args.classes, "classes")
         if args.data:

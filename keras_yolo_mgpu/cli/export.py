@@ -59,6 +59,18 @@ def build_parser() -> cli.ArgumentParser:
         "(default: the images a run held out, its val_split.txt beside --weights, else generated scenes with "
         "objects) and --int8 calibrates on them",
     )
+    _add_precision_args(parser)
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing .tflite/.onnx file at --output (a SavedModel replaces only an empty folder or "
+        "a previous export of this tool, never anything else)",
+    )
+    return parser
+
+
+def _add_precision_args(parser: cli.ArgumentParser) -> None:
+    """--int8 or --half, the calibration images, and the mAP the export may lose (--validation)."""
     precision = parser.add_mutually_exclusive_group()
     precision.add_argument(
         "--int8", action="store_true", help="TFLite only: INT8 network calibrated on --images (about 1/4 the size)"
@@ -83,13 +95,6 @@ def build_parser() -> cli.ArgumentParser:
         default=DEFAULT_MAX_MAP_DROP,
         help=f"largest mAP@0.5 drop accepted without a warning (default: {DEFAULT_MAX_MAP_DROP})",
     )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing .tflite/.onnx file at --output (a SavedModel replaces only an empty folder or "
-        "a previous export of this tool, never anything else)",
-    )
-    return parser
 
 
 def run(args) -> int:
