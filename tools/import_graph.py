@@ -26,11 +26,22 @@ PACKAGE = "keras_yolo_mgpu"
 # Bottom to top: a module imports from its own layer (without a circle) and from the layers below,
 # never from a layer above. One entry per package folder (or top-level module), relative to the package.
 LAYERS = (
-    # files written atomically, the C heap, progress displays, get_config, Keras internals, model_data/,
-    # the backend switch
+    # files written atomically, the C heap, progress displays, numbers in sentences, get_config, Keras internals,
+    # model_data/, the backend switch
     (
         "base",
-        ("__init__", "optional", "fileio", "heap", "progress", "serialization", "keras_compat", "resources", "backend"),
+        (
+            "__init__",
+            "optional",
+            "fileio",
+            "heap",
+            "progress",
+            "wording",
+            "serialization",
+            "keras_compat",
+            "resources",
+            "backend",
+        ),
     ),
     ("model", ("model",)),  # networks, loss, boxes, BatchNormalization, in keras.ops
     # annotation formats, the input pipeline; Darknet conversion, weight files; which outputs may be replaced
