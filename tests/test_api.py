@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -166,7 +167,6 @@ def test_what_the_command_refuses_is_a_value_error(tmp_path):
 
 def test_export_and_check_dataset_are_called_as_the_package_names_them(tmp_path):
     """`kym.export` and `kym.check_dataset` are also the `python -m` modules: called, they are the functions."""
-
     assert kym.export is export_module and kym.check_dataset is check_dataset_module is check_dataset
     paths = make_synthetic_dataset(tmp_path / "data", num_train=4, num_val=0, image_size=64, seed=0)
     assert kym.check_dataset(annotations=paths.train, classes=paths.classes) is True
@@ -185,7 +185,7 @@ def test_detect_evaluate_and_export_as_functions_write_what_their_commands_write
     weights = str(tmp_path / "w.weights.h5")
     make_body(num_classes=len(get_classes(paths.classes))).save_weights(weights)
     model = {"anchors": TINY_ANCHORS_PATH, "classes": paths.classes, "input_size": INPUT_SHAPE, "score": 0.3}
-    images = os.path.dirname(open(paths.train).readline().split()[0])
+    images = os.path.dirname(Path(paths.train).read_text().split()[0])
 
     def both(command, function, flags_of):
         """(the command's stdout, the function's result), each given `flags_of(side)`."""
