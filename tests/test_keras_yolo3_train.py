@@ -2,8 +2,9 @@
 
 The folder is laid out as keras-yolo3's (`train.txt`, `model_data/voc_classes.txt`,
 `model_data/yolo_anchors.txt`, `model_data/tiny_yolo_weights.h5` for 6 anchors);
-the scripts run in it as subprocesses. Only the size of the run is set by flags
-(keras-yolo3's users edit train.py for that).
+the scripts run in it as subprocesses. Only the size of the run is set: by flags,
+or, as keras-yolo3's README has its users do ("Modify train.py"), in a copy of
+train.py in the folder with its settings edited.
 """
 
 import json
@@ -62,11 +63,33 @@ def _keras_yolo3_folder(root, *, weights=True):
     return root
 
 
+def _edited_script(root, name, **settings):
+    """A copy of this project's script `name` in `root`, its SETTINGS edited as a user edits them; returns its path."""
+    text = open(os.path.join(REPO, name)).read()
+    for setting, value in settings.items():
+        unset = f"    {setting}=None,"
+        assert text.count(unset) == 1, setting
+        text = text.replace(unset, f"    {setting}={value!r},")
+    (root / name).write_text(text)
+    return root / name
+
+
+def _run_edited(script, *args, cwd, timeout=300):
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout, env=_env(), cwd=cwd
+    )
+
+
 @pytest.fixture(scope="module")
 def trained_folder(tmp_path_factory):
-    """The folder after `python train.py` (one small epoch), and that run's result."""
+    """The folder after its own `python train.py` (one small epoch), and that run's result.
+
+    The run's size is set in the folder's train.py, as keras-yolo3's README has
+    its users do, but for the batch: a flag given on the command line wins.
+    """
     root = _keras_yolo3_folder(tmp_path_factory.mktemp("keras_yolo3"))
-    return root, _script("train.py", *SMALL_RUN, cwd=root)
+    script = _edited_script(root, "train.py", epochs=1, input_shape=(64, 64), batch_size=8)
+    return root, _run_edited(script, "--batch-size", "4", "--quiet", "--no-pictures", "--seed", "0", cwd=root)
 
 
 def test_train_py_without_flags_reads_the_keras_yolo3_folder(trained_folder):
@@ -74,6 +97,11 @@ def test_train_py_without_flags_reads_the_keras_yolo3_folder(trained_folder):
     assert result.returncode == 0, result.stderr[-3000:]
     taken = "took train.txt, model_data/voc_classes.txt, model_data/yolo_anchors.txt, model_data/tiny_yolo_weights.h5"
     assert taken in result.stderr
+    # The settings edited in train.py are the run's, as their flags would be; the flag given wins.
+    edited = "train.py sets input_shape = (64, 64), batch_size = 8 (--batch-size 4 given wins), epochs = 1"
+    assert edited in result.stderr
+    settings = json.loads((root / "logs" / "000" / "args.json").read_text())
+    assert (settings["input_shape"], settings["batch_size"], settings["epochs"]) == ([64, 64], 4, 1)
     assert "--recipe keras-yolo3 trains keras-yolo3's two stages" in result.stderr
     image = open(root / "train.txt").readline().split()[0]
     assert f"1 image(s) listed more than once in training (they weigh double): {image}" in result.stderr
@@ -120,6 +148,33 @@ def test_missing_start_weights_are_named_with_the_command_that_makes_them(tmp_pa
     assert result.returncode == 1
     assert "model_data/tiny_yolo_weights.h5" in result.stderr
     assert "python convert.py -w yolov3-tiny.cfg yolov3-tiny.weights model_data/tiny_yolo_weights.h5" in result.stderr
+    assert not (root / "logs").exists()
+
+
+def test_dataset_files_set_in_train_bottleneck_py_replace_keras_yolo3s_and_typos_stop_it(tmp_path):
+    """annotation_path and classes_path edited in the script take the place of keras-yolo3's files (checked up to the
+    devices, where --gpus 4 stops a CPU machine); a misspelt setting or a size its flag refuses stops it first."""
+    root = _keras_yolo3_folder(tmp_path)
+    os.replace(root / "train.txt", root / "mine.txt")
+    shutil.copy(root / "model_data" / "voc_classes.txt", root / "model_data" / "mine_classes.txt")
+    script = _edited_script(
+        root, "train_bottleneck.py", annotation_path="mine.txt", classes_path="model_data/mine_classes.txt"
+    )
+    result = _run_edited(script, "--gpus", "4", "--input-size", "64", cwd=root, timeout=120)
+    assert result.returncode == 1 and "--gpus 4 asked for 4 GPUs" in result.stderr, result.stderr[-3000:]
+    assert "train_bottleneck.py sets annotation_path = 'mine.txt', classes_path = 'model_data/mine_classes.txt'" in (
+        result.stderr
+    )
+    assert "took mine.txt, model_data/mine_classes.txt, model_data/yolo_anchors.txt" in result.stderr
+    text = script.read_text().replace("    val_split=None,", "    val_split=None, anotation_path='x.txt',")
+    script.write_text(text.replace("input_shape=None", "input_shape=(100, 100)"))
+    result = _run_edited(script, cwd=root, timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(
+        "error: train_bottleneck.py's settings: anotation_path is not one of its settings; input_shape = "
+    )
+    assert "positive multiples of 32" in errors[0]
     assert not (root / "logs").exists()
 
 

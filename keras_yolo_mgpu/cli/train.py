@@ -17,12 +17,12 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
 from keras_yolo_mgpu.cli.demo import main as demo_main
-from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_keras_yolo3_folder
+from keras_yolo_mgpu.cli.keras_yolo3_folder import ScriptSettings, apply_keras_yolo3_paths, is_keras_yolo3_folder
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
 from keras_yolo_mgpu.data.multiscale import check_size_range
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
@@ -470,12 +470,12 @@ def apply_resume_flags(config, args, given: dict) -> tuple:
     return dataclasses.replace(config, **overrides), problems
 
 
-def run(args, given: dict | None = None, script: str = "train.py") -> int:
-    """The command; `given`: the flags present on the command line (for --resume); `script`: keras-yolo3's
-    script whose folder paths apply (`cli.keras_yolo3_folder`)."""
+def run(args, given: dict | None = None, settings: ScriptSettings | None = None) -> int:
+    """The command; `given`: the flags present on the command line (for --resume); `settings`: the script
+    (keras-yolo3's, whose folder paths apply) and what its file sets (`cli.keras_yolo3_folder`)."""
     if args.demo:
         return demo_main(["--verbose"] if args.verbose else [])
-    config = config_for(args, given, script)
+    config = config_for(args, given, settings)
     if config is None:
         print(START_HELP)
         return 2
@@ -497,9 +497,11 @@ def closing_lines(result) -> list[str]:
     return lines
 
 
-def config_for(args, given: dict | None = None, script: str = "train.py"):
+def config_for(args, given: dict | None = None, settings: ScriptSettings | None = None):
     """The run's `TrainConfig`, resolved once from the parsed flags: a new run's, or the saved run's (--resume).
 
+    `settings`: the script and what its file sets, already the parser's
+    defaults; its dataset files apply where no dataset flag is given.
     None when no dataset is named and the folder is no keras-yolo3 folder.
 
     Raises:
@@ -507,10 +509,11 @@ def config_for(args, given: dict | None = None, script: str = "train.py"):
     """
     if args.resume:
         return _resumed_config(args, given or {})
+    settings = settings or ScriptSettings()
     if not args.annotations and not args.data:
-        if not is_keras_yolo3_folder():
+        if not is_keras_yolo3_folder() and not settings.dataset_path("annotation_path"):
             return None
-        apply_keras_yolo3_paths(args, script)
+        apply_keras_yolo3_paths(args, settings)
         if args.recipe is None:
             logger.info(
                 "recipe: this project's default (one stage, nothing frozen, EMA, best weights by validation "
@@ -632,11 +635,25 @@ def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    def body(args):
-        return run(args, given_flags(argv) if args.resume else None)
+def main(argv: Sequence[str] | None = None, settings: Mapping[str, object] | None = None) -> int:
+    """`python train.py`; `settings`: what train.py sets in its file (`cli.keras_yolo3_folder.SCRIPT_SETTINGS`)."""
+    return run_script(build_parser, ScriptSettings("train.py", settings or {}), argv)
 
-    return run_command(build_parser, body, argv, tensorflow=True)
+
+def run_script(build_parser, settings: ScriptSettings, argv: Sequence[str] | None) -> int:
+    """The command of a script whose file sets `settings` (train.py, train_bottleneck.py)."""
+
+    def build_with_settings():
+        return settings.apply_defaults(build_parser())
+
+    def body(args):
+        parser = build_parser()
+        settings.check(parser)
+        if not args.resume:  # a resumed run is the run as it was started: its args.json
+            settings.log(args, parser)
+        return run(args, given_flags(argv) if args.resume else None, settings)
+
+    return run_command(build_with_settings, body, argv, tensorflow=True)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ train.py flag works here, and a flag given wins over these settings.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from keras_yolo_mgpu.cli import train
-from keras_yolo_mgpu.cli.runner import run_command
+from keras_yolo_mgpu.cli.keras_yolo3_folder import ScriptSettings
 
 SCRIPT = "train_bottleneck.py"
 # keras-yolo3's train_bottleneck.py: 30 bottleneck epochs, `batch_size = 16` in stage 1, `4` in stage 2.
@@ -33,11 +33,9 @@ def build_parser():
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    def body(args):
-        return train.run(args, train.given_flags(argv) if args.resume else None, script=SCRIPT)
-
-    return run_command(build_parser, body, argv, tensorflow=True)
+def main(argv: Sequence[str] | None = None, settings: Mapping[str, object] | None = None) -> int:
+    """`python train_bottleneck.py`; `settings`: what the script sets in its file (see train.main)."""
+    return train.run_script(build_parser, ScriptSettings(SCRIPT, settings or {}), argv)
 
 
 if __name__ == "__main__":
