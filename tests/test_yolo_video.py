@@ -589,3 +589,33 @@ def test_an_mp4_from_a_server_without_byte_ranges_is_refused_with_the_reason(fol
         monkeypatch.delenv(proxy, raising=False)
     with pytest.raises(VideoError, match=r"clip\.mp4: the stream sent no decodable frame .*byte ranges"):
         video_module.open_capture(f"{server}/clip.mp4")
+
+
+USER_SCRIPT = """
+import sys
+from PIL import Image
+from yolo import YOLO, detect_video
+
+yolo = YOLO(model_path="w.weights.h5", anchors_path=sys.argv[1], classes_path="classes.txt", score=0.01,
+            model_image_size=(64, 64))
+found = yolo.detect(Image.open("a.jpg"))
+yolo.detect_image(Image.open("a.jpg")).save("script_a.png")
+print("boxes", len(found.scores))
+detect_video(yolo, "clip.avi", "script_clip.avi")
+"""
+
+
+def test_a_script_written_against_keras_yolo3s_yolo_py_runs_beside_this_one(folder):
+    """`from yolo import YOLO, detect_video` in the folder: detect_image draws what yolo_video.py draws, and
+    detect_video writes every frame (without a display: not shown, said)."""
+    (folder / "user_script.py").write_text(USER_SCRIPT)
+    (folder / "yolo.py").write_bytes((REPO / "yolo.py").read_bytes())
+    result = subprocess.run(
+        [sys.executable, "user_script.py", TINY_ANCHORS_PATH], capture_output=True, text=True, timeout=180, cwd=folder
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "boxes 0" not in result.stdout and "no display: the frames are not shown" in result.stderr
+    command = yolo_video(folder, "--image", "a.jpg", "--output", "command_a.png", "--score", "0.01")
+    assert command.returncode == 0, command.stderr
+    np.testing.assert_array_equal(cv2.imread(str(folder / "script_a.png")), cv2.imread(str(folder / "command_a.png")))
+    assert video_properties(folder / "script_clip.avi")[1:] == (80, 64, CLIP_FRAMES)

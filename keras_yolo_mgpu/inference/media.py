@@ -281,6 +281,31 @@ def process_video(
     }
 
 
+def detect_video(yolo, video_path: str | int, output_path: str = "") -> dict:
+    """keras-yolo3's `detect_video(yolo, video_path, output_path="")`, for scripts written against its yolo.py.
+
+    Every frame of the video, camera or stream is detected and shown in a
+    window (q or Esc stops), and written to `output_path` when one is given;
+    the session is closed at the end, as keras-yolo3 did. keras-yolo3 failed
+    on a machine without a display: there the frames are not shown (said in
+    the log). The output follows the commands' rule: never the input, and a
+    file this project did not write only with yolo_video.py's --overwrite.
+
+    Returns:
+        `process_video`'s counts.
+    """
+    try:
+        check_display()
+        show = True
+    except RuntimeError:
+        logger.warning("no display: the frames are not shown%s", f" (written to {output_path})" if output_path else "")
+        show = False
+    try:
+        return process_video(yolo, video_path, output_path or None, show=show)
+    finally:
+        yolo.close_session()
+
+
 def _report_early_end(reader: VideoReader, frames: int, writer: VideoWriter | None) -> bool:
     """Warns when the input stopped before its announced end (a dropped stream, a cut file); True then."""
     if not reader.input_ended:
