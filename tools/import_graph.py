@@ -52,7 +52,7 @@ LAYERS = (
     ("training", ("training",)),  # the recipe, callbacks, checkpoints, the run folder
     ("bench, cli", ("bench", "cli")),  # benchmarks; the commands
     # python -m keras_yolo_mgpu.NAME; the commands as Python functions
-    ("entry points", ("align", "check_dataset", "demo", "export", "bench.__main__", "api")),
+    ("entry points", ("align", "check_dataset", "copy_scripts", "demo", "export", "bench.__main__", "api")),
 )
 
 

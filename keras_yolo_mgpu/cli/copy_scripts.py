@@ -1,0 +1,285 @@
+"""`python -m keras_yolo_mgpu.copy_scripts [FOLDER]`: this project's scripts into a keras-yolo3 folder.
+
+keras-yolo3's commands are its scripts in its folder (`python train.py`, `python yolo_video.py
+--image`, ...). This command writes this project's scripts of the same names there, so those
+command lines run this project, with the folder's data, `model_data/` and weights:
+
+    python -m keras_yolo_mgpu.copy_scripts ~/keras-yolo3
+
+A script of the folder's own (keras-yolo3's, or a user's) is moved into
+`keras-yolo3-originals/`, never deleted or overwritten. The values a user edited in
+keras-yolo3's `train.py` or `train_bottleneck.py` (its README: "Modify train.py and start
+training") are carried into the new script's `SETTINGS` block (`cli.keras_yolo3_folder`). A
+script that already runs this project is left as it is. The checkout's own top-level scripts
+are this module's texts (`script_text`; tests/test_copy_scripts.py compares them).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from keras_yolo_mgpu.cli import args as cli
+from keras_yolo_mgpu.cli.runner import CommandError, run_command
+from keras_yolo_mgpu.fileio import atomic_write
+
+logger = logging.getLogger("copy_scripts")
+
+ORIGINALS = "keras-yolo3-originals"
+# Each script: the command module it runs (`keras_yolo_mgpu.cli.<module>`) and its docstring's first line.
+COMMANDS = {
+    "train.py": ("train", "Train YOLOv3 on one or several GPUs."),
+    "train_bottleneck.py": (
+        "train_bottleneck",
+        "keras-yolo3's train_bottleneck.py: train.py's two stages after the output convolutions train on cached "
+        "features.",
+    ),
+    "yolo_video.py": ("detect", "Detect objects in images or a video."),
+    "convert.py": ("convert", "Convert Darknet .cfg + .weights to a Keras 3 file."),
+    "kmeans.py": ("kmeans", "Anchors by IoU k-means over the boxes of an annotation file."),
+    "voc_annotation.py": ("voc", "Pascal VOC XML to keras-yolo3 annotation lines."),
+    "coco_annotation.py": ("coco", "COCO instances JSON to keras-yolo3 annotation lines."),
+    "evaluate.py": ("evaluate", "mAP of weights, or of saved detections, on an annotation file."),
+}
+YOLO_MODULE = '''"""keras-yolo3's yolo.py, for scripts written against it: `from yolo import YOLO, detect_video`.
+
+`YOLO` takes keras-yolo3's arguments (model_path, anchors_path, classes_path, score, iou,
+model_image_size, gpu_num) and has its `detect_image` and `close_session`. The detector
+lives in keras_yolo_mgpu/inference/detector.py, `detect_video` in inference/media.py.
+"""
+
+from keras_yolo_mgpu.inference.detector import YOLO
+from keras_yolo_mgpu.inference.media import detect_video
+
+__all__ = ["YOLO", "detect_video"]
+'''
+SCRIPTS = (*COMMANDS, "yolo.py")
+
+# What keras-yolo3's train.py and train_bottleneck.py set, unedited: `SETTINGS` names -> values (weights_path:
+# YOLOv3's, then tiny YOLOv3's), and what each line of the block says beside keras-yolo3's value.
+KERAS_YOLO3_VALUES = {
+    "train.py": {
+        "annotation_path": "train.txt",
+        "classes_path": "model_data/voc_classes.txt",
+        "anchors_path": "model_data/yolo_anchors.txt",
+        "weights_path": ("model_data/yolo_weights.h5", "model_data/tiny_yolo_weights.h5"),
+        "log_dir": "logs/000/",
+        "input_shape": (416, 416),
+        "val_split": 0.1,
+        "batch_size": 32,
+        "batch_size2": 32,
+        "freeze_epochs": 50,
+        "epochs": 100,
+    },
+    "train_bottleneck.py": {
+        "annotation_path": "train.txt",
+        "classes_path": "model_data/coco_classes.txt",
+        "anchors_path": "model_data/yolo_anchors.txt",
+        "weights_path": ("model_data/yolo_weights.h5",),
+        "log_dir": "logs/000/",
+        "input_shape": (416, 416),
+        "val_split": 0.1,
+        "bottleneck_epochs": 30,
+        "batch_size": 16,
+        "batch_size2": 4,
+        "freeze_epochs": 50,
+        "epochs": 100,
+    },
+}
+_BESIDE = {
+    "log_dir": "; here the next free logs/NNN",
+    "input_shape": ", multiples of 32, hw",
+    "bottleneck_epochs": ", in batches of 8",
+    "batch_size": ", the first stage",
+    "batch_size2": ", the second stage",
+    "freeze_epochs": ", the first stage's, with the body frozen",
+    "epochs": " in all",
+}
+_SETTINGS_COMMENT = """\
+# keras-yolo3's README: "Modify train.py and start training." This script's settings, under
+# keras-yolo3's names; each stands for a flag, and that flag on the command line wins. None
+# leaves the setting to its flag's default (`python {script} --help`) and to what this folder
+# holds. A dataset flag (--data, --annotations) on the command line replaces annotation_path and
+# classes_path.
+"""
+# The assignments keras-yolo3's `_main()` makes that a user edits (batch_size: once per stage), and the keywords of
+# its calls (epochs: one per fit, the last stage's last; weights_path: the start weights of create_model).
+_UNREAD = object()  # a value that is an expression, not a literal
+_ASSIGNED = ("annotation_path", "classes_path", "anchors_path", "log_dir", "input_shape", "val_split", "batch_size")
+_FIT_EPOCHS = {
+    "train.py": ("freeze_epochs", "epochs"),
+    "train_bottleneck.py": ("bottleneck_epochs", "freeze_epochs", "epochs"),
+}
+
+
+def script_text(name: str, settings: dict | None = None) -> str:
+    """The text of this project's script `name`; `settings`: values for its `SETTINGS` block (train scripts)."""
+    if name == "yolo.py":
+        return YOLO_MODULE
+    module, summary = COMMANDS[name]
+    lines = [
+        "#!/usr/bin/env python3",
+        f'"""{summary}',
+        "",
+        f"See `python {name} --help`; the command lives in keras_yolo_mgpu/cli/{module}.py.",
+        '"""',
+        "",
+        "import sys",
+        "",
+        f"from keras_yolo_mgpu.cli.{module} import main",
+        "",
+    ]
+    call = "main()"
+    if name in KERAS_YOLO3_VALUES:
+        lines += [*_SETTINGS_COMMENT.format(script=name).splitlines(), "SETTINGS = dict("]
+        for setting, original in KERAS_YOLO3_VALUES[name].items():
+            value = (settings or {}).get(setting)
+            lines.append(f"    {setting}={value!r},  # {_beside(setting, original)}")
+        lines += [")", ""]
+        call = "main(settings=SETTINGS)"
+    lines += ['if __name__ == "__main__":', f"    sys.exit({call})", ""]
+    return "\n".join(lines)
+
+
+def _beside(setting: str, original) -> str:
+    """The comment beside a `SETTINGS` line: keras-yolo3's value."""
+    if setting == "weights_path" and len(original) == 2:
+        return f"keras-yolo3: {original[0]!r} ({original[1]!r}: 6 anchors)"
+    if setting == "weights_path":
+        return f"keras-yolo3: {original[0]!r}"
+    return f"keras-yolo3: {original!r}{_BESIDE.get(setting, '')}"
+
+
+def edited_settings(source: str, script: str) -> tuple[dict, list[str]]:
+    """The values a user changed in keras-yolo3's `script` (its `_main()`), and what could not be carried.
+
+    Returns:
+        (`SETTINGS` name -> value, for each value that differs from keras-yolo3's; notes naming what was left).
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as error:
+        return {}, [f"not read ({error.msg}, line {error.lineno}): nothing carried"]
+    main = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_main"), None)
+    if main is None:
+        return {}, ["no _main() in it: nothing carried"]
+    found: dict[str, list] = {}
+    notes: list[str] = []
+    for node in sorted(ast.walk(main), key=lambda node: getattr(node, "lineno", 0)):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in _ASSIGNED:
+                _collect(found, notes, node.targets[0].id, node.value)
+        elif isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg == "weights_path" or (keyword.arg == "epochs" and _is_fit(node)):
+                    _collect(found, notes, keyword.arg, keyword.value)
+    values = {name: found[name][0] for name in _ASSIGNED if name in found and name != "batch_size"}
+    # The last two batch sizes are the two stages' (train_bottleneck.py's first ones, stage 0's, are fixed here).
+    values.update(zip(("batch_size2", "batch_size"), reversed(found.get("batch_size", []))))
+    values.update(zip(reversed(_FIT_EPOCHS[script]), reversed(found.get("epochs", []))))
+    originals = KERAS_YOLO3_VALUES[script]
+    weights = [path for path in found.get("weights_path", []) if path not in (*originals["weights_path"], _UNREAD)]
+    if len(set(weights)) == 1:
+        values["weights_path"] = weights[0]
+    elif weights:
+        notes.append(f"weights_path set to {len(set(weights))} different files: set it in SETTINGS")
+    if isinstance(values.get("input_shape"), list):
+        values["input_shape"] = tuple(values["input_shape"])
+    return {
+        name: value for name, value in values.items() if value is not _UNREAD and value != originals.get(name)
+    }, notes
+
+
+def _is_fit(call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr in ("fit", "fit_generator")
+
+
+def _collect(found: dict, notes: list, name: str, expression: ast.expr) -> None:
+    """Appends the value `name` is given to `found[name]`; an expression holds its place unread (a note says so)."""
+    try:
+        value = ast.literal_eval(expression)
+    except ValueError:
+        value = _UNREAD
+        notes.append(f"{name} = {ast.unparse(expression)} is no plain value: set it in SETTINGS")
+    found.setdefault(name, []).append(value)
+
+
+def copy_scripts(folder: str) -> list[str]:
+    """Writes this project's scripts into `folder`; returns what was done, one line per script.
+
+    Every check runs before the first file moves.
+
+    Raises:
+        CommandError: `folder` is missing, or `keras-yolo3-originals/` already holds another file of a name to keep.
+    """
+    if not os.path.isdir(folder):
+        raise CommandError(f"no such folder: {folder}")
+    plan = []
+    for name in SCRIPTS:
+        target, kept = os.path.join(folder, name), os.path.join(folder, ORIGINALS, name)
+        if not os.path.exists(target):
+            plan.append((name, None, {}, []))
+            continue
+        with open(target, encoding="utf-8", errors="replace") as handle:
+            source = handle.read()
+        if "keras_yolo_mgpu" in source:
+            plan.append((name, "ours", {}, []))
+            continue
+        if os.path.exists(kept) and not _same_bytes(kept, target):
+            raise CommandError(f"{kept} already holds another {name}: move it away first (nothing was changed)")
+        settings, notes = edited_settings(source, name) if name in KERAS_YOLO3_VALUES else ({}, [])
+        plan.append((name, kept, settings, notes))
+    report = []
+    for name, kept, settings, notes in plan:
+        target = os.path.join(folder, name)
+        if kept == "ours":
+            report.append(f"{name}: already this project's, left as it is")
+            continue
+        line = f"{name}: written"
+        if kept:
+            os.makedirs(os.path.dirname(kept), exist_ok=True)
+            os.replace(target, kept)
+            line += f"; the folder's own moved to {os.path.join(ORIGINALS, name)}"
+        atomic_write(target, lambda path, name=name, settings=settings: _write_text(path, script_text(name, settings)))
+        if settings:
+            line += "; carried into SETTINGS: " + ", ".join(f"{key}={value!r}" for key, value in settings.items())
+        report.extend([line, *(f"{name}: {note}" for note in notes)])
+    return report
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    with open(a, "rb") as first, open(b, "rb") as second:
+        return first.read() == second.read()
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(
+        prog="python -m keras_yolo_mgpu.copy_scripts",
+        description="write this project's scripts (train.py, yolo_video.py, ...) into a keras-yolo3 folder; the "
+        "folder's own move to keras-yolo3-originals/, and the settings edited in its train.py come along",
+    )
+    parser.add_argument("folder", nargs="?", default=".", help="the keras-yolo3 folder (default: this one)")
+    return parser
+
+
+def run(args) -> int:
+    for line in copy_scripts(args.folder):
+        logger.info("%s", line)
+    logger.info("next, in %s: python train.py (python train.py --help for the flags)", os.path.abspath(args.folder))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
