@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_yolo_mgpu.cli.copy_scripts import ORIGINALS, SCRIPTS, edited_settings, main, script_text
+from keras_yolo_mgpu.cli.copy_scripts import ORIGINALS, SCRIPTS, edited_defaults, edited_settings, main, script_text
 
 REPO = Path(__file__).resolve().parents[1]
 KERAS_YOLO3 = Path(__file__).resolve().parent / "keras_yolo3_scripts"
@@ -33,6 +33,20 @@ def test_the_checkout_scripts_are_the_ones_the_command_writes(name):
 def test_unedited_keras_yolo3_scripts_carry_nothing():
     for name in ("train.py", "train_bottleneck.py"):
         assert edited_settings(_keras_yolo3(name), name) == ({}, [])
+    assert edited_defaults(_keras_yolo3("yolo.py")) == ({}, [])
+
+
+def test_yolo_pys_edited_defaults_are_yolo_video_pys_settings():
+    yolo = _keras_yolo3(
+        "yolo.py",
+        (""""model_path": 'model_data/yolo.h5',""", """"model_path": 'logs/000/trained_weights_final.h5',"""),
+        (""""score" : 0.3,""", """"score" : 0.5,"""),
+        (""""model_image_size" : (416, 416),""", """"model_image_size" : [320, 320],"""),
+        (""""gpu_num" : 1,""", """"gpu_num" : int(GPUS),"""),
+    )
+    settings, notes = edited_defaults(yolo)
+    assert settings == {"model_path": "logs/000/trained_weights_final.h5", "score": 0.5, "model_image_size": (320, 320)}
+    assert notes == ["gpu_num = int(GPUS) is no plain value: set it in SETTINGS"]
 
 
 def test_the_values_a_user_edited_are_found_by_their_place_in_main():
@@ -75,14 +89,20 @@ def test_the_command_moves_the_folders_scripts_aside_and_carries_the_edits(tmp_p
     edited = _keras_yolo3("train.py", ("classes_path = 'model_data/voc_classes.txt'", "classes_path = 'mine.txt'"))
     (folder / "train.py").write_text(edited)
     (folder / "yolo_video.py").write_text("print('keras-yolo3')\n")
+    (folder / "yolo.py").write_text(_keras_yolo3("yolo.py", ("'model_data/coco_classes.txt'", "'mine.txt'")))
     assert main([str(folder)]) == 0
     assert (folder / ORIGINALS / "train.py").read_text() == edited
     assert (folder / ORIGINALS / "yolo_video.py").read_text() == "print('keras-yolo3')\n"
     assert (folder / "train.py").read_text() == script_text("train.py", {"classes_path": "mine.txt"})
+    assert (folder / "yolo_video.py").read_text() == script_text("yolo_video.py", {"classes_path": "mine.txt"})
     for name in SCRIPTS:
-        if name != "train.py":
+        if name not in ("train.py", "yolo_video.py"):
             assert (folder / name).read_text() == script_text(name)
-    assert "carried into SETTINGS: classes_path='mine.txt'" in caplog.text
+    assert "train.py: written; the folder's own moved to keras-yolo3-originals/train.py; carried into SETTINGS " in (
+        caplog.text
+    )
+    assert "carried into SETTINGS from train.py: classes_path='mine.txt'" in caplog.text
+    assert "carried into SETTINGS from yolo.py (YOLO._defaults): classes_path='mine.txt'" in caplog.text
     # The written script runs: its settings parse into the command's flags.
     shown = subprocess.run(
         [sys.executable, "train.py", "--help"], capture_output=True, text=True, cwd=folder, timeout=60

@@ -606,8 +606,8 @@ detect_video(yolo, "clip.avi", "script_clip.avi")
 
 
 def test_a_script_written_against_keras_yolo3s_yolo_py_runs_beside_this_one(folder):
-    """`from yolo import YOLO, detect_video` in the folder: detect_image draws what yolo_video.py draws, and
-    detect_video writes every frame (without a display: not shown, said)."""
+    """`from yolo import YOLO, detect_video` in the folder: detect_image draws what yolo_video.py draws with the
+    same detector set in its SETTINGS, and detect_video writes every frame (without a display: not shown, said)."""
     (folder / "user_script.py").write_text(USER_SCRIPT)
     (folder / "yolo.py").write_bytes((REPO / "yolo.py").read_bytes())
     result = subprocess.run(
@@ -615,7 +615,26 @@ def test_a_script_written_against_keras_yolo3s_yolo_py_runs_beside_this_one(fold
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "boxes 0" not in result.stdout and "no display: the frames are not shown" in result.stderr
-    command = yolo_video(folder, "--image", "a.jpg", "--output", "command_a.png", "--score", "0.01")
+    # yolo_video.py with the same detector set in its SETTINGS (keras-yolo3's YOLO._defaults), no model flag given.
+    script = (REPO / "yolo_video.py").read_text()
+    for setting, value in (
+        ("model_path", "w.weights.h5"),
+        ("anchors_path", TINY_ANCHORS_PATH),
+        ("classes_path", "classes.txt"),
+        ("score", 0.01),
+        ("model_image_size", (64, 64)),
+    ):
+        assert script.count(f"    {setting}=None,") == 1
+        script = script.replace(f"    {setting}=None,", f"    {setting}={value!r},")
+    (folder / "yolo_video.py").write_text(script)
+    command = subprocess.run(
+        [sys.executable, "yolo_video.py", "--image", "a.jpg", "--output", "command_a.png", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=folder,
+    )
     assert command.returncode == 0, command.stderr
+    assert "yolo_video.py sets model_path = 'w.weights.h5', anchors_path = " in command.stderr
     np.testing.assert_array_equal(cv2.imread(str(folder / "script_a.png")), cv2.imread(str(folder / "command_a.png")))
     assert video_properties(folder / "script_clip.avi")[1:] == (80, 64, CLIP_FRAMES)

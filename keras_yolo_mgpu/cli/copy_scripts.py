@@ -57,6 +57,8 @@ from keras_yolo_mgpu.inference.media import detect_video
 __all__ = ["YOLO", "detect_video"]
 '''
 SCRIPTS = (*COMMANDS, "yolo.py")
+# Where keras-yolo3 keeps the values a script's `SETTINGS` take, when not in the script itself.
+_SETTINGS_SOURCE = {"yolo_video.py": "yolo.py (YOLO._defaults)"}
 
 # What keras-yolo3's train.py and train_bottleneck.py set, unedited: `SETTINGS` names -> values (weights_path:
 # YOLOv3's, then tiny YOLOv3's), and what each line of the block says beside keras-yolo3's value.
@@ -88,23 +90,44 @@ KERAS_YOLO3_VALUES = {
         "freeze_epochs": 50,
         "epochs": 100,
     },
+    # keras-yolo3's yolo.py `YOLO._defaults`, which its yolo_video.py takes as its flags' defaults.
+    "yolo_video.py": {
+        "model_path": "model_data/yolo.h5",
+        "anchors_path": "model_data/yolo_anchors.txt",
+        "classes_path": "model_data/coco_classes.txt",
+        "score": 0.3,
+        "iou": 0.45,
+        "model_image_size": (416, 416),
+        "gpu_num": 1,
+    },
 }
 _BESIDE = {
     "log_dir": "; here the next free logs/NNN",
     "input_shape": ", multiples of 32, hw",
+    "model_image_size": ", multiples of 32, hw",
     "bottleneck_epochs": ", in batches of 8",
     "batch_size": ", the first stage",
     "batch_size2": ", the second stage",
     "freeze_epochs": ", the first stage's, with the body frozen",
     "epochs": " in all",
 }
-_SETTINGS_COMMENT = """\
+_TRAIN_COMMENT = """\
 # keras-yolo3's README: "Modify train.py and start training." This script's settings, under
 # keras-yolo3's names; each stands for a flag, and that flag on the command line wins. None
 # leaves the setting to its flag's default (`python {script} --help`) and to what this folder
 # holds. A dataset flag (--data, --annotations) on the command line replaces annotation_path and
 # classes_path.
 """
+_SETTINGS_COMMENT = {
+    "train.py": _TRAIN_COMMENT,
+    "train_bottleneck.py": _TRAIN_COMMENT,
+    "yolo_video.py": """\
+# keras-yolo3's yolo.py `YOLO._defaults`, the defaults of its yolo_video.py's flags, under its
+# names; each stands for a flag, and that flag on the command line wins. None leaves the setting
+# to its flag's default (`python {script} --help`): the classes, anchors and input size the
+# weights file records, else keras-yolo3's.
+""",
+}
 # The assignments keras-yolo3's `_main()` makes that a user edits (batch_size: once per stage), and the keywords of
 # its calls (epochs: one per fit, the last stage's last; weights_path: the start weights of create_model).
 _UNREAD = object()  # a value that is an expression, not a literal
@@ -134,7 +157,7 @@ def script_text(name: str, settings: dict | None = None) -> str:
     ]
     call = "main()"
     if name in KERAS_YOLO3_VALUES:
-        lines += [*_SETTINGS_COMMENT.format(script=name).splitlines(), "SETTINGS = dict("]
+        lines += [*_SETTINGS_COMMENT[name].format(script=name).splitlines(), "SETTINGS = dict("]
         for setting, original in KERAS_YOLO3_VALUES[name].items():
             value = (settings or {}).get(setting)
             lines.append(f"    {setting}={value!r},  # {_beside(setting, original)}")
@@ -193,6 +216,37 @@ def edited_settings(source: str, script: str) -> tuple[dict, list[str]]:
     }, notes
 
 
+def edited_defaults(source: str) -> tuple[dict, list[str]]:
+    """The values a user changed in keras-yolo3's yolo.py (`YOLO._defaults`), for yolo_video.py's `SETTINGS`.
+
+    Returns:
+        (setting -> value, for each value that differs from keras-yolo3's; notes naming what was left).
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as error:
+        return {}, [f"yolo.py not read ({error.msg}, line {error.lineno}): nothing carried"]
+    found: dict[str, list] = {}
+    notes: list[str] = []
+    for node in tree.body:
+        if not (isinstance(node, ast.ClassDef) and node.name == "YOLO"):
+            continue
+        for statement in node.body:
+            if (
+                isinstance(statement, ast.Assign)
+                and [getattr(target, "id", None) for target in statement.targets] == ["_defaults"]
+                and isinstance(statement.value, ast.Dict)
+            ):
+                for key, value in zip(statement.value.keys, statement.value.values):
+                    if isinstance(key, ast.Constant) and key.value in KERAS_YOLO3_VALUES["yolo_video.py"]:
+                        _collect(found, notes, key.value, value)
+    values = {name: found[name][-1] for name in found}
+    if isinstance(values.get("model_image_size"), list):
+        values["model_image_size"] = tuple(values["model_image_size"])
+    originals = KERAS_YOLO3_VALUES["yolo_video.py"]
+    return {name: value for name, value in values.items() if value is not _UNREAD and value != originals[name]}, notes
+
+
 def _is_fit(call: ast.Call) -> bool:
     return isinstance(call.func, ast.Attribute) and call.func.attr in ("fit", "fit_generator")
 
@@ -220,18 +274,13 @@ def copy_scripts(folder: str) -> list[str]:
     plan = []
     for name in SCRIPTS:
         target, kept = os.path.join(folder, name), os.path.join(folder, ORIGINALS, name)
-        if not os.path.exists(target):
-            plan.append((name, None, {}, []))
-            continue
-        with open(target, encoding="utf-8", errors="replace") as handle:
-            source = handle.read()
-        if "keras_yolo_mgpu" in source:
+        source = _foreign_source(target)
+        if source is None and os.path.exists(target):
             plan.append((name, "ours", {}, []))
             continue
-        if os.path.exists(kept) and not _same_bytes(kept, target):
+        if source is not None and os.path.exists(kept) and not _same_bytes(kept, target):
             raise CommandError(f"{kept} already holds another {name}: move it away first (nothing was changed)")
-        settings, notes = edited_settings(source, name) if name in KERAS_YOLO3_VALUES else ({}, [])
-        plan.append((name, kept, settings, notes))
+        plan.append((name, kept if source is not None else None, *_carried(folder, name)))
     report = []
     for name, kept, settings, notes in plan:
         target = os.path.join(folder, name)
@@ -245,9 +294,29 @@ def copy_scripts(folder: str) -> list[str]:
             line += f"; the folder's own moved to {os.path.join(ORIGINALS, name)}"
         atomic_write(target, lambda path, name=name, settings=settings: _write_text(path, script_text(name, settings)))
         if settings:
-            line += "; carried into SETTINGS: " + ", ".join(f"{key}={value!r}" for key, value in settings.items())
-        report.extend([line, *(f"{name}: {note}" for note in notes)])
+            carried = ", ".join(f"{key}={value!r}" for key, value in settings.items())
+            line += f"; carried into SETTINGS from {_SETTINGS_SOURCE.get(name, name)}: {carried}"
+        report.extend([line, *(f"{_SETTINGS_SOURCE.get(name, name)}: {note}" for note in notes)])
     return report
+
+
+def _foreign_source(path: str) -> str | None:
+    """The text of `path` when it is a file that does not run this project (keras-yolo3's, a user's); else None."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        source = handle.read()
+    return None if "keras_yolo_mgpu" in source else source
+
+
+def _carried(folder: str, name: str) -> tuple[dict, list[str]]:
+    """The values edited in the folder's keras-yolo3 file that script `name`'s `SETTINGS` take, and notes."""
+    if name not in KERAS_YOLO3_VALUES:
+        return {}, []
+    source = _foreign_source(os.path.join(folder, "yolo.py" if name == "yolo_video.py" else name))
+    if source is None:
+        return {}, []
+    return edited_defaults(source) if name == "yolo_video.py" else edited_settings(source, name)
 
 
 def _same_bytes(a: str, b: str) -> bool:

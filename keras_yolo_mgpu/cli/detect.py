@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli import quiet
-from keras_yolo_mgpu.cli.runner import UsageError, run_command
+from keras_yolo_mgpu.cli.runner import UsageError
+from keras_yolo_mgpu.cli.script_settings import DETECT_SETTINGS, ScriptSettings, run_with_settings
 from keras_yolo_mgpu.inference import media
 from keras_yolo_mgpu.inference.video import check_video_input
 from keras_yolo_mgpu.weights.download import resolve_weights
@@ -244,9 +245,11 @@ def _detect_video(yolo, args, video: str, output: str | None, rule) -> dict:
     return stats
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, settings: Mapping[str, object] | None = None) -> int:
+    """`python yolo_video.py`; `settings`: what yolo_video.py sets in its file (keras-yolo3's `YOLO._defaults`)."""
+    settings = ScriptSettings("yolo_video.py", settings or {}, names=DETECT_SETTINGS, dataset=())
     # RuntimeError: --show without a display, VideoError (a RuntimeError): unreadable input or no codec.
-    return run_command(build_parser, run, argv, expected_errors=(RuntimeError,))
+    return run_with_settings(build_parser, run, settings, argv, expected_errors=(RuntimeError,))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
 from keras_yolo_mgpu.cli.demo import main as demo_main
-from keras_yolo_mgpu.cli.keras_yolo3_folder import ScriptSettings, apply_keras_yolo3_paths, is_keras_yolo3_folder
-from keras_yolo_mgpu.cli.runner import CommandError, UsageError, run_command
+from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_keras_yolo3_folder
+from keras_yolo_mgpu.cli.runner import CommandError, UsageError
+from keras_yolo_mgpu.cli.script_settings import ScriptSettings, run_with_settings
 from keras_yolo_mgpu.data.multiscale import check_size_range
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 from keras_yolo_mgpu.training.config import DEFAULT_BATCH_SIZE, TrainConfig
@@ -636,24 +637,18 @@ def out_of_memory_paragraph(error: BaseException, config) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None, settings: Mapping[str, object] | None = None) -> int:
-    """`python train.py`; `settings`: what train.py sets in its file (`cli.keras_yolo3_folder.SCRIPT_SETTINGS`)."""
+    """`python train.py`; `settings`: what train.py sets in its file (`cli.script_settings.TRAIN_SETTINGS`)."""
     return run_script(build_parser, ScriptSettings("train.py", settings or {}), argv)
 
 
 def run_script(build_parser, settings: ScriptSettings, argv: Sequence[str] | None) -> int:
     """The command of a script whose file sets `settings` (train.py, train_bottleneck.py)."""
 
-    def build_with_settings():
-        return settings.apply_defaults(build_parser())
-
     def body(args):
-        parser = build_parser()
-        settings.check(parser)
-        if not args.resume:  # a resumed run is the run as it was started: its args.json
-            settings.log(args, parser)
         return run(args, given_flags(argv) if args.resume else None, settings)
 
-    return run_command(build_with_settings, body, argv, tensorflow=True)
+    # A resumed run is the run as it was started (its args.json): the settings are not said again.
+    return run_with_settings(build_parser, body, settings, argv, log=lambda args: not args.resume, tensorflow=True)
 
 
 if __name__ == "__main__":

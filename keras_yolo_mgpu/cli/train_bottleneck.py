@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from keras_yolo_mgpu.cli import train
-from keras_yolo_mgpu.cli.keras_yolo3_folder import ScriptSettings
+from keras_yolo_mgpu.cli.script_settings import ScriptSettings
 
 SCRIPT = "train_bottleneck.py"
 # keras-yolo3's train_bottleneck.py: 30 bottleneck epochs, `batch_size = 16` in stage 1, `4` in stage 2.
