@@ -108,6 +108,7 @@ def test_the_command_moves_the_folders_scripts_aside_and_carries_the_edits(tmp_p
         [sys.executable, "train.py", "--help"], capture_output=True, text=True, cwd=folder, timeout=60
     )
     assert shown.returncode == 0 and "usage: train.py" in shown.stdout, shown.stderr
+    assert "Set there now: classes_path='mine.txt'." in " ".join(shown.stdout.split())
     # Again: this project's scripts stay as they are (a user may have edited them since).
     (folder / "kmeans.py").write_text(script_text("kmeans.py") + "# mine\n")
     assert main([str(folder)]) == 0

@@ -93,10 +93,20 @@ class ScriptSettings:
             )
 
     def apply_defaults(self, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Makes each setting but the dataset's files its flag's default (a flag given wins); returns `parser`."""
+        """Makes each setting but the dataset's files its flag's default (a flag given wins); returns `parser`.
+
+        The parser's --help then ends with the settings' names and what the script sets.
+        """
         for dest, value in self._flag_defaults(parser).values():
             if not isinstance(value, Exception):  # `check` reports it before anything runs
                 parser.set_defaults(**{dest: value})
+        given = ", ".join(f"{name}={value!r}" for name, value in self.given().items()) or "none"
+        names = [name for name in self.values if name in self.names] or list(self.names)
+        settings = (
+            f"{self.script} opens with a SETTINGS block of keras-yolo3's names ({', '.join(names)}), each its "
+            f"flag's default; a flag given wins. Set there now: {given}."
+        )
+        parser.epilog = f"{parser.epilog} {settings}" if parser.epilog else settings
         return parser
 
     def log(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
