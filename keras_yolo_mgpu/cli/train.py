@@ -473,7 +473,7 @@ def apply_resume_flags(config, args, given: dict) -> tuple:
 
 def run(args, given: dict | None = None, settings: ScriptSettings | None = None) -> int:
     """The command; `given`: the flags present on the command line (for --resume); `settings`: the script
-    (keras-yolo3's, whose folder paths apply) and what its file sets (`cli.keras_yolo3_folder`)."""
+    (keras-yolo3's, whose folder paths apply) and what its file sets (`cli.script_settings`)."""
     if args.demo:
         return demo_main(["--verbose"] if args.verbose else [])
     config = config_for(args, given, settings)
