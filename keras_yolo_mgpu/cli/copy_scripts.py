@@ -209,11 +209,7 @@ def edited_settings(source: str, script: str) -> tuple[dict, list[str]]:
         values["weights_path"] = weights[0]
     elif weights:
         notes.append(f"weights_path set to {len(set(weights))} different files: set it in SETTINGS")
-    if isinstance(values.get("input_shape"), list):
-        values["input_shape"] = tuple(values["input_shape"])
-    return {
-        name: value for name, value in values.items() if value is not _UNREAD and value != originals.get(name)
-    }, notes
+    return _changed(values, originals), notes
 
 
 def edited_defaults(source: str) -> tuple[dict, list[str]]:
@@ -240,11 +236,14 @@ def edited_defaults(source: str) -> tuple[dict, list[str]]:
                 for key, value in zip(statement.value.keys, statement.value.values):
                     if isinstance(key, ast.Constant) and key.value in KERAS_YOLO3_VALUES["yolo_video.py"]:
                         _collect(found, notes, key.value, value)
-    values = {name: found[name][-1] for name in found}
-    if isinstance(values.get("model_image_size"), list):
-        values["model_image_size"] = tuple(values["model_image_size"])
-    originals = KERAS_YOLO3_VALUES["yolo_video.py"]
-    return {name: value for name, value in values.items() if value is not _UNREAD and value != originals[name]}, notes
+    return _changed({name: found[name][-1] for name in found}, KERAS_YOLO3_VALUES["yolo_video.py"]), notes
+
+
+def _changed(values: dict, originals: dict) -> dict:
+    """The read values that differ from keras-yolo3's (a size as a tuple, as its setting is written)."""
+    sizes = {name: tuple(value) for name, value in values.items() if isinstance(value, list)}
+    values = {**values, **sizes}
+    return {name: value for name, value in values.items() if value is not _UNREAD and value != originals.get(name)}
 
 
 def _is_fit(call: ast.Call) -> bool:
