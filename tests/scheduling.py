@@ -9,8 +9,11 @@ at the end of the suite, where the other worker had nothing left to do.
 
 `GroupedLoadScheduling` hands each worker whole work units: the tests of one
 shared run form one unit (`work_unit_of`), any other test is a unit of its
-own; units start longest first (`EXPECTED_SECONDS`, measured alone on the
-2-core CI machine, 2026-11-25), so the short tests fill the end. The
+own; units start longest first (the seconds in `WORK_UNITS`, measured alone on the
+2-core CI machine, 2026-11-25), so the short tests fill the end. A unit whose
+child process holds 2.5 GB or more (`LARGE_UNITS`) does not start while the
+other worker has one queued or running, as long as any other unit is left,
+so that the suite's peak stays well under the CI machine's 10 GB budget. The
 controller only sees node ids (it imports neither TensorFlow nor the test
 modules), hence the patterns below; a test they miss is still run, as a unit
 of its own.
@@ -68,6 +71,15 @@ UNIT_SECONDS = {
     "parallel-frozen-yolov3-tiny": 45,
 }
 DEFAULT_SECONDS = 5
+# Units whose largest process held 2.5 GB or more, in GB (peak resident memory,
+# sampled each second over `.ci/run` on the 2-core CI machine, 2026-11-30).
+# The other units' processes held at most 2.4 GB.
+LARGE_UNITS = {
+    "recipe-all": 4.4,
+    "parallel-unfrozen-yolov3-tiny": 3.0,
+    "recipe-jax-all": 3.0,
+    "parallel-frozen-yolov3-tiny": 2.5,
+}
 
 
 @functools.cache  # asked for every unit left at each assignment
@@ -81,15 +93,33 @@ def work_unit_of(nodeid: str) -> tuple[str, float]:
     return nodeid, DEFAULT_SECONDS
 
 
+def next_unit(queued: dict[str, float], unfinished_elsewhere: set[str]) -> str:
+    """The unit to send a worker: the longest of `queued` (unit: expected seconds; the first of equals).
+
+    A unit in `LARGE_UNITS` is passed over while another worker has one in
+    `unfinished_elsewhere` (the units it was sent and has not finished), unless
+    only such units are left: a worker is never left idle.
+    """
+    crowded = any(unit in LARGE_UNITS for unit in unfinished_elsewhere)
+    allowed = [unit for unit in queued if not (crowded and unit in LARGE_UNITS)] or list(queued)
+    return max(allowed, key=queued.__getitem__)
+
+
 class GroupedLoadScheduling(LoadScopeScheduling):
-    """xdist's scope scheduling with `work_unit_of` as the scope, the longest unit left sent first."""
+    """xdist's scope scheduling with `work_unit_of` as the scope, the unit sent chosen by `next_unit`."""
 
     def _split_scope(self, nodeid: str) -> str:
         return work_unit_of(nodeid)[0]
 
     def _assign_work_unit(self, node) -> None:
-        # Move the longest unit left to the front (the first of equals: the
-        # collection order), then let xdist send it.
-        longest = max(self.workqueue, key=lambda unit: work_unit_of(next(iter(self.workqueue[unit])))[1])
-        self.workqueue.move_to_end(longest, last=False)
+        # Move the chosen unit to the front (xdist sends the first), then let xdist send it.
+        queued = {unit: work_unit_of(next(iter(tests)))[1] for unit, tests in self.workqueue.items()}
+        unfinished_elsewhere = {
+            unit
+            for other, units in self.assigned_work.items()
+            if other is not node
+            for unit, tests in units.items()
+            if not all(tests.values())
+        }
+        self.workqueue.move_to_end(next_unit(queued, unfinished_elsewhere), last=False)
         super()._assign_work_unit(node)
