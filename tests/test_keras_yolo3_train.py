@@ -138,6 +138,7 @@ def test_gpus_4_in_the_folder_takes_the_next_run_folder_and_names_the_gpus_it_fo
     refused = _script("train.py", "--gpus", "4", *SMALL_RUN, cwd=root, timeout=120)
     assert refused.returncode == 1
     assert "run folder logs/001 (logs/000 holds an earlier run" in refused.stderr
+    assert "--log-dir logs/000 --overwrite writes over it as keras-yolo3 did" in refused.stderr
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--gpus 4 asked for 4 GPUs but TensorFlow sees 0" in errors[0]
     assert not (root / "logs" / "001").exists()

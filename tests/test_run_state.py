@@ -9,7 +9,12 @@ import pytest
 
 from keras_yolo_mgpu.training import run_state
 from keras_yolo_mgpu.training.config import TrainConfig
-from keras_yolo_mgpu.training.run_folder import _remove_unstarted_run, _trim_history, lock_run_folder
+from keras_yolo_mgpu.training.run_folder import (
+    _remove_unstarted_run,
+    _trim_history,
+    lock_run_folder,
+    open_run_folder,
+)
 from keras_yolo_mgpu.training.trainer import _say_what_was_kept
 
 
@@ -93,14 +98,61 @@ def test_a_second_process_cannot_take_a_locked_run_folder(tmp_path):
 
 
 def test_a_file_as_the_run_folder_is_named(tmp_path):
-    from keras_yolo_mgpu.training.config import TrainConfig
-    from keras_yolo_mgpu.training.run_folder import _prepare_log_dir
-
     (tmp_path / "notes.txt").write_text("mine")
     config = TrainConfig(annotations="a.txt", classes="c.txt", log_dir=str(tmp_path / "notes.txt"))
     with pytest.raises(FileExistsError, match=r"--log-dir .*notes.txt is a file, not a folder"):
-        _prepare_log_dir(config)
+        open_run_folder(config)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def _earlier_run(folder) -> dict[str, str]:
+    """An earlier run's files in `folder`, this project's and keras-yolo3's; returns name -> text."""
+    files = {
+        "args.json": "{}",
+        "best.weights.h5": "weights",
+        "ep003-loss30.814-val_loss39.405.h5": "keras-yolo3's checkpoint",
+        "events.out.tfevents.1.host": "keras-yolo3's events",
+        "tensorboard/train/events.out.tfevents.2.host": "events",
+        "backup/stage1-epoch2.weights.h5": "backup",
+        "train_batch0.jpg": "picture",
+        "val_split.txt": "images",
+    }
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return files
+
+
+def _files(folder) -> dict[str, str]:
+    return {str(path.relative_to(folder)): path.read_text() for path in folder.rglob("*") if path.is_file()}
+
+
+def test_a_new_run_over_an_earlier_one_is_refused_or_deletes_only_its_files_with_overwrite(tmp_path):
+    folder = tmp_path / "logs" / "000"
+    folder.mkdir(parents=True)
+    earlier = _earlier_run(folder)
+    config = TrainConfig(annotations="a.txt", classes="c.txt", log_dir=str(folder))
+    with pytest.raises(FileExistsError, match=r"already holds a run\. .*or pass --overwrite to start over there"):
+        open_run_folder(config)
+    assert _files(folder) == earlier
+    overwrite = dataclasses.replace(config, overwrite=True)
+    # A file no run writes stops it before anything is deleted.
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"--overwrite: .*000 also holds notes.txt, which no run writes"):
+        open_run_folder(overwrite)
+    assert _files(folder) == {**earlier, "notes.txt": "mine"}
+    (folder / "notes.txt").unlink()
+    # A run still writing the folder holds its lock: nothing is deleted.
+    holder = lock_run_folder(str(folder))
+    try:
+        with pytest.raises(BlockingIOError, match="another training process is writing"):
+            open_run_folder(overwrite)
+    finally:
+        os.close(holder)
+    assert _files(folder) == earlier
+    os.close(open_run_folder(overwrite))
+    assert sorted(_files(folder)) == ["args.json"]
+    assert TrainConfig.from_json((folder / "args.json").read_text()) == overwrite
 
 
 def test_no_validation_images_with_a_recipe_that_scores_them_says_which_flags_the_recipe_set():

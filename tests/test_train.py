@@ -172,17 +172,25 @@ def test_resume_takes_the_run_folder_or_a_file_in_it(tmp_path, monkeypatch, caps
     assert "--resume: not found: logs/009" in refusal("--resume", "logs/009")
     assert "but --log-dir names elsewhere: drop one" in refusal("--resume", str(run), "--log-dir", "elsewhere")
     assert "--resume RUN_FOLDER (the latest run here: logs/002)" in refusal("--resume")
+    assert "--overwrite starts over in its folder: drop one" in refusal("--resume", str(run), "--overwrite")
     assert json.loads((run / "args.json").read_text())["epochs"] == 10
 
 
-def test_existing_run_is_not_overwritten(dataset, tmp_path):
+def test_existing_run_is_not_overwritten_unless_asked(dataset, tmp_path):
     log_dir = tmp_path / "run"
     log_dir.mkdir()
     (log_dir / "args.json").write_text("{}")
+    (log_dir / "trained_weights_final.h5").write_text("the earlier run's")
     result = _run(_small_run_args(dataset, log_dir, "--epochs", "1"), timeout=120)
     assert result.returncode == 1
-    assert "already holds a run" in result.stderr
+    assert "already holds a run" in result.stderr and "--overwrite to start over there" in result.stderr
     assert (log_dir / "args.json").read_text() == "{}"
+    # keras-yolo3's behaviour, asked for: the earlier run's files go, and the new run writes its own.
+    result = _run(_small_run_args(dataset, log_dir, "--epochs", "1", "--overwrite", "--no-pictures"), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"--overwrite: deleted the earlier run in {log_dir} (2 files and folders)" in result.stderr
+    assert json.loads((log_dir / "args.json").read_text())["epochs"] == 1
+    assert (log_dir / "trained_weights_final.h5").read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"  # the new run's weights
 
 
 def _free_port():

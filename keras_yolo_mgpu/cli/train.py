@@ -55,7 +55,12 @@ def next_log_dir(root: str = "logs") -> str:
             if index == 1
             else f"{root}/000 to {root}/{index - 1:03d} hold earlier runs"
         )
-        logger.info("run folder %s (%s; --log-dir chooses)", chosen, earlier)
+        logger.info(
+            "run folder %s (%s; --log-dir chooses, and --log-dir %s/000 --overwrite writes over it as keras-yolo3 did)",
+            chosen,
+            earlier,
+            root,
+        )
     return chosen
 
 
@@ -230,6 +235,12 @@ def _add_run_group(run) -> None:
         metavar="RUN",
         help="continue an interrupted run with its saved arguments: RUN is its folder or a checkpoint in it "
         "(without RUN: the folder --log-dir names)",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a --log-dir that holds a run, deleting the earlier run's files first "
+        "(keras-yolo3 wrote over logs/000/; a folder that also holds other files is refused)",
     )
     run.add_argument(
         "--demo", action="store_true", help="generate the synthetic demo dataset and train on it (same as `make demo`)"
@@ -509,6 +520,8 @@ def config_for(args, given: dict | None = None, settings: ScriptSettings | None 
         UsageError: flags that do not fit together, or contradict a resumed run.
     """
     if args.resume:
+        if args.overwrite:
+            raise UsageError("--resume continues the run, --overwrite starts over in its folder: drop one")
         return _resumed_config(args, given or {})
     settings = settings or ScriptSettings()
     if not args.annotations and not args.data:

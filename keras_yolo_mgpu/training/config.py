@@ -75,6 +75,8 @@ class TrainConfig:
     # The dtype policy the run trains under, as the start-up checks leave it ("mixed_bfloat16", ...).
     dtype_policy: str | None = None
     resume: bool = False
+    # A new run in a folder that holds an earlier one deletes that run's files first (run_folder.RUN_OUTPUTS).
+    overwrite: bool = False
     strict: bool = False
     cache: str | None = None
     # JAX's input feed: worker "threads" or "processes", `workers` of them (None: one per core);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import fnmatch
 import json
 import logging
 import os
@@ -24,6 +25,27 @@ RUN_STATE_FILE = "run_state.json"
 # The recipe's checkpoints (`recipe_options.RecipeCallbacks`): best by the monitored value, and the last epoch's.
 BEST_WEIGHTS = "best.weights.h5"
 LAST_WEIGHTS = "last.weights.h5"
+# What a run writes in its folder (fnmatch patterns of its files and folders), this project's and keras-yolo3's
+# (its TensorBoard events and .h5 checkpoints): what --overwrite deletes, and all it deletes.
+RUN_OUTPUTS = (
+    "args.json",
+    "history.csv",
+    RUN_STATE_FILE,
+    HELD_OUT_FILE,
+    TRAINED_ON_FILE,
+    "anchors.txt",
+    "skipped_lines_*.txt",
+    "*.h5",
+    "labels.jpg",
+    "train_batch*.jpg",
+    "val_pred.jpg",
+    "loss.png",
+    "results.png",
+    "tensorboard",
+    "backup",
+    "events.out.tfevents.*",
+    ".*.tmp*",
+)
 
 
 def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
@@ -55,21 +77,59 @@ def trained_on_list(weights_path: str) -> str | None:
 
 # `config` below is the run's `training.config.TrainConfig`, not imported here: TrainConfig.validate imports
 # recipe_options, which imports this module for the names of the run's files (a circle tools/import_graph.py refuses).
-def _prepare_log_dir(config) -> None:
+def open_run_folder(config) -> int:
+    """Checks the run folder, locks it (`lock_run_folder`) and, for a new run, writes args.json; returns the lock.
+
+    A new run takes an empty or missing folder; one that holds a run only with
+    `config.overwrite`, which deletes the earlier run's files first, under the
+    lock, so a run still writing there keeps them.
+
+    Raises:
+        FileNotFoundError: --resume of a folder without args.json.
+        FileExistsError: a file where the folder should be; a folder holding a run, without --overwrite; with
+            it, a folder that also holds something no run writes (nothing is deleted).
+        BlockingIOError: another process holds the folder.
+    """
     args_path = os.path.join(config.log_dir, "args.json")
     if config.resume:
         if not os.path.isfile(args_path):
             raise FileNotFoundError(f"--resume: {args_path} not found; nothing to resume in {config.log_dir}")
-        return
+        return lock_run_folder(config.log_dir)
     if os.path.lexists(config.log_dir) and not os.path.isdir(config.log_dir):
         raise FileExistsError(f"--log-dir {config.log_dir} is a file, not a folder: give a folder for the run")
-    if os.path.isdir(config.log_dir) and os.listdir(config.log_dir):
+    earlier = sorted(os.listdir(config.log_dir)) if os.path.isdir(config.log_dir) else []
+    if earlier and not config.overwrite:
+        folder = shlex.quote(config.log_dir)
         raise FileExistsError(
-            f"log dir {config.log_dir} already holds a run. Pass --resume {shlex.quote(config.log_dir)} to continue "
-            "it, or choose another --log-dir (nothing was changed)."
+            f"log dir {config.log_dir} already holds a run. Pass --resume {folder} to continue it, choose another "
+            "--log-dir, or pass --overwrite to start over there (deleting the earlier run's files; keras-yolo3 "
+            "wrote over logs/000/). Nothing was changed."
+        )
+    foreign = [name for name in earlier if not any(fnmatch.fnmatchcase(name, p) for p in RUN_OUTPUTS)]
+    if foreign:
+        raise FileExistsError(
+            f"--overwrite: {config.log_dir} also holds {', '.join(foreign[:5])}"
+            f"{' and more' if len(foreign) > 5 else ''}, which no run writes: move it away first "
+            "(nothing was deleted)"
         )
     os.makedirs(config.log_dir, exist_ok=True)
-    _write_args_json(config)
+    lock = lock_run_folder(config.log_dir)
+    try:
+        for name in earlier:
+            path = os.path.join(config.log_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        if earlier:
+            logger.warning(
+                "--overwrite: deleted the earlier run in %s (%d files and folders)", config.log_dir, len(earlier)
+            )
+        _write_args_json(config)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
 
 
 def _write_args_json(config) -> None:

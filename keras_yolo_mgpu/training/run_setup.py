@@ -32,10 +32,9 @@ from keras_yolo_mgpu.training.pictures import RunPictures, write_data_pictures
 from keras_yolo_mgpu.training.recipe_options import RecipeCallbacks, make_optimizer
 from keras_yolo_mgpu.training.run_folder import (
     FINAL_WEIGHTS,
-    _prepare_log_dir,
     _trim_history,
     _write_args_json,
-    lock_run_folder,
+    open_run_folder,
 )
 from keras_yolo_mgpu.training.training_data import TrainingData
 from keras_yolo_mgpu.training.training_model import create_model
@@ -61,8 +60,7 @@ class RunSetup:
         """
         config = self.config
         if self.chief:
-            _prepare_log_dir(config)
-            self.folder_lock = lock_run_folder(config.log_dir)
+            self.folder_lock = open_run_folder(config)
         state = run_state.read_run_state(config.log_dir) if config.resume else None
         if state is not None and state.finished:
             final = shlex.quote(os.path.join(config.log_dir, FINAL_WEIGHTS))
