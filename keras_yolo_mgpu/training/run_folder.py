@@ -81,8 +81,8 @@ def open_run_folder(config) -> int:
     """Checks the run folder, locks it (`lock_run_folder`) and, for a new run, writes args.json; returns the lock.
 
     A new run takes an empty or missing folder; one that holds a run only with
-    `config.overwrite`, which deletes the earlier run's files first, under the
-    lock, so a run still writing there keeps them.
+    `config.overwrite`, which deletes the earlier run's files first. Both are
+    decided under the lock, so a run still writing there keeps every file.
 
     Raises:
         FileNotFoundError: --resume of a folder without args.json.
@@ -90,20 +90,34 @@ def open_run_folder(config) -> int:
             it, a folder that also holds something no run writes (nothing is deleted).
         BlockingIOError: another process holds the folder.
     """
-    args_path = os.path.join(config.log_dir, "args.json")
     if config.resume:
+        args_path = os.path.join(config.log_dir, "args.json")
         if not os.path.isfile(args_path):
             raise FileNotFoundError(f"--resume: {args_path} not found; nothing to resume in {config.log_dir}")
         return lock_run_folder(config.log_dir)
     if os.path.lexists(config.log_dir) and not os.path.isdir(config.log_dir):
         raise FileExistsError(f"--log-dir {config.log_dir} is a file, not a folder: give a folder for the run")
-    earlier = sorted(os.listdir(config.log_dir)) if os.path.isdir(config.log_dir) else []
-    if earlier and not config.overwrite:
-        folder = shlex.quote(config.log_dir)
+    os.makedirs(config.log_dir, exist_ok=True)
+    lock = lock_run_folder(config.log_dir)
+    try:
+        _delete_earlier_run(config)
+        _write_args_json(config)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+def _delete_earlier_run(config) -> None:
+    """Deletes what an earlier run left in the (locked) run folder, with `config.overwrite`; else refuses it."""
+    earlier = sorted(os.listdir(config.log_dir))
+    if not earlier:
+        return
+    if not config.overwrite:
         raise FileExistsError(
-            f"log dir {config.log_dir} already holds a run. Pass --resume {folder} to continue it, choose another "
-            "--log-dir, or pass --overwrite to start over there (deleting the earlier run's files; keras-yolo3 "
-            "wrote over logs/000/). Nothing was changed."
+            f"log dir {config.log_dir} already holds a run. Pass --resume {shlex.quote(config.log_dir)} to continue "
+            "it, choose another --log-dir, or pass --overwrite to start over there (deleting the earlier run's "
+            "files; keras-yolo3 wrote over logs/000/). Nothing was changed."
         )
     foreign = [name for name in earlier if not any(fnmatch.fnmatchcase(name, p) for p in RUN_OUTPUTS)]
     if foreign:
@@ -112,24 +126,13 @@ def open_run_folder(config) -> int:
             f"{' and more' if len(foreign) > 5 else ''}, which no run writes: move it away first "
             "(nothing was deleted)"
         )
-    os.makedirs(config.log_dir, exist_ok=True)
-    lock = lock_run_folder(config.log_dir)
-    try:
-        for name in earlier:
-            path = os.path.join(config.log_dir, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-        if earlier:
-            logger.warning(
-                "--overwrite: deleted the earlier run in %s (%d files and folders)", config.log_dir, len(earlier)
-            )
-        _write_args_json(config)
-    except BaseException:
-        os.close(lock)
-        raise
-    return lock
+    for name in earlier:
+        path = os.path.join(config.log_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    logger.warning("--overwrite: deleted the earlier run in %s (%d files and folders)", config.log_dir, len(earlier))
 
 
 def _write_args_json(config) -> None:
