@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from inference_helpers import (
 )
 from PIL import Image, ImageOps
 
+from keras_yolo_mgpu.cli.copy_scripts import main as copy_scripts_main
 from keras_yolo_mgpu.cli.detect import main
 from keras_yolo_mgpu.data.synthetic import make_synthetic_video
 from keras_yolo_mgpu.inference import video as video_module
@@ -638,3 +640,57 @@ def test_a_script_written_against_keras_yolo3s_yolo_py_runs_beside_this_one(fold
     assert "yolo_video.py sets model_path = 'w.weights.h5', anchors_path = " in command.stderr
     np.testing.assert_array_equal(cv2.imread(str(folder / "script_a.png")), cv2.imread(str(folder / "command_a.png")))
     assert video_properties(folder / "script_clip.avi")[1:] == (80, 64, CLIP_FRAMES)
+
+
+def test_keras_yolo3s_own_yolo_video_py_runs_on_the_yolo_py_copy_scripts_writes(folder, tmp_path):
+    """keras-yolo3's yolo_video.py, as a script of a user's beside an edited keras-yolo3 yolo.py: after copy_scripts,
+    `YOLO.get_defaults` builds its help, `YOLO(**vars(FLAGS))` takes its flags (--model chooses the weights, which
+    keras-yolo3's did not) over the edited `_defaults`, and `detect_video` draws what the detector given the same
+    values draws."""
+    keras_yolo3 = tmp_path / "keras-yolo3"
+    keras_yolo3.mkdir()
+    for name in ("w.weights.h5", "classes.txt", "clip.avi"):
+        shutil.copy(folder / name, keras_yolo3 / name)
+    yolo_py = (REPO / "tests" / "keras_yolo3_scripts" / "yolo.py.txt").read_text()
+    for old, new in (
+        (""""model_path": 'model_data/yolo.h5',""", """"model_path": 'model_data/absent.h5',"""),
+        (""""classes_path": 'model_data/coco_classes.txt',""", """"classes_path": 'classes.txt',"""),
+        (""""score" : 0.3,""", """"score" : 0.01,"""),
+        (""""model_image_size" : (416, 416),""", """"model_image_size" : (64, 64),"""),
+    ):
+        assert yolo_py.count(old) == 1, old
+        yolo_py = yolo_py.replace(old, new)
+    (keras_yolo3 / "yolo.py").write_text(yolo_py)
+    assert copy_scripts_main([str(keras_yolo3)]) == 0
+    (keras_yolo3 / "my_video.py").write_text((REPO / "tests" / "keras_yolo3_scripts" / "yolo_video.py.txt").read_text())
+    flags = ["--model", "w.weights.h5", "--anchors", TINY_ANCHORS_PATH, "--input", "clip.avi", "--output", "mine.avi"]
+    result = subprocess.run(
+        [sys.executable, "my_video.py", *flags], capture_output=True, text=True, timeout=180, cwd=keras_yolo3
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = YOLO(
+        str(folder / "w.weights.h5"), TINY_ANCHORS_PATH, str(folder / "classes.txt"), 0.01, model_image_size=(64, 64)
+    )
+    process_video(reference, str(folder / "clip.avi"), str(tmp_path / "reference.avi"), show=False)
+    written, expected = read_bgr_frames(keras_yolo3 / "mine.avi"), read_bgr_frames(tmp_path / "reference.avi")
+    assert len(written) == CLIP_FRAMES
+    np.testing.assert_array_equal(np.stack(written), np.stack(expected))
+    assert not np.array_equal(np.stack(written), np.stack(read_bgr_frames(folder / "clip.avi")))  # boxes drawn
+
+
+def test_keras_yolo3s_class_interface_and_its_yolo_video_flag_names():
+    """`_defaults`, `get_defaults` and keras-yolo3's flag names as keywords; a typo or a path named twice is an error
+    before anything loads."""
+    assert YOLO.get_defaults("model_path") == os.path.join("model_data", "yolo.h5")
+    assert YOLO.get_defaults("gpu_num") == 1
+    assert YOLO.get_defaults("colour") == "Unrecognized attribute name 'colour'"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'scroe'"):
+        YOLO(scroe=0.5)
+    with pytest.raises(TypeError, match="model_path='a.h5' and model='b.h5': give one of them"):
+        YOLO(model_path="a.h5", model="b.h5", image=False, input="clip.avi", output="")
+    with pytest.raises(TypeError, match="no default named colour"):
+        YOLO.with_defaults(colour="red")
+    edited = YOLO.with_defaults(score=0.01)
+    assert edited.get_defaults("score") == 0.01 and YOLO.get_defaults("score") == 0.3
+    with pytest.raises(FileNotFoundError, match="b.h5"):  # the flag's name wins over the default
+        edited(model="b.h5", image=False)

@@ -47,18 +47,26 @@ COMMANDS = {
 YOLO_MODULE = '''"""keras-yolo3's yolo.py, for scripts written against it: `from yolo import YOLO, detect_video`.
 
 `YOLO` takes keras-yolo3's arguments (model_path, anchors_path, classes_path, score, iou,
-model_image_size, gpu_num) and has its `detect_image` and `close_session`. The detector
-lives in keras_yolo_mgpu/inference/detector.py, `detect_video` in inference/media.py.
+model_image_size, gpu_num, and its yolo_video.py's flags as `YOLO(**vars(FLAGS))` passes them),
+has its `_defaults`, `get_defaults`, `detect_image` and `close_session`. The detector lives in
+keras_yolo_mgpu/inference/detector.py, `detect_video` in inference/media.py.
 """
 
-from keras_yolo_mgpu.inference.detector import YOLO
+{import_line}
 from keras_yolo_mgpu.inference.media import detect_video
-
+{settings}
 __all__ = ["YOLO", "detect_video"]
 '''
+_YOLO_SETTINGS = """
+# keras-yolo3's `YOLO._defaults` as this folder's yolo.py set them ({originals}/yolo.py): the defaults of
+# `YOLO(...)` here, and an argument given wins.
+SETTINGS = dict(
+{lines})
+YOLO = Detector.with_defaults(**SETTINGS)
+"""
 SCRIPTS = (*COMMANDS, "yolo.py")
 # Where keras-yolo3 keeps the values a script's `SETTINGS` take, when not in the script itself.
-_SETTINGS_SOURCE = {"yolo_video.py": "yolo.py (YOLO._defaults)"}
+_SETTINGS_SOURCE = {"yolo_video.py": "yolo.py (YOLO._defaults)", "yolo.py": "yolo.py (YOLO._defaults)"}
 
 # What keras-yolo3's train.py and train_bottleneck.py set, unedited: `SETTINGS` names -> values (weights_path:
 # YOLOv3's, then tiny YOLOv3's), and what each line of the block says beside keras-yolo3's value.
@@ -141,7 +149,7 @@ _FIT_EPOCHS = {
 def script_text(name: str, settings: dict | None = None) -> str:
     """The text of this project's script `name`; `settings`: values for its `SETTINGS` block (train scripts)."""
     if name == "yolo.py":
-        return YOLO_MODULE
+        return _yolo_module(settings)
     module, summary = COMMANDS[name]
     lines = [
         "#!/usr/bin/env python3",
@@ -165,6 +173,20 @@ def script_text(name: str, settings: dict | None = None) -> str:
         call = "main(settings=SETTINGS)"
     lines += ['if __name__ == "__main__":', f"    sys.exit({call})", ""]
     return "\n".join(lines)
+
+
+def _yolo_module(settings: dict | None) -> str:
+    """yolo.py's text: the detector class, or one whose defaults are `settings` (keras-yolo3's edited `_defaults`)."""
+    if not settings:
+        return YOLO_MODULE.format(import_line="from keras_yolo_mgpu.inference.detector import YOLO", settings="")
+    originals = KERAS_YOLO3_VALUES["yolo_video.py"]
+    lines = "".join(
+        f"    {setting}={value!r},  # keras-yolo3: {originals[setting]!r}\n" for setting, value in settings.items()
+    )
+    return YOLO_MODULE.format(
+        import_line="from keras_yolo_mgpu.inference.detector import YOLO as Detector",
+        settings=_YOLO_SETTINGS.format(originals=ORIGINALS, lines=lines),
+    )
 
 
 def _beside(setting: str, original) -> str:
@@ -310,12 +332,15 @@ def _foreign_source(path: str) -> str | None:
 
 def _carried(folder: str, name: str) -> tuple[dict, list[str]]:
     """The values edited in the folder's keras-yolo3 file that script `name`'s `SETTINGS` take, and notes."""
-    if name not in KERAS_YOLO3_VALUES:
+    if name not in (*KERAS_YOLO3_VALUES, "yolo.py"):
         return {}, []
-    source = _foreign_source(os.path.join(folder, "yolo.py" if name == "yolo_video.py" else name))
+    reads_defaults = name in ("yolo_video.py", "yolo.py")
+    source = _foreign_source(os.path.join(folder, "yolo.py" if reads_defaults else name))
     if source is None:
         return {}, []
-    return edited_defaults(source) if name == "yolo_video.py" else edited_settings(source, name)
+    settings, notes = edited_defaults(source) if reads_defaults else edited_settings(source, name)
+    # yolo_video.py reports what yolo.py's defaults could not carry; yolo.py does not repeat it.
+    return settings, ([] if name == "yolo.py" else notes)
 
 
 def _same_bytes(a: str, b: str) -> bool:

@@ -43,6 +43,11 @@ from keras_yolo_mgpu.wording import counted
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PATH = os.path.join("model_data", "yolo.h5")
+# The keys of keras-yolo3's yolo_video.py namespace, which its users pass on as `YOLO(**vars(FLAGS))`: its model
+# flags under their flag names (keras-yolo3's YOLO kept them unread, so its --model never chose the weights; here they
+# do), and its mode flags, which are the script's, not the detector's.
+KERAS_YOLO3_FLAG_NAMES = {"model": "model_path", "anchors": "anchors_path", "classes": "classes_path"}
+KERAS_YOLO3_MODE_FLAGS = ("image", "input", "output")
 
 
 class Detections(NamedTuple):
@@ -129,6 +134,26 @@ def inference_devices(gpu_num: int) -> list:
     raise ValueError(f"gpu_num={gpu_num} but {missing}, or use gpu_num=1.")
 
 
+def keras_yolo3_arguments(kwargs: dict) -> dict:
+    """`YOLO`'s keyword arguments from keras-yolo3's (`YOLO(**vars(FLAGS))` of its yolo_video.py).
+
+    Its flags' names become the paths they stand for, and its mode flags are
+    dropped (`KERAS_YOLO3_FLAG_NAMES`, `KERAS_YOLO3_MODE_FLAGS`).
+
+    Raises:
+        TypeError: a path given under both names (a None counts as not given).
+    """
+    arguments = {key: value for key, value in kwargs.items() if key not in KERAS_YOLO3_MODE_FLAGS}
+    for flag, name in KERAS_YOLO3_FLAG_NAMES.items():
+        value = arguments.pop(flag, None)
+        if value is None:
+            continue
+        if arguments.get(name) is not None and arguments[name] != value:
+            raise TypeError(f"YOLO got {name}={arguments[name]!r} and {flag}={value!r}: give one of them")
+        arguments[name] = value
+    return arguments
+
+
 class YOLO:
     """keras-yolo3's detector: weights in, boxes out.
 
@@ -139,7 +164,8 @@ class YOLO:
             do), or an official net's name (`"yolov3-tiny"`, downloaded
             once: `weights.download`). When it carries
             metadata (`weights.metadata`), its anchors, masks, class names
-            and input size are used; explicit arguments must agree.
+            and input size are used; explicit arguments must agree
+            (default: model_data/yolo.h5).
         anchors_path: anchors file; 9 anchors build YOLOv3, 6 tiny YOLOv3
             (default: the file's metadata, else model_data/yolo_anchors.txt).
         classes_path: class names file (default: the file's metadata, else
@@ -157,11 +183,63 @@ class YOLO:
             keras-yolo3's).
         settings: a complete `ModelMetadata` to use instead of reading the
             file's (what the CLIs pass after checking their flags).
+        **yolo_video_flags: keras-yolo3's yolo_video.py flags as its scripts
+            pass them (`YOLO(**vars(FLAGS))`): `model`, `anchors` and
+            `classes` stand for the three paths; `image`, `input` and
+            `output` are not the detector's and are left unread.
+
+    Raises:
+        TypeError: a keyword that is neither an argument nor one of
+            keras-yolo3's yolo_video.py flags, or a path given under both names.
     """
+
+    # keras-yolo3's `YOLO._defaults`, read through `get_defaults` (its yolo_video.py's flag help). Anchors, classes
+    # and input size are the fallbacks for weights that do not record theirs.
+    _defaults = {
+        "model_path": DEFAULT_MODEL_PATH,
+        "anchors_path": os.path.join("model_data", "yolo_anchors.txt"),
+        "classes_path": os.path.join("model_data", "coco_classes.txt"),
+        "score": 0.3,
+        "iou": 0.45,
+        "model_image_size": (416, 416),
+        "gpu_num": 1,
+    }
+
+    @classmethod
+    def get_defaults(cls, n: str):
+        """keras-yolo3's `YOLO.get_defaults`: argument `n`'s default, else its "Unrecognized attribute name" text."""
+        if n in cls._defaults:
+            return cls._defaults[n]
+        return "Unrecognized attribute name '" + n + "'"
+
+    @classmethod
+    def with_defaults(cls, **defaults) -> type[YOLO]:
+        """A `YOLO` class whose arguments default to `defaults` (keras-yolo3's edited `YOLO._defaults`).
+
+        Its constructor takes keywords only, as keras-yolo3's did; an argument
+        given, under either name, wins over its default.
+
+        Raises:
+            TypeError: a name that is not one of `YOLO._defaults`.
+        """
+        unknown = sorted(set(defaults) - set(cls._defaults))
+        if unknown:
+            raise TypeError(f"YOLO has no default named {', '.join(unknown)}; it has {', '.join(cls._defaults)}")
+        base_defaults = {**cls._defaults, **defaults}
+
+        class EditedYOLO(cls):
+            _defaults = base_defaults
+
+            def __init__(self, **kwargs):
+                given = {key: value for key, value in keras_yolo3_arguments(kwargs).items() if value is not None}
+                super().__init__(**{**defaults, **given})
+
+        EditedYOLO.__name__ = EditedYOLO.__qualname__ = "YOLO"
+        return EditedYOLO
 
     def __init__(
         self,
-        model_path: str = DEFAULT_MODEL_PATH,
+        model_path: str | None = None,
         anchors_path: str | None = None,
         classes_path: str | None = None,
         score: float = 0.3,
@@ -174,7 +252,16 @@ class YOLO:
         batch_size: int = 8,
         masks=None,
         settings=None,
+        **yolo_video_flags,
     ):
+        unknown = sorted(set(yolo_video_flags) - {*KERAS_YOLO3_FLAG_NAMES, *KERAS_YOLO3_MODE_FLAGS})
+        if unknown:
+            raise TypeError(f"YOLO() got an unexpected keyword argument {unknown[0]!r}")
+        paths = {"model_path": model_path, "anchors_path": anchors_path, "classes_path": classes_path}
+        paths = keras_yolo3_arguments({**paths, **yolo_video_flags})
+        model_path, anchors_path, classes_path = paths["model_path"], paths["anchors_path"], paths["classes_path"]
+        if model_path is None:
+            model_path = DEFAULT_MODEL_PATH
         model_path = darknet_as_keras(resolve_weights(os.fspath(model_path)))
         if not os.path.isfile(model_path):
             raise FileNotFoundError(f"model weights not found: {model_path}")
