@@ -57,6 +57,7 @@ WORK_UNITS = [
     (r"test_run_reproducible\.py::", None, 75),
     (r"test_gpu_check\.py::", None, 35),
     (r"test_feed_processes\.py::test_no_worker", None, 60),
+    (r"test_feed_processes\.py::test_a_worker_killed", None, 25),
     # Module-scoped runs shared by the module's tests: one training run in a keras-yolo3 folder; three conversions.
     (r"test_keras_yolo3_train\.py::", "keras-yolo3-train", 200),
     (r"test_keras_yolo3_tools\.py::", "keras-yolo3-tools", 70),

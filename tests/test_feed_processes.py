@@ -289,3 +289,39 @@ def test_a_lent_batch_freed_by_the_collector_inside_take_does_not_deadlock():
     assert not thread.is_alive(), "the finalizer waited on the lock its own thread held"
     assert taken == [slot]  # the block came back, and was lent again
     slots.close()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_midway_ends_the_run_in_one_paragraph_that_keeps_its_weights(dataset, tmp_path):
+    """A worker process ended by SIGKILL, as the kernel's out-of-memory killer ends one: train.py says so in one
+    paragraph with the batch's size and what uses less memory, keeps the epochs it saved, and no worker is left."""
+    run = tmp_path / "run"
+    command = [
+        *(sys.executable, os.path.join(REPO, "train.py"), "--annotations", dataset.train, "--classes"),
+        *(dataset.classes, "--tiny", "--input-size", "64", "--batch-size", "4", "--epochs", "50", "--seed", "0"),
+        *("--feed", "processes", "--workers", "2", "--no-pictures", "--steps-per-epoch", "4", "--quiet"),
+        *("--log-dir", str(run)),
+    ]
+    env = dict(os.environ, **jax_environment(1), PYTHONUNBUFFERED="1")
+    with open(tmp_path / "stderr.txt", "w+") as stderr:
+        trainer = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+        process, deadline, workers = psutil.Process(trainer.pid), time.time() + 240, []
+        while time.time() < deadline and trainer.poll() is None and not (run / "last.weights.h5").exists():
+            time.sleep(0.2)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            workers = [child for child in process.children() if "spawn_main" in " ".join(child.cmdline())]
+        assert trainer.poll() is None and len(workers) == 2, (tmp_path / "stderr.txt").read_text()[-3000:]
+        workers[0].kill()
+        trainer.wait(timeout=120)
+        messages = (tmp_path / "stderr.txt").read_text()
+    assert trainer.returncode == 1 and "Traceback" not in messages, messages[-3000:]
+    paragraph = (
+        "error: a worker process making batches ended abruptly: killed (on Linux most often by the kernel's "
+        "out-of-memory killer when the host's memory runs out; `dmesg` names the process it killed) or crashed, at "
+        "global batch 4 (64x64 input): one batch's images alone take 48 KiB, and several are made ahead. To use less "
+        "of the host's memory: --batch-size 2, fewer --workers, --feed threads, or no --cache ram. The run folder "
+        f"{run} keeps what it saved (--resume {run} goes on)."
+    )
+    assert paragraph in messages, messages[-3000:]
+    assert (run / "last.weights.h5").is_file()
+    assert _workers_end([worker.pid for worker in workers]) == []

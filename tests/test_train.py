@@ -1,5 +1,6 @@
 """train.py as users run it: real subprocesses on a few generated images."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -283,3 +284,25 @@ def test_progress_is_one_line_per_epoch_when_written_to_a_file(monkeypatch):
     assert [fit_verbosity(v) for v in (0, 1, 2)] == [0, 2, 2]
     monkeypatch.setattr(sys, "stdout", Terminal())
     assert [fit_verbosity(v) for v in (0, 1, 2)] == [0, 1, 2]
+
+
+def test_the_hosts_memory_running_out_is_one_paragraph_naming_the_batch(tmp_path):
+    # A MemoryError: the host's batches did not fit (seen under a process limit, `ulimit -d`; a worker process the
+    # kernel's out-of-memory killer ends is tests/test_feed_processes.py's, through the command).
+    from keras_yolo_mgpu.cli.train import out_of_memory_paragraph
+    from keras_yolo_mgpu.training.config import TrainConfig
+
+    config = TrainConfig(batch_size=32, input_shape=(2048, 2048), log_dir=str(tmp_path / "run"), backend="tensorflow")
+    said = out_of_memory_paragraph(MemoryError(), config)
+    assert said == (
+        "the host ran out of memory (MemoryError), at global batch 32 (2048x2048 input): one batch's images alone "
+        "take 384.0 MiB, and several are made ahead. To use less of the host's memory: --batch-size 16, or no --cache "
+        "ram. Nothing was saved before it, and no run folder is left."
+    )
+    (tmp_path / "run").mkdir()
+    said = out_of_memory_paragraph(MemoryError(), dataclasses.replace(config, backend="jax", batch_size=1))
+    assert "one batch's images alone take 12.0 MiB" in said and "--batch-size 1, fewer --workers, or no" in said
+    assert said.endswith(
+        f"The run folder {tmp_path / 'run'} keeps what it saved (--resume {tmp_path / 'run'} goes on)."
+    )
+    assert out_of_memory_paragraph(ValueError("not memory"), config) is None

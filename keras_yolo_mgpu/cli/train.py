@@ -23,6 +23,7 @@ from keras_yolo_mgpu.cli import args as cli
 from keras_yolo_mgpu.cli.dataset_args import SCAN_CACHE_HELP
 from keras_yolo_mgpu.cli.demo import main as demo_main
 from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_keras_yolo3_folder
+from keras_yolo_mgpu.cli.quiet import keras_backend_name
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError
 from keras_yolo_mgpu.cli.script_settings import ScriptSettings, run_with_settings
 from keras_yolo_mgpu.data.multiscale import check_size_range
@@ -628,21 +629,46 @@ def _gib(size: int | None) -> str:
     return "an unstated amount" if size is None else f"{size / 2**30:.1f} GiB"
 
 
-def out_of_memory_paragraph(error: BaseException, config) -> str | None:
-    """What to tell a user whose run ran out of device memory, in one paragraph; None for any other error."""
-    from keras_yolo_mgpu.backend import memory
+def _size(size: int) -> str:
+    """`size` bytes in the unit that reads best: 48 KiB, 384.0 MiB, 1.5 GiB."""
+    if size >= 2**30:
+        return _gib(size)
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size // 2**10} KiB"
 
-    found = memory.out_of_memory(error)
-    if found is None:
-        return None
-    requested, limit = found
+
+def out_of_memory_paragraph(error: BaseException, config) -> str | None:
+    """What to tell a user whose run ran out of device or host memory, in one paragraph; None for any other error.
+
+    Host memory: a `MemoryError`, or a feed worker process that ended
+    abruptly (`data.py_dataset.FeedWorkerEnded`: the kernel's out-of-memory
+    killer ends a process when the host's memory runs out).
+    """
+    from keras_yolo_mgpu.backend import memory
+    from keras_yolo_mgpu.data.py_dataset import FeedWorkerEnded
+
     smaller = max(1, config.batch_size // 2)
+    height, width = config.input_shape
+    at = f"global batch {config.batch_size} ({height}x{width} input)"
     if os.path.isdir(config.log_dir):
         kept = f"The run folder {config.log_dir} keeps what it saved (--resume {shlex.quote(config.log_dir)} goes on)."
     else:
         kept = "Nothing was saved before it, and no run folder is left."
+    if isinstance(error, (MemoryError, FeedWorkerEnded)):
+        what = str(error) if isinstance(error, FeedWorkerEnded) else "the host ran out of memory (MemoryError)"
+        fewer = ""
+        if (config.backend or keras_backend_name()) == "jax":  # the JAX feed's flags
+            fewer = "fewer --workers, --feed threads, " if isinstance(error, FeedWorkerEnded) else "fewer --workers, "
+        return (
+            f"{what}, at {at}: one batch's images alone take {_size(config.batch_size * height * width * 3)}, and "
+            f"several are made ahead. To use less of the host's memory: --batch-size {smaller}, {fewer}or no --cache "
+            f"ram. {kept}"
+        )
+    found = memory.out_of_memory(error)
+    if found is None:
+        return None
+    requested, limit = found
     return (
-        f"out of memory at global batch {config.batch_size} ({config.input_shape[0]}x{config.input_shape[1]} input): "
+        f"out of memory at {at}: "
         f"an allocation asked for {_gib(requested)} and the device has {_gib(limit)}. Try --batch-size auto (the "
         f"largest batch up to {DEFAULT_BATCH_SIZE} that fits, measured before the first step) or a smaller batch: "
         f"--batch-size {smaller}, and halve again until it runs. {kept}"

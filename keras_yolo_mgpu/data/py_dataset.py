@@ -32,6 +32,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import keras
 
@@ -41,7 +42,21 @@ from keras_yolo_mgpu.data.host import HostBatches
 from keras_yolo_mgpu.data.host_processes import batch_arrays
 from keras_yolo_mgpu.data.shared_image_cache import SharedImageCache
 
-__all__ = ["HostDataset", "make_py_dataset"]
+__all__ = ["FeedWorkerEnded", "HostDataset", "make_py_dataset"]
+
+
+class FeedWorkerEnded(RuntimeError):
+    """A worker process making batches ended without being asked to: the feed cannot go on.
+
+    On Linux most often the kernel's out-of-memory killer, which ends a
+    process when the host's memory runs out; else a crash (a decoder's).
+    """
+
+    def __init__(self):
+        super().__init__(
+            "a worker process making batches ended abruptly: killed (on Linux most often by the kernel's "
+            "out-of-memory killer when the host's memory runs out; `dmesg` names the process it killed) or crashed"
+        )
 
 
 class HostDataset(keras.utils.PyDataset):
@@ -124,7 +139,17 @@ class HostDataset(keras.utils.PyDataset):
         return batch if self.to_device is None else self.to_device(batch)
 
     def __getitem__(self, index: int):
-        index = int(index)
+        """Batch `index`, made ahead with the next `max_queue_size` ones.
+
+        Raises:
+            FeedWorkerEnded: a worker process ended (the pool cannot make another batch).
+        """
+        try:
+            return self._get(int(index))
+        except BrokenProcessPool as error:
+            raise FeedWorkerEnded() from error
+
+    def _get(self, index: int):
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads)
