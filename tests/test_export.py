@@ -109,6 +109,7 @@ def test_tflite_uses_builtin_ops_and_matches_keras(files):
 def test_onnx_matches_keras(files):
     result = _export(files, "onnx")
     _assert_matches(result["check"])
+    assert export.CATCH_ERRORS not in os.environ  # set for tf2onnx during the conversion only
 
 
 def test_onnx_missing_tools_is_a_clear_error(files, monkeypatch):

@@ -20,6 +20,7 @@ Keras model is on by default (`export_check`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -45,6 +46,11 @@ logger = logging.getLogger(__name__)
 FORMATS = ("savedmodel", "tflite", "onnx")
 ONNX_OPSET = 17
 ONNX_MISSING = "ONNX export is not available: pip install tf2onnx onnxruntime"
+# tf2onnx runs each of its graph optimizers on a deep copy of the graph, to go back to the graph before it if the
+# optimizer fails; with every copy of the weights, the conversion's peak memory grows (BENCHMARKS.md, "ONNX export's
+# memory"). Set to FALSE, tf2onnx optimizes the graph itself, and an optimizer that fails fails the export. A value the
+# user set is kept.
+CATCH_ERRORS = "TF2ONNX_CATCH_ERRORS"
 # Written into every SavedModel folder this tool exports: only such a folder
 # (or an empty one) is ever replaced by a new export.
 EXPORT_MARKER = "keras_yolo_mgpu_export.json"
@@ -211,16 +217,27 @@ def export_onnx(model, path: str, opset: int = ONNX_OPSET) -> str:
     def serve(image, image_shape):
         return model([image, image_shape], training=False)
 
+    def convert(temporary: str) -> None:
+        converter.convert.from_function(serve, input_signature=signature, opset=opset, output_path=temporary)
+
+    chosen = CATCH_ERRORS in os.environ  # the user's choice, kept
     try:
-        atomic_write(
-            path,
-            lambda temporary: converter.convert.from_function(
-                serve, input_signature=signature, opset=opset, output_path=temporary
-            ),
-        )
+        with contextlib.nullcontext() if chosen else _environment_variable(CATCH_ERRORS, "FALSE"):
+            atomic_write(path, convert)
     except Exception as error:  # tf2onnx raises many kinds
-        raise ExportError(f"ONNX conversion failed: {error}") from None
+        retry = "" if chosen else f" ({CATCH_ERRORS}=TRUE has tf2onnx skip an optimizer that fails)"
+        raise ExportError(f"ONNX conversion failed: {error}{retry}") from None
     return path
+
+
+@contextlib.contextmanager
+def _environment_variable(name: str, value: str):
+    """`name` set to `value` inside the block, unset after it."""
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        del os.environ[name]
 
 
 def default_output(weights: str, fmt: str, precision: str = "float32") -> str:
