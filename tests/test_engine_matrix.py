@@ -173,16 +173,23 @@ class _Runs:
         return result.stderr
 
     def _strategy_resumed(self, log_dir):
-        """Killed once its first epoch is saved (a frozen one), then `--resume`d through both stages."""
+        """Stopped by SIGTERM (a scheduler's time limit) once its first epoch is saved (a frozen one), then
+        `--resume`d through both stages. (SIGKILL, which gives no chance to stop: test_run_reproducible.py.)"""
         command = _train_command(self.dataset, log_dir, *KERAS_YOLO3, "--gpus", "2", "--simulate-devices", "--quiet")
-        process = subprocess.Popen(command, env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        state = log_dir / "run_state.json"
-        deadline = time.time() + 300
-        while time.time() < deadline and process.poll() is None and not state.exists():
-            time.sleep(0.05)
-        assert process.poll() is None, "the run ended before it could be interrupted"
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        stopped = log_dir.parent / f"{log_dir.name}-stopped.txt"
+        with open(stopped, "w+") as stderr:
+            process = subprocess.Popen(command, env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
+            state = log_dir / "run_state.json"
+            deadline = time.time() + 300
+            while time.time() < deadline and process.poll() is None and not state.exists():
+                time.sleep(0.05)
+            assert process.poll() is None, "the run ended before it could be interrupted"
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=120)
+        said = stopped.read_text()
+        # Stopped as after Ctrl-C, saying so, with a shell's status for SIGTERM, and what --resume continues.
+        assert process.returncode == 143 and said.rstrip().endswith("terminated (SIGTERM)"), said[-3000:]
+        assert f"python train.py --resume {log_dir} continues it from epoch " in said, said[-3000:]
         assert not (log_dir / FINAL).exists()
         resumed = subprocess.run(
             [sys.executable, os.path.join(REPO, "train.py"), "--resume", str(log_dir), "--quiet"],

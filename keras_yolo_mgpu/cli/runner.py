@@ -126,7 +126,7 @@ def run_command(
 
     Returns:
         The exit status: the body's, 2 for a usage error (argparse, or `UsageError`: the parser exits),
-        `error_status` for an expected error, 130 on Ctrl-C.
+        `error_status` for an expected error, 130 on Ctrl-C, 143 on SIGTERM during training.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -140,9 +140,10 @@ def run_command(
         status = body(args)
     except UsageError as error:
         parser.error(str(error))  # exits with status 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:
+        # Ctrl-C; or SIGTERM during training (`training.callbacks.Terminated`), which says so and has its own status.
+        print(str(error) or "interrupted", file=sys.stderr)
+        return getattr(error, "exit_status", 130)
     except (*EXPECTED_ERRORS, CommandError, *expected_errors) as error:
         if verbose:
             traceback.print_exc(file=sys.stderr)

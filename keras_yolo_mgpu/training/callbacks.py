@@ -1,4 +1,4 @@
-"""Training callbacks: throughput in the progress bar, a loss plot, and a Ctrl-C that is never lost."""
+"""Training callbacks: throughput in the progress bar, a loss plot, and a Ctrl-C or SIGTERM that is never lost."""
 
 from __future__ import annotations
 
@@ -17,41 +17,59 @@ from keras_yolo_mgpu.optional import pyplot as plt
 logger = logging.getLogger(__name__)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's time limit, `docker stop`, `kill`): the run stops as after Ctrl-C.
+
+    `exit_status` is 143 (128 + SIGTERM), what a shell reports for a process
+    SIGTERM ended; the commands exit with it.
+    """
+
+    exit_status = 128 + signal.SIGTERM
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)"
+
+
 class StopOnInterrupt(keras.callbacks.Callback):
-    """Stops training at the next step after Ctrl-C, even when Python dropped the `KeyboardInterrupt`.
+    """Stops training at the next step after Ctrl-C or SIGTERM, even when Python dropped the exception.
 
     Python ignores an exception raised in a garbage-collection callback: a
     Ctrl-C that lands in JAX's `_xla_gc_callback` is lost, and the run trains
     on. The handler remembers the interrupt, and the next step raises it again
-    in the main thread. Only Python's default handler is replaced.
+    in the main thread. SIGTERM raises `Terminated`, a `KeyboardInterrupt`:
+    the run stops as after Ctrl-C, saying what its folder keeps, where the
+    signal's default would end the process at once. Only Python's default
+    handlers are replaced (a handler the user's program set is kept).
     """
 
     async_safe = True
 
     def __init__(self):
         super().__init__()
-        self.interrupted = False
-        self._previous = None
+        self.interrupted: type[KeyboardInterrupt] | None = None
+        self._previous: dict[int, object] = {}
 
-    def _on_sigint(self, signum, frame):
-        self.interrupted = True
-        raise KeyboardInterrupt
+    def _on_signal(self, signum, frame):
+        self.interrupted = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        raise self.interrupted
 
     def _raise_if_interrupted(self, *_args, **_kwargs):
-        if self.interrupted:
-            raise KeyboardInterrupt
+        if self.interrupted is not None:
+            raise self.interrupted
 
     on_epoch_begin = on_train_batch_begin = on_test_batch_begin = _raise_if_interrupted
 
     def on_train_begin(self, logs=None):
-        main_thread = threading.current_thread() is threading.main_thread()
-        if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            if signal.getsignal(signum) is default:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def on_train_end(self, logs=None):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
 
 class Throughput(keras.callbacks.Callback):
