@@ -306,3 +306,8 @@ def test_the_hosts_memory_running_out_is_one_paragraph_naming_the_batch(tmp_path
         f"The run folder {tmp_path / 'run'} keeps what it saved (--resume {tmp_path / 'run'} goes on)."
     )
     assert out_of_memory_paragraph(ValueError("not memory"), config) is None
+    # `--batch-size auto` (resolved inside the run): any other error goes through untouched, memory is named with it.
+    automatic = dataclasses.replace(config, batch_size="auto")
+    assert out_of_memory_paragraph(ValueError("not memory"), automatic) is None
+    said = out_of_memory_paragraph(MemoryError(), automatic)
+    assert said.startswith("the host ran out of memory (MemoryError), at --batch-size auto (2048x2048 input): ")

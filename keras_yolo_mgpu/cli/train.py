@@ -646,26 +646,30 @@ def out_of_memory_paragraph(error: BaseException, config) -> str | None:
     from keras_yolo_mgpu.backend import memory
     from keras_yolo_mgpu.data.py_dataset import FeedWorkerEnded
 
-    smaller = max(1, config.batch_size // 2)
+    on_host = isinstance(error, (MemoryError, FeedWorkerEnded))
+    found = None if on_host else memory.out_of_memory(error)
+    if not on_host and found is None:
+        return None
+    # `--batch-size auto` is resolved inside the run: named as the flag, sized as the batch it starts from.
+    batch = config.batch_size if isinstance(config.batch_size, int) else DEFAULT_BATCH_SIZE
+    smaller = max(1, batch // 2)
     height, width = config.input_shape
-    at = f"global batch {config.batch_size} ({height}x{width} input)"
+    at = f"{'global batch ' if isinstance(config.batch_size, int) else '--batch-size '}{config.batch_size} "
+    at += f"({height}x{width} input)"
     if os.path.isdir(config.log_dir):
         kept = f"The run folder {config.log_dir} keeps what it saved (--resume {shlex.quote(config.log_dir)} goes on)."
     else:
         kept = "Nothing was saved before it, and no run folder is left."
-    if isinstance(error, (MemoryError, FeedWorkerEnded)):
+    if on_host:
         what = str(error) if isinstance(error, FeedWorkerEnded) else "the host ran out of memory (MemoryError)"
         fewer = ""
         if (config.backend or keras_backend_name()) == "jax":  # the JAX feed's flags
             fewer = "fewer --workers, --feed threads, " if isinstance(error, FeedWorkerEnded) else "fewer --workers, "
         return (
-            f"{what}, at {at}: one batch's images alone take {_size(config.batch_size * height * width * 3)}, and "
+            f"{what}, at {at}: one batch's images alone take {_size(batch * height * width * 3)}, and "
             f"several are made ahead. To use less of the host's memory: --batch-size {smaller}, {fewer}or no --cache "
             f"ram. {kept}"
         )
-    found = memory.out_of_memory(error)
-    if found is None:
-        return None
     requested, limit = found
     return (
         f"out of memory at {at}: "
