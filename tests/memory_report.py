@@ -12,6 +12,14 @@ Two sums: resident memory (RSS) counts a page that several processes share
 overstates what the machine held; proportional memory (PSS, Linux's
 /proc/PID/smaps_rollup) splits each shared page between its sharers, so its
 sum over the tree is the memory the tree held.
+
+Reading RSS costs microseconds; reading PSS walks the process's page tables
+in the kernel, tens of milliseconds for a TensorFlow process of a few GB.
+Read at every sample, PSS took minutes of CPU from the cores the tests run
+on (BENCHMARKS.md, "The test suite's CPU"). PSS never exceeds RSS, so a
+sample whose RSS sum is below the proportional peak so far cannot raise it:
+PSS is read only for the other samples (`PSS_MARGIN` covers the kernel's
+lazily updated RSS counters).
 """
 
 from __future__ import annotations
@@ -22,23 +30,27 @@ import time
 import psutil
 
 INTERVAL_S = 0.5
+# A sample's PSS is read when its RSS sum is above this fraction of the proportional peak so far.
+PSS_MARGIN = 0.95
 
 
-def tree_members(process: psutil.Process) -> list[tuple[str, int, int]]:
-    """(role, resident bytes, proportional bytes) of `process` and each live descendant.
+def tree_members(process: psutil.Process, proportional: bool = True) -> list[tuple[str, int, int | None]]:
+    """(role, resident bytes, proportional bytes or None) of `process` and each live descendant.
 
     Roles: "pytest" (`process`), "worker" (its direct children: the xdist
-    workers) and "child" (theirs: `isolation.py`'s processes).
+    workers) and "child" (theirs: `isolation.py`'s processes). With
+    `proportional` False, the proportional bytes are not read (None).
     """
     members = []
     for member in [process, *process.children(recursive=True)]:
         try:
-            memory = member.memory_full_info()  # reads smaps_rollup: ~0.5 ms, even for a 3 GB process
+            rss = member.memory_info().rss
+            pss = member.memory_full_info().pss if proportional else None  # smaps_rollup: the costly read
             parent = member.ppid()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # ended between the listing and the reading
         role = "pytest" if member.pid == process.pid else "worker" if parent == process.pid else "child"
-        members.append((role, memory.rss, memory.pss))
+        members.append((role, rss, pss))
     return members
 
 
@@ -75,11 +87,13 @@ class TreeMemorySampler:
             self._stop.wait(self.interval_s)
 
     def _sample(self, root: psutil.Process) -> None:
-        members = tree_members(root)
+        members = tree_members(root, proportional=False)
         total = sum(rss for _, rss, _ in members)
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_members = total, members
-        self.peak_proportional_bytes = max(self.peak_proportional_bytes, sum(pss for *_, pss in members))
+        if total > PSS_MARGIN * self.peak_proportional_bytes:  # PSS <= RSS: only then can it raise the peak
+            proportional = sum(pss for *_, pss in tree_members(root))
+            self.peak_proportional_bytes = max(self.peak_proportional_bytes, proportional)
 
     def summary(self) -> str:
         """One line: wall time since `start()` and the peak, e.g. for pytest's terminal summary."""
@@ -88,7 +102,8 @@ class TreeMemorySampler:
         return (
             f"test run: wall {seconds / 60:.1f} min ({seconds:.0f} s), peak resident memory "
             f"of the process tree {self.peak_bytes / 1e9:.1f} GB ({describe_members(self.peak_members)}); "
-            f"proportional, shared pages counted once, {self.peak_proportional_bytes / 1e9:.1f} GB"
+            f"proportional, shared pages counted once, {self.peak_proportional_bytes / 1e9:.1f} GB; "
+            f"this process's CPU, the sampling included, {time.process_time():.0f} s"
         )
 
 
