@@ -16,10 +16,16 @@ sum over the tree is the memory the tree held.
 Reading RSS costs microseconds; reading PSS walks the process's page tables
 in the kernel, tens of milliseconds for a TensorFlow process of a few GB.
 Read at every sample, PSS took minutes of CPU from the cores the tests run
-on (BENCHMARKS.md, "The test suite's CPU"). PSS never exceeds RSS, so a
-sample whose RSS sum is below the proportional peak so far cannot raise it:
-PSS is read only for the other samples (`PSS_MARGIN` covers the kernel's
-lazily updated RSS counters).
+on (BENCHMARKS.md, "The test suite's CPU"). So each sample bounds the tree's
+PSS from above without reading it: the PSS sum of the last read plus every
+process's RSS growth since then (a process that started since counts its
+whole RSS). A page a process maps raises its RSS by one page and the tree's
+PSS by at most one; a page it releases, or a process that ends, cannot
+raise the tree's PSS (pages shared with processes outside the tree aside:
+the libraries every process maps). PSS is read only when that bound exceeds
+the peak so far by `PEAK_RESOLUTION_BYTES`, so the peak found can be that
+much low (the kernel's batched RSS counters add a few MB): the summary
+prints it to 0.1 GB.
 """
 
 from __future__ import annotations
@@ -30,12 +36,12 @@ import time
 import psutil
 
 INTERVAL_S = 0.5
-# A sample's PSS is read when its RSS sum is above this fraction of the proportional peak so far.
-PSS_MARGIN = 0.95
+# A sample reads PSS when its bound exceeds the proportional peak so far by more than this.
+PEAK_RESOLUTION_BYTES = 16 * 2**20
 
 
-def tree_members(process: psutil.Process, proportional: bool = True) -> list[tuple[str, int, int | None]]:
-    """(role, resident bytes, proportional bytes or None) of `process` and each live descendant.
+def tree_members(process: psutil.Process, proportional: bool = True) -> list[tuple[str, int, int | None, int]]:
+    """(role, resident bytes, proportional bytes or None, pid) of `process` and each live descendant.
 
     Roles: "pytest" (`process`), "worker" (its direct children: the xdist
     workers) and "child" (theirs: `isolation.py`'s processes). With
@@ -44,21 +50,24 @@ def tree_members(process: psutil.Process, proportional: bool = True) -> list[tup
     members = []
     for member in [process, *process.children(recursive=True)]:
         try:
-            rss = member.memory_info().rss
-            pss = member.memory_full_info().pss if proportional else None  # smaps_rollup: the costly read
+            if proportional:  # smaps_rollup, the costly read, gives the resident bytes as well
+                memory = member.memory_full_info()
+                rss, pss = memory.rss, memory.pss
+            else:
+                rss, pss = member.memory_info().rss, None
             parent = member.ppid()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # ended between the listing and the reading
         role = "pytest" if member.pid == process.pid else "worker" if parent == process.pid else "child"
-        members.append((role, rss, pss))
+        members.append((role, rss, pss, member.pid))
     return members
 
 
-def describe_members(members: list[tuple[str, int, int]]) -> str:
+def describe_members(members: list[tuple[str, int, int | None, int]]) -> str:
     """e.g. "pytest 0.3, workers 1.2 + 2.1, children 3.4 + 3.5 GB" (resident)."""
     parts = []
     for role, plural in (("pytest", "pytest"), ("worker", "workers"), ("child", "children")):
-        sizes = [f"{rss / 1e9:.1f}" for member_role, rss, _ in members if member_role == role]
+        sizes = [f"{rss / 1e9:.1f}" for member_role, rss, *_ in members if member_role == role]
         if sizes:
             parts.append(f"{plural if len(sizes) > 1 else role} {' + '.join(sizes)}")
     return ", ".join(parts) + " GB"
@@ -71,7 +80,12 @@ class TreeMemorySampler:
         self.interval_s = interval_s
         self.peak_bytes = 0
         self.peak_proportional_bytes = 0
-        self.peak_members: list[tuple[str, int, int]] = []
+        self.peak_members: list[tuple[str, int, int | None, int]] = []
+        self.samples = 0
+        self.proportional_reads = 0
+        # The last PSS read: the tree's PSS sum and each process's RSS then (pid -> bytes).
+        self._read_proportional_bytes = 0
+        self._read_resident: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-memory-sampler", daemon=True)
         self._started = None
@@ -87,13 +101,22 @@ class TreeMemorySampler:
             self._stop.wait(self.interval_s)
 
     def _sample(self, root: psutil.Process) -> None:
+        self.samples += 1
         members = tree_members(root, proportional=False)
-        total = sum(rss for _, rss, _ in members)
+        total = sum(rss for _, rss, *_ in members)
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_members = total, members
-        if total > PSS_MARGIN * self.peak_proportional_bytes:  # PSS <= RSS: only then can it raise the peak
-            proportional = sum(pss for *_, pss in tree_members(root))
-            self.peak_proportional_bytes = max(self.peak_proportional_bytes, proportional)
+        if self.proportional_bound(members) > self.peak_proportional_bytes + PEAK_RESOLUTION_BYTES:
+            members = tree_members(root)
+            self.proportional_reads += 1
+            self._read_proportional_bytes = sum(pss for _, _, pss, _ in members)
+            self._read_resident = {pid: rss for _, rss, _, pid in members}
+            self.peak_proportional_bytes = max(self.peak_proportional_bytes, self._read_proportional_bytes)
+
+    def proportional_bound(self, members: list[tuple[str, int, int | None, int]]) -> int:
+        """An upper bound of the tree's PSS now: the last read's sum plus each process's RSS growth since."""
+        growth = sum(max(0, rss - self._read_resident.get(pid, 0)) for _, rss, _, pid in members)
+        return self._read_proportional_bytes + growth
 
     def summary(self) -> str:
         """One line: wall time since `start()` and the peak, e.g. for pytest's terminal summary."""
@@ -102,7 +125,8 @@ class TreeMemorySampler:
         return (
             f"test run: wall {seconds / 60:.1f} min ({seconds:.0f} s), peak resident memory "
             f"of the process tree {self.peak_bytes / 1e9:.1f} GB ({describe_members(self.peak_members)}); "
-            f"proportional, shared pages counted once, {self.peak_proportional_bytes / 1e9:.1f} GB; "
+            f"proportional, shared pages counted once, {self.peak_proportional_bytes / 1e9:.1f} GB "
+            f"(read at {self.proportional_reads} of {self.samples} samples); "
             f"this process's CPU, the sampling included, {time.process_time():.0f} s"
         )
 
