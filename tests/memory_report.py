@@ -40,8 +40,10 @@ INTERVAL_S = 0.5
 PEAK_RESOLUTION_BYTES = 16 * 2**20
 
 
-def tree_members(process: psutil.Process, proportional: bool = True) -> list[tuple[str, int, int | None, int]]:
-    """(role, resident bytes, proportional bytes or None, pid) of `process` and each live descendant.
+def tree_members(process: psutil.Process, proportional: bool = True) -> list[tuple[str, int, int | None, tuple]]:
+    """(role, resident bytes, proportional bytes or None, identity) of `process` and each live descendant.
+
+    The identity is (pid, start time): a pid can be reused within a run (32,768 of them by default).
 
     Roles: "pytest" (`process`), "worker" (its direct children: the xdist
     workers) and "child" (theirs: `isolation.py`'s processes). With
@@ -55,15 +57,15 @@ def tree_members(process: psutil.Process, proportional: bool = True) -> list[tup
                 rss, pss = memory.rss, memory.pss
             else:
                 rss, pss = member.memory_info().rss, None
-            parent = member.ppid()
+            parent, identity = member.ppid(), (member.pid, member.create_time())
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # ended between the listing and the reading
         role = "pytest" if member.pid == process.pid else "worker" if parent == process.pid else "child"
-        members.append((role, rss, pss, member.pid))
+        members.append((role, rss, pss, identity))
     return members
 
 
-def describe_members(members: list[tuple[str, int, int | None, int]]) -> str:
+def describe_members(members: list[tuple[str, int, int | None, tuple]]) -> str:
     """e.g. "pytest 0.3, workers 1.2 + 2.1, children 3.4 + 3.5 GB" (resident)."""
     parts = []
     for role, plural in (("pytest", "pytest"), ("worker", "workers"), ("child", "children")):
@@ -80,12 +82,12 @@ class TreeMemorySampler:
         self.interval_s = interval_s
         self.peak_bytes = 0
         self.peak_proportional_bytes = 0
-        self.peak_members: list[tuple[str, int, int | None, int]] = []
+        self.peak_members: list[tuple[str, int, int | None, tuple]] = []
         self.samples = 0
         self.proportional_reads = 0
-        # The last PSS read: the tree's PSS sum and each process's RSS then (pid -> bytes).
+        # The last PSS read: the tree's PSS sum and each process's RSS then (identity -> bytes).
         self._read_proportional_bytes = 0
-        self._read_resident: dict[int, int] = {}
+        self._read_resident: dict[tuple, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-memory-sampler", daemon=True)
         self._started = None
@@ -110,12 +112,12 @@ class TreeMemorySampler:
             members = tree_members(root)
             self.proportional_reads += 1
             self._read_proportional_bytes = sum(pss for _, _, pss, _ in members)
-            self._read_resident = {pid: rss for _, rss, _, pid in members}
+            self._read_resident = {identity: rss for _, rss, _, identity in members}
             self.peak_proportional_bytes = max(self.peak_proportional_bytes, self._read_proportional_bytes)
 
-    def proportional_bound(self, members: list[tuple[str, int, int | None, int]]) -> int:
+    def proportional_bound(self, members: list[tuple[str, int, int | None, tuple]]) -> int:
         """An upper bound of the tree's PSS now: the last read's sum plus each process's RSS growth since."""
-        growth = sum(max(0, rss - self._read_resident.get(pid, 0)) for _, rss, _, pid in members)
+        growth = sum(max(0, rss - self._read_resident.get(identity, 0)) for _, rss, _, identity in members)
         return self._read_proportional_bytes + growth
 
     def summary(self) -> str:
