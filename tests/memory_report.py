@@ -21,8 +21,11 @@ PSS from above without reading it: the PSS sum of the last read plus every
 process's RSS growth since then (a process that started since counts its
 whole RSS). A page a process maps raises its RSS by one page and the tree's
 PSS by at most one; a page it releases, or a process that ends, cannot
-raise the tree's PSS (pages shared with processes outside the tree aside:
-the libraries every process maps). PSS is read only when that bound exceeds
+raise the tree's PSS. Two things escape the bound: pages shared with
+processes outside the tree (the libraries every process maps), and a forked
+process's copy-on-write pages, which its writes copy without raising any
+RSS; the suite's processes are started fresh (subprocess, `spawn`), never
+forked without an exec. PSS is read only when that bound exceeds
 the peak so far by `PEAK_RESOLUTION_BYTES`, so the peak found can be that
 much low (the kernel's batched RSS counters add a few MB): the summary
 prints it to 0.1 GB.
