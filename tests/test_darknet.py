@@ -12,6 +12,7 @@ bookkeeping. Nothing in it comes from our Keras code or Keras's epsilon.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import subprocess
@@ -29,7 +30,8 @@ from keras_yolo_mgpu.weights.convert import build_matching_body, check_output_pa
 from keras_yolo_mgpu.weights.darknet import DarknetError, DarknetHeader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DARKNET = os.path.join(REPO, "..", "shared", "darknet")
+# The official cfgs ship in model_data/ (`test_the_shipped_cfgs_are_the_official_files`).
+OFFICIAL_CFGS = os.path.join(REPO, "model_data")
 
 #: What each implementation divides ``x - rolling_mean`` by at inference,
 #: transcribed from its source, not from ours.
@@ -44,11 +46,28 @@ BN_DENOMINATORS = {
 }
 
 
-def shared_cfg(name: str) -> str:
-    path = os.path.join(SHARED_DARKNET, name)
-    if not os.path.isfile(path):
-        pytest.skip(f"{path} not available")
-    return path
+#: sha256 of each official cfg, from the upstream repositories: qqwweee/keras-yolo3 (e6598d1, 2018-07-31)
+#: ships darknet53, yolov3 and yolov3-tiny as pjreddie/darknet released them (yolov3: e84933bf, yolov3-tiny:
+#: 481d9d98, before its mask became 0,1,2); AlexeyAB/darknet's cfg/ (59596d78) has yolov4 and yolov4-tiny.
+OFFICIAL_SHA256 = {
+    "darknet53.cfg": "69384b7efd5383222424cdce801f242f17a690cc57163625d785ee3b55bb8ad9",
+    "yolov3.cfg": "39498ec1475dbe57b0308c272d0ce8bd4f3434f70b4a06f59e8a5d6194afdfc6",
+    "yolov3-tiny.cfg": "f9bd093dcb1e594b36714a540b8668bd140f7439a7d53f36a00b1250dfa46920",
+    "yolov4.cfg": "a6d0f8e5c62cc8378384f75a8159b95fa2964d4162e33351b00ac82e0fc46a34",
+    "yolov4-tiny.cfg": "f858e3724962eedf3ac44e3b6cb3f0c3d9ed067c306bb831f539c578b924c90e",
+}
+
+
+def test_the_shipped_cfgs_are_the_official_files():
+    """The tests below read the cfgs in model_data/ as Darknet's own: they must be the upstream files, byte for byte."""
+    for name, digest in OFFICIAL_SHA256.items():
+        with open(official_cfg(name), "rb") as handle:
+            assert hashlib.sha256(handle.read()).hexdigest() == digest, name
+
+
+def official_cfg(name: str) -> str:
+    """The path of an official Darknet cfg that the repository ships (model_data/)."""
+    return os.path.join(OFFICIAL_CFGS, name)
 
 
 # ---------------------------------------------------------------------------
@@ -360,7 +379,7 @@ def test_stride2_padding_is_keras_yolo3s_top_left():
 
 @pytest.mark.parametrize("name", ["yolov3-tiny.cfg", "darknet53.cfg"])
 def test_real_cfg_matches_numpy_darknet(tmp_path, name):
-    cfg = shared_cfg(name)
+    cfg = official_cfg(name)
     weights = str(tmp_path / "random.weights")
     n = random_weights_file(cfg, weights, seed=5)
     model = load_darknet(cfg, weights)
@@ -375,7 +394,7 @@ def test_real_cfg_matches_numpy_darknet(tmp_path, name):
 
 @pytest.mark.parametrize("convention", ["alexeyab", "keras-yolo3"])
 def test_other_bn_conventions_match_their_formula(tmp_path, convention):
-    cfg = shared_cfg("yolov3-tiny.cfg")
+    cfg = official_cfg("yolov3-tiny.cfg")
     weights = str(tmp_path / "random.weights")
     random_weights_file(cfg, weights, seed=5)
     model = load_darknet(cfg, weights, darknet_bn=convention)
@@ -402,7 +421,7 @@ def test_matches_opencv_darknet_importer(tmp_path):
     cv2 = pytest.importorskip("cv2")
     if not hasattr(cv2, "dnn") or not hasattr(cv2.dnn, "readNetFromDarknet"):
         pytest.skip(f"OpenCV {cv2.__version__} has no cv2.dnn.readNetFromDarknet (removed in OpenCV 5)")
-    cfg = shared_cfg("yolov3-tiny.cfg")
+    cfg = official_cfg("yolov3-tiny.cfg")
     sections = darknet.parse_cfg(cfg)
     convs, _ = darknet.infer_layers(sections)
     rng = np.random.default_rng(21)
@@ -471,7 +490,7 @@ def test_keras_yolo3_compat_stores_the_raw_arrays(tmp_path):
 
     # keras-yolo3's convert.py builds BatchNormalization() with Keras 2's default epsilon.
     assert tf_keras.layers.BatchNormalization().epsilon == 1e-3
-    cfg = shared_cfg("yolov3-tiny.cfg")
+    cfg = official_cfg("yolov3-tiny.cfg")
     weights = str(tmp_path / "tiny.weights")
     random_weights_file(cfg, weights, seed=9)
     convert(cfg, weights, tmp_path / "compat.weights.h5", darknet_bn="keras-yolo3")
@@ -504,7 +523,7 @@ def test_bn_flags_conflict():
 def test_parameter_counts_of_real_cfgs():
     # keras-yolo3's parameter counts for 80 classes (its yolo_body and tiny_yolo_body, model.count_params()).
     for name, expected in (("yolov3.cfg", 62_001_757), ("yolov3-tiny.cfg", 8_858_734)):
-        convs, _ = darknet.infer_layers(darknet.parse_cfg(shared_cfg(name)))
+        convs, _ = darknet.infer_layers(darknet.parse_cfg(official_cfg(name)))
         assert sum(c.num_floats for c in convs) == expected
 
 
@@ -513,7 +532,7 @@ def test_tiny_converts_into_tiny_yolo_body(tmp_path):
 
     from keras_yolo_mgpu.model.yolo3 import tiny_yolo_body
 
-    cfg = shared_cfg("yolov3-tiny.cfg")
+    cfg = official_cfg("yolov3-tiny.cfg")
     weights = str(tmp_path / "tiny.weights")
     random_weights_file(cfg, weights, seed=7)
     result = convert(cfg, weights, tmp_path / "out" / "tiny.weights.h5")
@@ -546,7 +565,7 @@ def test_tiny_converts_into_tiny_yolo_body(tmp_path):
 def test_same_weight_shapes_but_different_wiring_stays_generic(tmp_path):
     # Swapping the route's concat order keeps every weight shape of
     # tiny_yolo_body but changes the network: the output check must notice.
-    text = open(shared_cfg("yolov3-tiny.cfg")).read().replace("layers = -1, 8", "layers = 8, -1")
+    text = open(official_cfg("yolov3-tiny.cfg")).read().replace("layers = -1, 8", "layers = 8, -1")
     cfg = write_cfg(tmp_path, "swapped", text)
     weights = str(tmp_path / "w.weights")
     random_weights_file(cfg, weights)
@@ -677,7 +696,7 @@ def test_yolov3_converts_into_yolo_body_and_matches_numpy(tmp_path):
 
     from keras_yolo_mgpu.model.yolo3 import yolo_body
 
-    cfg = shared_cfg("yolov3.cfg")
+    cfg = official_cfg("yolov3.cfg")
     weights = str(tmp_path / "yolov3.weights")
     n = random_weights_file(cfg, weights, seed=13)
     start = time.perf_counter()
@@ -699,7 +718,7 @@ def test_yolov3_converts_into_yolo_body_and_matches_numpy(tmp_path):
 
 def _convert_v4(tmp_path, name, expected_bytes, seed):
     """Generated weights of the official file size, converted; (result, cfg, weights path)."""
-    cfg = shared_cfg(name)
+    cfg = official_cfg(name)
     weights = str(tmp_path / f"{name}.weights")
     random_weights_file(cfg, weights, seed=seed)
     assert os.path.getsize(weights) == expected_bytes  # the official release's size (docs/training.md)
@@ -750,11 +769,11 @@ def test_yolov4_converts_into_yolo4_body_and_matches_numpy(tmp_path):
     assert max(errors) <= 1e-4
 
 
-SHARED_NAMES = ("yolov3.cfg", "yolov3-tiny.cfg", "yolov4.cfg", "yolov4-tiny.cfg")
+NETWORK_CFGS = ("yolov3.cfg", "yolov3-tiny.cfg", "yolov4.cfg", "yolov4-tiny.cfg")
 
 
 def test_v4_cfgs_use_alexeyab_features_and_v3_cfgs_do_not():
-    features = {name: darknet.alexeyab_only_features(darknet.parse_cfg(shared_cfg(name))) for name in SHARED_NAMES}
+    features = {name: darknet.alexeyab_only_features(darknet.parse_cfg(official_cfg(name))) for name in NETWORK_CFGS}
     assert features["yolov4.cfg"] == ["mish", "scale_x_y"]
     assert features["yolov4-tiny.cfg"] == ["grouped route", "scale_x_y"]
     assert features["yolov3.cfg"] == features["yolov3-tiny.cfg"] == []
@@ -764,7 +783,7 @@ def test_tiny_masks_default_to_keras_yolo3s_with_a_warning(tmp_path, caplog):
     from keras_yolo_mgpu.weights.convert import choose_masks, parse_masks
 
     # pjreddie's later yolov3-tiny.cfg: mask 0,1,2 on the fine scale.
-    text = open(shared_cfg("yolov3-tiny.cfg")).read().replace("mask = 1,2,3", "mask = 0,1,2")
+    text = open(official_cfg("yolov3-tiny.cfg")).read().replace("mask = 1,2,3", "mask = 0,1,2")
     cfg = write_cfg(tmp_path, "tiny012", text)
     weights = str(tmp_path / "w.weights")
     random_weights_file(cfg, weights)

@@ -19,7 +19,7 @@ import pytest
 from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DARKNET = os.environ.get("DARKNET_CFG_DIR", os.path.join(REPO, "..", "shared", "darknet"))
+OFFICIAL_CFGS = os.path.join(REPO, "model_data")  # the official Darknet cfgs the repository ships
 # The values train.py used before recipes existed (its argparse defaults and
 # config_from_args's rules), written out: epochs 100, stage 1 the first half
 # with all but the output convs frozen, Adam 1e-3 then 1e-4, val_loss
@@ -289,9 +289,7 @@ def _tiny_darknet(tmp_path, name="net.weights"):
 
     from keras_yolo_mgpu.weights import darknet
 
-    cfg = os.path.join(SHARED_DARKNET, "yolov3-tiny.cfg")
-    if not os.path.isfile(cfg):
-        pytest.skip(f"{cfg} not available")
+    cfg = os.path.join(OFFICIAL_CFGS, "yolov3-tiny.cfg")
     convs, _ = darknet.infer_layers(darknet.parse_cfg(cfg))
     weights = tmp_path / name
     write_weights(weights, random_weights(convs, seed=3))

@@ -4,7 +4,7 @@
 file and its module). Every Python process of that environment started with
 `PROCESS_CPU_LOG=FILE` then appends one JSON line to FILE when it exits: its
 arguments, wall seconds, user and system CPU seconds (`getrusage` of the
-process itself, not its children), peak resident memory, whether it imported
+process itself, not its children), peak resident memory, minor page faults, bytes written, whether it imported
 TensorFlow or JAX, and the test it ran for (`PYTEST_CURRENT_TEST`, which a
 test's child processes inherit). Without the variable the hook does nothing.
 A process killed by a signal writes no line. `report` sums a log by role
@@ -37,8 +37,18 @@ if os.environ.get("PROCESS_CPU_LOG"):
 
     _started = time.time()
 
+    def _bytes_written():
+        # /proc/self/io: `wchar` counts every write() call, `write_bytes` what reached the disk.
+        try:
+            with open("/proc/self/io", encoding="ascii") as handle:
+                fields = dict(line.split(": ") for line in handle.read().splitlines())
+            return int(fields["wchar"]), int(fields["write_bytes"])
+        except (OSError, KeyError, ValueError):
+            return 0, 0
+
     def _write_record():
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        written, to_disk = _bytes_written()
         record = {
             "pid": os.getpid(),
             "argv": sys.argv[:4],
@@ -46,6 +56,9 @@ if os.environ.get("PROCESS_CPU_LOG"):
             "user_s": round(usage.ru_utime, 2),
             "system_s": round(usage.ru_stime, 2),
             "peak_mb": usage.ru_maxrss // 1024,
+            "minor_faults": usage.ru_minflt,
+            "written_mb": written // 2**20,
+            "to_disk_mb": to_disk // 2**20,
             "tensorflow": "tensorflow" in sys.modules,
             "jax": "jax" in sys.modules,
             "xdist_worker": os.environ.get("PYTEST_XDIST_WORKER"),
@@ -95,12 +108,18 @@ def report(log: str, top: int) -> None:
     with open(log, encoding="utf-8") as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     cpu = collections.Counter()
+    system = collections.Counter()
+    faults = collections.Counter()
+    written = collections.Counter()
     count = collections.Counter()
     by_file = collections.Counter()
     files = collections.Counter()
     for record in records:
         seconds = record["user_s"] + record["system_s"]
         cpu[role(record)] += seconds
+        system[role(record)] += record["system_s"]
+        faults[role(record)] += record.get("minor_faults", 0)
+        written[role(record)] += record.get("written_mb", 0)
         count[role(record)] += 1
         if record["test"]:
             name = record["test"].split("::")[0]
@@ -109,7 +128,10 @@ def report(log: str, top: int) -> None:
     total = sum(cpu.values())
     print(f"{len(records)} processes, {total:,.0f} s of CPU (user + system)")
     for name, seconds in cpu.most_common():
-        print(f"  {name:<13} {count[name]:4d} processes {seconds:8,.0f} s")
+        print(
+            f"  {name:<13} {count[name]:4d} processes {seconds:8,.0f} s ({system[name]:,.0f} s system),"
+            f" {faults[name] / 1e6:6.1f} M minor page faults, {written[name] / 1024:6.1f} GB written"
+        )
     print("test children by test file:")
     for name, seconds in by_file.most_common(top):
         print(f"  {seconds:8,.0f} s {files[name]:4d} processes  {name}")
