@@ -61,3 +61,8 @@ psutil = LazyModule("psutil", "pip install psutil")
 pyplot = LazyModule("matplotlib.pyplot", "pip install matplotlib")
 faster_coco_eval = LazyModule("faster_coco_eval", "pip install faster-coco-eval")
 grain = LazyModule("grain", "pip install grain (Python 3.11 or later)")
+# TensorBoard's event protos and record framing: its event files written without TensorFlow.
+event_pb2 = LazyModule("tensorboard.compat.proto.event_pb2", "pip install tensorboard")
+summary_pb2 = LazyModule("tensorboard.compat.proto.summary_pb2", "pip install tensorboard")
+record_writer = LazyModule("tensorboard.summary.writer.record_writer", "pip install tensorboard")
+tensor_util = LazyModule("tensorboard.util.tensor_util", "pip install tensorboard")

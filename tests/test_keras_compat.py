@@ -150,21 +150,22 @@ keras_compat.set_random_seed(7)
 ours, after_seed = draws(), "tensorflow" in sys.modules
 model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 model.compile(optimizer="sgd", loss="mse")
-board = EpochTensorBoard(sys.argv[1], write_graph=False)
+board = EpochTensorBoard(sys.argv[1])
 board.set_model(model)
 board.on_train_begin()
 before_epoch_end = "tensorflow" in sys.modules
 board.on_epoch_end(0, {"loss": 1.0})
 board.on_train_end()
+after_curves = "tensorflow" in sys.modules
 keras.utils.set_random_seed(7)
 written = os.listdir(os.path.join(sys.argv[1], "train"))
-print(repr((ours, after_seed, before_epoch_end, len(written), draws(), "tensorflow" in sys.modules)))
+print(repr((ours, after_seed, before_epoch_end, len(written), draws(), after_curves)))
 """
 
 
-def test_a_jax_run_seeds_as_keras_does_and_opens_tensorboard_without_importing_tensorflow(tmp_path):
-    # A JAX process where TensorFlow is installed: Keras's own seeding and TensorBoard's writers import it
-    # (0.5 GB before the first step); ours wait until the first epoch's curves are written.
+def test_a_jax_run_seeds_as_keras_does_and_writes_tensorboard_curves_without_importing_tensorflow(tmp_path):
+    # A JAX process where TensorFlow is installed: Keras's own seeding and TensorBoard callback import it (0.5 GB,
+    # and GPU memory beside JAX once it runs an op); ours never do.
     done = subprocess.run(
         [sys.executable, "-c", JAX_START, str(tmp_path / "tensorboard")],
         env=dict(os.environ, **jax_environment(1)),
@@ -176,4 +177,45 @@ def test_a_jax_run_seeds_as_keras_does_and_opens_tensorboard_without_importing_t
         done.stdout.strip().splitlines()[-1]
     )
     assert ours == keras_draws and not after_seed and not before_epoch_end
-    assert written == 1 and imported  # the epoch's curves, through TensorFlow once asked for
+    assert written == 1 and not imported  # the epoch's curves, without TensorFlow
+
+
+def _curves(folder) -> dict:
+    """{(part, tag): [(step, value), ...]} of the TensorBoard event files under `folder` (train/, validation/)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    curves = {}
+    for part in sorted(os.listdir(folder)):
+        events = EventAccumulator(os.path.join(folder, part))
+        events.Reload()
+        for tag in events.Tags()["tensors"]:
+            curves[part, tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors(tag)]
+    return curves
+
+
+def test_epoch_curves_are_the_ones_keras_tensorboard_callback_writes(tmp_path):
+    """The same tags, steps and values as `keras.callbacks.TensorBoard` (epoch updates), read back by TensorBoard."""
+    from keras_yolo_mgpu.training.callbacks import EpochTensorBoard
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.25), loss="mse")
+    epochs = [{"loss": 1.5, "val_loss": 2.5, "val_mAP": 0.125}, {"loss": 0.75}, {"loss": 0.5, "val_loss": 1.25}]
+    for board in (
+        keras.callbacks.TensorBoard(str(tmp_path / "keras"), write_graph=False),
+        EpochTensorBoard(str(tmp_path / "ours")),
+    ):
+        board.set_model(model)
+        board.on_train_begin()
+        for epoch, logs in enumerate(epochs):
+            model.optimizer.iterations.assign(3 * epoch + 2)
+            if "val_loss" in logs:  # fit's evaluation, then the epoch's end
+                board.on_test_begin()
+                board.on_test_end({"loss": logs["val_loss"]})
+            board.on_epoch_end(epoch, dict(logs))
+        board.on_train_end()
+    keras_curves = _curves(tmp_path / "keras")
+    assert keras_curves[("validation", "epoch_mAP")] == [(0, 0.125)]  # the reference has what is compared
+    assert keras_curves[("train", "epoch_learning_rate")] == [(0, 0.25), (1, 0.25), (2, 0.25)]
+    assert keras_curves[("validation", "evaluation_loss_vs_iterations")] == [(2, 2.5), (8, 1.25)]
+    assert _curves(tmp_path / "ours") == keras_curves

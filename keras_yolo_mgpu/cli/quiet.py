@@ -108,7 +108,7 @@ def quiet_tensorflow_import(verbose: bool = False) -> None:
     """Makes this process's first `import tensorflow`, whoever asks for it, drop the lines its libraries print.
 
     On JAX, Keras imports TensorFlow where it is installed, in the middle of a run: its serializer (a model's
-    `get_config`) and the TensorBoard callback. No-op with `verbose`, or once TensorFlow is imported.
+    `get_config`). No-op with `verbose`, or once TensorFlow is imported.
     """
     if verbose or "tensorflow" in sys.modules or any(isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
         return

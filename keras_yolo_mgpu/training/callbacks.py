@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
 import keras
 import numpy as np
 
+from keras_yolo_mgpu.optional import event_pb2, record_writer, summary_pb2, tensor_util
 from keras_yolo_mgpu.optional import pyplot as plt
 
 logger = logging.getLogger(__name__)
@@ -138,16 +141,102 @@ def overrides_batch_end(callback) -> bool:
     return kind.on_train_batch_end is not base.on_train_batch_end or kind.on_batch_end is not base.on_batch_end
 
 
-class EpochTensorBoard(keras.callbacks.TensorBoard):
-    """Keras's TensorBoard with the epoch curves only: its batch-end hook would read the device every step."""
+_EVENT_FILE_NUMBERS = itertools.count()
 
-    on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
 
-    def on_train_begin(self, logs=None):
-        # Keras's opens the per-batch writer here, importing TensorFlow before a JAX run's first step
-        # (hundreds of MB, seconds of start-up); the writers open with the first curves instead.
-        if self.update_freq != "epoch":
-            super().on_train_begin(logs)
+class EventFile:
+    """One TensorBoard event file, as `tf.summary` writes it (`tensorboard`'s protos and record framing).
+
+    TensorBoard's own `EventFileWriter` opens its file through `tensorboard.compat.tf`, which imports
+    TensorFlow wherever it is installed; this opens it with `open`.
+    """
+
+    def __init__(self, folder: str):
+        os.makedirs(folder, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        self._records = record_writer.RecordWriter(
+            open(os.path.join(folder, f"{name}.{next(_EVENT_FILE_NUMBERS)}"), "wb")
+        )
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _write(self, event) -> None:
+        self._records.write(event.SerializeToString())
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """A point of the scalar curve `tag`: a float32 scalar tensor of the scalars plugin, as `tf.summary.scalar`."""
+        event = event_pb2.Event(wall_time=time.time(), step=int(step))
+        event.summary.value.add(
+            tag=tag,
+            tensor=tensor_util.make_tensor_proto(np.float32(value)),
+            metadata=summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+                data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR,
+            ),
+        )
+        self._write(event)
+
+    def flush(self) -> None:
+        self._records.flush()
+
+    def close(self) -> None:
+        self._records.close()
+
+
+class EpochTensorBoard(keras.callbacks.Callback):
+    """The epoch curves that `keras.callbacks.TensorBoard` writes, through TensorBoard's own writer.
+
+    As Keras's callback (`update_freq="epoch"`) writes them: at step `epoch`,
+    `log_dir/train` gets `epoch_<name>` for each training value and the
+    optimizer's learning rate, `log_dir/validation` gets `epoch_<name>` for
+    each `val_<name>`, and after each evaluation `evaluation_<name>_vs_iterations`
+    at the optimizer's step count. Keras's writes through `tf.summary`, so a JAX run would
+    import TensorFlow for it, and TensorFlow takes GPU memory beside JAX once
+    it runs an op; `EventFile` needs no TensorFlow. The files are flushed
+    every epoch, so TensorBoard shows a run as it trains.
+    """
+
+    def __init__(self, log_dir: str):
+        super().__init__()
+        self.log_dir = log_dir
+        self._writers: dict = {}
+
+    def _write(self, part: str, values: dict, step: int, prefix: str = "epoch_") -> None:
+        if part not in self._writers:
+            self._writers[part] = EventFile(os.path.join(self.log_dir, part))
+        for name, value in values.items():
+            self._writers[part].scalar(prefix + name, value, step=step)
+        self._writers[part].flush()
+
+    def _learning_rates(self) -> dict:
+        """Keras's callback's `learning_rate` entries (`_collect_learning_rate`): one per optimizer."""
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)  # a LossScaleOptimizer's
+        if hasattr(optimizer, "optimizers"):
+            return {
+                f"learning_rate_{o.name}": float(keras.ops.convert_to_numpy(o.learning_rate))
+                for o in optimizer.optimizers
+            }
+        if isinstance(optimizer, keras.optimizers.Optimizer):
+            return {"learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate))}
+        return {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        train = {name: value for name, value in logs.items() if not name.startswith("val_")}
+        self._write("train", {**train, **self._learning_rates()}, epoch)
+        validation = {name[len("val_") :]: value for name, value in logs.items() if name.startswith("val_")}
+        if validation:
+            self._write("validation", validation, epoch)
+
+    def on_test_end(self, logs=None):
+        if logs and getattr(self.model.optimizer, "iterations", None) is not None:
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            self._write("validation", {f"evaluation_{name}_vs_iterations": v for name, v in logs.items()}, step, "")
+
+    def on_train_end(self, logs=None):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
 
 
 def read_history(history_csv: str) -> dict[str, list[float]]:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
 import shlex
@@ -22,6 +21,7 @@ from keras_yolo_mgpu.keras_compat import patch_multiworker_first_batch_build, pa
 from keras_yolo_mgpu.model.architectures import resolve_iou_thresh
 from keras_yolo_mgpu.model.boxes import MAX_BOXES
 from keras_yolo_mgpu.model.loss import totalloss
+from keras_yolo_mgpu.optional import event_pb2
 from keras_yolo_mgpu.training import batch_fit, precision, run_state
 from keras_yolo_mgpu.training.anchor_fit import run_anchors
 from keras_yolo_mgpu.training.callbacks import EpochTensorBoard, HistoryCSVLogger, StopOnInterrupt, Throughput
@@ -298,16 +298,8 @@ def _repeated(inputs: dict, size: int) -> dict:
 
 
 def _tensorboard(run_dir: str) -> list:
-    """Keras's TensorBoard callback, where TensorFlow is installed (it writes through `tf.summary`).
-
-    Without it the same curves are in history.csv and results.png.
-    """
-    try:
-        installed = importlib.util.find_spec("tensorflow") is not None
-    except (ImportError, ValueError):  # a broken or blocked install counts as none
-        installed = False
-    if not installed:
-        logger.info("no TensorBoard logs: Keras writes them with TensorFlow, which is not installed")
+    """The epoch curves for TensorBoard, where its package is installed (the same curves are in history.csv)."""
+    if not event_pb2.available:
+        logger.info("no TensorBoard logs: the tensorboard package is not installed (pip install tensorboard)")
         return []
-
-    return [EpochTensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False)]
+    return [EpochTensorBoard(os.path.join(run_dir, "tensorboard"))]
