@@ -47,6 +47,24 @@ DEFAULT_FILES = {
     "tiny_anchors": MODEL_ANCHORS_FILES["yolov3-tiny"],
 }
 
+# keras-yolo3's detection weights, relative to the folder a command runs in (its yolo.py's `model_path`).
+DEFAULT_MODEL_PATH = os.path.join("model_data", "yolo.h5")
+
+
+def missing_model_message(model_path: str, option: str) -> str:
+    """The error for detection weights that are not there; for keras-yolo3's default file, how to make it.
+
+    `option`: how the caller sets the weights, with `{}` for the value (`--model {}`, `model_path="{}"`).
+    """
+    message = f"model weights not found: {model_path}"
+    if os.path.normpath(model_path) != DEFAULT_MODEL_PATH:
+        return message
+    return (
+        f"{message}, the default. Make it as keras-yolo3's README does: "
+        "python convert.py yolov3.cfg yolov3.weights model_data/yolo.h5 (the official weights are downloaded when "
+        f"missing); or pass {option.format('FILE')}, or {option.format('yolov3')} for the official weights by name"
+    )
+
 
 def resolve_resource(path: str | os.PathLike | None, kind: str, *, tiny: bool = False, model: str | None = None) -> str:
     """`path` when given, else the shipped default of `kind` in `model_data/`.

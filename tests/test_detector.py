@@ -223,9 +223,12 @@ def test_a_weights_file_detector_folds_its_network_and_spreads_it_over_devices(f
     assert assert_same_detections(spread.detect_batch(images), yolo.detect_batch(images)) > 0
 
 
-def test_yolo_errors_are_clear(files, tmp_path):
+def test_yolo_errors_are_clear(files, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="model weights not found"):
         YOLO(str(tmp_path / "missing.h5"), TINY_ANCHORS_PATH, files["classes"])
+    monkeypatch.chdir(tmp_path)  # keras-yolo3's default model_data/yolo.h5 is not there: the error says how to make it
+    with pytest.raises(FileNotFoundError, match=r"yolov3\.weights model_data/yolo\.h5 .* model_path=\"yolov3\""):
+        YOLO(anchors_path=TINY_ANCHORS_PATH, classes_path=files["classes"])
     three = write_classes(tmp_path / "three.txt", ["a", "b", "c"])
     with pytest.raises(ValueError, match="--classes"):
         YOLO(files["weights"], TINY_ANCHORS_PATH, three, model_image_size=INPUT_SHAPE)

@@ -162,7 +162,7 @@ def test_http_error_names_the_url(mirror, cache, monkeypatch):
     assert not cache.exists() or os.listdir(cache) == []
 
 
-def test_offline_error_names_the_url_and_the_cache_path(cache, monkeypatch):
+def test_offline_error_names_the_url_and_the_cache_path(cache, monkeypatch, tmp_path):
     monkeypatch.setenv(download.WEIGHTS_URL_ENV, f"http://127.0.0.1:{_closed_port()}/")
     with pytest.raises(WeightsDownloadError, match="cannot connect") as raised:
         resolve_weights(NAME)
@@ -170,6 +170,16 @@ def test_offline_error_names_the_url_and_the_cache_path(cache, monkeypatch):
     assert f"/{NAME}.weights" in message and OFFICIAL_WEIGHTS[NAME].url in message
     assert str(cache / f"{NAME}.weights") in message
     assert "\n" not in message  # one error line
+    assert "or put it in" not in message
+    # Given as keras-yolo3's file name (`convert.py yolov3.cfg yolov3.weights ...`): that name in this folder works too.
+    here = tmp_path / "keras-yolo3"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with pytest.raises(WeightsDownloadError, match="cannot connect") as raised:
+        resolve_weights(f"{NAME}.weights")
+    assert str(raised.value).endswith(f"; or put it in {here} as {NAME}.weights")
+    (here / f"{NAME}.weights").write_bytes(b"put there by hand")
+    assert resolve_weights(f"{NAME}.weights") == f"{NAME}.weights"
 
 
 def test_existing_paths_and_other_names_are_returned_untouched(mirror, cache, monkeypatch, tmp_path):

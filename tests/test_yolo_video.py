@@ -229,6 +229,19 @@ def test_cli_reports_bad_inputs_without_traceback(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_missing_default_weights_say_how_keras_yolo3_makes_them(tmp_path, monkeypatch, capsys):
+    """keras-yolo3's README runs convert.py before yolo_video.py; a user who skipped it is told the line."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["--input", "clip.mp4"]) == 1
+    assert main(["--model", "elsewhere/best.h5", "--input", "clip.mp4"]) == 1
+    default_error, other_error = capsys.readouterr().err.strip().splitlines()
+    assert "model weights not found: model_data/yolo.h5, the default" in default_error
+    assert "python convert.py yolov3.cfg yolov3.weights model_data/yolo.h5" in default_error
+    assert "--model yolov3 for the official weights by name" in default_error
+    assert "error: model weights not found: elsewhere/best.h5 (run with -v for details)" == other_error
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.skipif("GUI:                           NONE" not in cv2.getBuildInformation(), reason="OpenCV can show")
 def test_show_without_a_display_fails_before_a_frame_is_written(tmp_path, clip, caplog, capsys):
     """On a headless OpenCV, --show is refused up front: no model built, no output file (it used to keep the frames

@@ -20,6 +20,7 @@ from keras_yolo_mgpu.cli.runner import UsageError
 from keras_yolo_mgpu.cli.script_settings import DETECT_SETTINGS, ScriptSettings, run_with_settings
 from keras_yolo_mgpu.inference import media
 from keras_yolo_mgpu.inference.video import check_video_input
+from keras_yolo_mgpu.resources import DEFAULT_MODEL_PATH, missing_model_message
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 from keras_yolo_mgpu.wording import counted
@@ -157,7 +158,7 @@ def detection(args) -> dict:
     """What the command does, returning its counts (images or frames, boxes, where the output went)."""
     video, output = _video_and_output(args)
     # An official net's name (`--model yolov3-tiny`) is its Darknet file, downloaded once.
-    weights = resolve_weights(args.weights) or os.path.join("model_data", "yolo.h5")
+    weights = resolve_weights(args.weights) or DEFAULT_MODEL_PATH
     rule, image_folder = _checked_outputs(args, weights, video, output)
     if args.show:
         media.check_display()  # a headless machine fails here, before a model is built or a frame written
@@ -183,8 +184,7 @@ def _checked_outputs(args, weights: str, video: str | None, output: str | None):
     Cheap checks first: a typo or a refused output fails before the model is built.
     """
     if not os.path.exists(weights):  # a SavedModel export is a folder
-        hint = "" if args.weights else " (the default; pass --model FILE)"
-        raise FileNotFoundError(f"model weights not found: {weights}{hint}")
+        raise FileNotFoundError(missing_model_message(weights, "--model {}"))
     rule = media.OutputRule([weights, args.classes, args.anchors], overwrite=args.overwrite)
     image_folder = output or "detections"
     if args.image:

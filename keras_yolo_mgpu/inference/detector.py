@@ -34,6 +34,7 @@ from keras_yolo_mgpu.inference.layers import build_detection_model
 from keras_yolo_mgpu.model.architectures import get_architecture
 from keras_yolo_mgpu.model.batch_norm import fold_batch_norm
 from keras_yolo_mgpu.model.yolo3 import build_body, check_input_shape
+from keras_yolo_mgpu.resources import DEFAULT_MODEL_PATH, missing_model_message
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.loading import load_weights
 from keras_yolo_mgpu.weights.metadata import make_metadata, settings_for
@@ -42,7 +43,6 @@ from keras_yolo_mgpu.wording import counted
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PATH = os.path.join("model_data", "yolo.h5")
 # The keys of keras-yolo3's yolo_video.py namespace, which its users pass on as `YOLO(**vars(FLAGS))`: its model
 # flags under their flag names (keras-yolo3's YOLO kept them unread, so its --model never chose the weights; here they
 # do), and its mode flags, which are the script's, not the detector's.
@@ -264,7 +264,7 @@ class YOLO:
             model_path = DEFAULT_MODEL_PATH
         model_path = darknet_as_keras(resolve_weights(os.fspath(model_path)))
         if not os.path.isfile(model_path):
-            raise FileNotFoundError(f"model weights not found: {model_path}")
+            raise FileNotFoundError(missing_model_message(model_path, 'model_path="{}"'))
         if settings is None:
             settings = settings_for(
                 model_path,

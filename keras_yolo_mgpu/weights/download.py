@@ -203,10 +203,16 @@ def resolve_weights(text: str | None) -> str | None:
     if not text or os.path.exists(text):
         return text
     name = official_name(text)
-    if name:
+    if not name:
+        _refuse_unknown_name(text)
+        return text
+    try:
         return fetch_official_weights(name)
-    _refuse_unknown_name(text)
-    return text
+    except WeightsDownloadError as error:
+        if not text.endswith(DARKNET_SUFFIX):
+            raise
+        # A file name (keras-yolo3's `convert.py yolov3.cfg yolov3.weights ...`) is also where its README puts the file.
+        raise WeightsDownloadError(f"{error}; or put it in {os.path.abspath('.')} as {text}") from None
 
 
 def _refuse_unknown_name(text: str) -> None:
