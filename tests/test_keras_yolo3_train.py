@@ -150,6 +150,7 @@ def test_missing_start_weights_are_named_with_the_command_that_makes_them(tmp_pa
     assert result.returncode == 1
     assert "model_data/tiny_yolo_weights.h5" in result.stderr
     assert "python convert.py -w yolov3-tiny.cfg yolov3-tiny.weights model_data/tiny_yolo_weights.h5" in result.stderr
+    assert "--weights yolov3-tiny (the official weights by name)" in result.stderr
     assert not (root / "logs").exists()
 
 

@@ -70,12 +70,12 @@ def apply_keras_yolo3_paths(args: argparse.Namespace, settings: ScriptSettings |
         tiny = len(get_anchors(anchors_path)) == 6  # keras-yolo3: `is_tiny_version = len(anchors)==6`
         weights = TINY_WEIGHTS if tiny else WEIGHTS
         if not os.path.isfile(weights):
-            source = "yolov3-tiny.cfg yolov3-tiny.weights" if tiny else "yolov3.cfg yolov3.weights"
+            official = "yolov3-tiny" if tiny else "yolov3"
             raise CommandError(
                 f"keras-yolo3's {script} starts from {weights} ({'6 anchors: tiny YOLOv3' if tiny else '9 anchors'}), "
-                f"which is not in this folder. Make it as keras-yolo3's README does: python convert.py -w {source} "
-                f"{weights}; or pass --weights FILE (a Darknet .weights file works as it is), or set weights_path in "
-                f"{script}"
+                f"which is not in this folder. Make it as keras-yolo3's README does: python convert.py -w "
+                f"{official}.cfg {official}.weights {weights}; or pass --weights FILE (a Darknet .weights file works "
+                f"as it is) or --weights {official} (the official weights by name), or set weights_path in {script}"
             )
         args.weights = weights
         taken.append(weights)
