@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -26,6 +27,21 @@ def _run(args, timeout=300, **env):
     return subprocess.run(
         [sys.executable, TRAIN, *args], capture_output=True, text=True, timeout=timeout, env=_env(**env), cwd=REPO
     )
+
+
+def _suggested_evaluation(train_stderr: str):
+    """Runs the `python evaluate.py --weights W` that a finished run's last line suggests: (report, its log)."""
+    (suggested,) = [
+        line.split("next: ", 1)[1] for line in train_stderr.splitlines() if "next: python evaluate.py" in line
+    ]
+    argv = shlex.split(suggested.split(";")[0])
+    assert argv[:3] == ["python", "evaluate.py", "--weights"] and len(argv) == 4, suggested
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "evaluate.py"), *argv[2:], "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +150,10 @@ def test_yolo_format_folder_trains_without_classes_and_draws_the_run_pictures(tm
     history = (log_dir / "history.csv").read_text().splitlines()
     assert history[1].startswith("1,") and "learning_rate" in history[0]  # epochs counted from 1, as ep001-...
     assert json.loads((log_dir / "args.json").read_text())["classes"] is None
+    # The command the run's last line suggests scores the images the run validated on: the dataset's val split.
+    report, log = _suggested_evaluation(result.stderr)
+    assert report["num_listed"] == 2, log[-3000:]
+    assert f"scoring the images the run validated on: the val split of --data {tmp_path / 'data'}" in log
 
 
 def test_resume_refuses_flags_that_contradict_the_run(tmp_path):
@@ -192,6 +212,10 @@ def test_existing_run_is_not_overwritten_unless_asked(dataset, tmp_path):
     assert f"--overwrite: deleted the earlier run in {log_dir} (2 files and folders)" in result.stderr
     assert json.loads((log_dir / "args.json").read_text())["epochs"] == 1
     assert (log_dir / "trained_weights_final.h5").read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"  # the new run's weights
+    # The command the run's last line suggests scores the images the run validated on: its --val-annotations.
+    report, log = _suggested_evaluation(result.stderr)
+    assert report["num_listed"] == 4, log[-3000:]
+    assert f"scoring the images the run validated on: --val-annotations {dataset.val}" in log
 
 
 def _free_port():

@@ -25,7 +25,7 @@ from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_wei
 from keras_yolo_mgpu.outputs import check_output
 from keras_yolo_mgpu.plots.evaluation import evaluation_picture_paths
 from keras_yolo_mgpu.resources import resolve_resource
-from keras_yolo_mgpu.training.run_folder import held_out_list, trained_on_list
+from keras_yolo_mgpu.training.run_folder import held_out_list, recorded_validation, trained_on_list
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
@@ -95,16 +95,13 @@ def evaluation(args) -> dict:
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
     if args.weights and not args.annotations and not args.data:
-        # A run's weights alone: the images that run held out for validation.
-        args.annotations = held_out_list(args.weights)
-        if args.annotations:
-            logger.info("scoring the images the run held out for validation: %s", args.annotations)
+        _use_the_runs_validation(args)
     elif args.weights and args.data and args.split == "val":
         _use_held_out_when_data_has_no_val(args)
     if bool(args.annotations) == bool(args.data):
         raise UsageError(
             "give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file); "
-            "weights of a run that held out validation images (its val_split.txt) need neither"
+            "the weights of a run that validated on images need neither (it scores those)"
         )
     _check_outputs(args)  # before the model runs: a refused file must not cost the whole evaluation
     if args.detections:
@@ -141,6 +138,24 @@ def evaluation(args) -> dict:
             progress=not args.no_progress,
         )
     return result
+
+
+def _use_the_runs_validation(args) -> None:
+    """A run's weights alone: the images that run validated on (those it held out, else those it was given)."""
+    args.annotations = held_out_list(args.weights)
+    if args.annotations:
+        logger.info("scoring the images the run held out for validation: %s", args.annotations)
+        return
+    recorded = recorded_validation(args.weights)
+    if recorded is None:
+        return
+    if "annotations" in recorded:
+        args.annotations = recorded["annotations"]
+        source = f"--val-annotations {shlex.quote(args.annotations)}"
+    else:
+        args.data, args.image_dir, args.split = recorded["data"], args.image_dir or recorded["image_dir"], "val"
+        source = f"the val split of --data {shlex.quote(args.data)}"
+    logger.info("scoring the images the run validated on: %s (its args.json)", source)
 
 
 def _use_held_out_when_data_has_no_val(args) -> None:

@@ -69,6 +69,30 @@ def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
     return held_out if os.path.abspath(dataset) in [os.path.abspath(s) for s in sources if s] else None
 
 
+def recorded_validation(weights_path: str) -> dict[str, str] | None:
+    """The validation images the run whose folder holds `weights_path` was given, as evaluate.py's settings.
+
+    `{"annotations": FILE}` for the run's --val-annotations, `{"data": DATASET, "image_dir": ...}` for the val split
+    of its --data; None when the folder has no readable args.json, the run had no validation images of its own
+    (see `held_out_list` for those it drew), or the file or dataset is no longer there.
+    """
+    try:
+        with open(
+            os.path.join(os.path.dirname(os.path.abspath(weights_path)), "args.json"), encoding="utf-8"
+        ) as handle:
+            recorded = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    if recorded.get("val_annotations"):
+        found = os.path.isfile(recorded["val_annotations"])
+        return {"annotations": recorded["val_annotations"]} if found else None
+    if recorded.get("data") and os.path.exists(recorded["data"]):
+        return {"data": recorded["data"], "image_dir": recorded.get("image_dir")}
+    return None
+
+
 def trained_on_list(weights_path: str) -> str | None:
     """The list of the images the run whose folder holds `weights_path` trained on, or None (not a run's weights)."""
     path = os.path.join(os.path.dirname(os.path.abspath(weights_path)), TRAINED_ON_FILE)
