@@ -13,6 +13,7 @@ from keras_yolo_mgpu.inference.export_check import (
     INT8_TOLERANCES,
     ExportCheckError,
     check_export,
+    compare_detection_lists,
     format_check,
     judge_outputs,
     run_keras,
@@ -173,3 +174,50 @@ def test_a_broken_int8_export_fails(int8_outputs, break_export, says):
     reference, good = int8_outputs
     with pytest.raises(ExportCheckError, match=says):
         _judge(reference, break_export(good), INT8_TOLERANCES)
+
+
+def _tied_scene():
+    """Keras-model-like outputs: image 0 with objects, image 1 as a barely trained network scores it."""
+    rng = np.random.default_rng(1)
+    reference = _decoded_scene(rng, images=2, boxes=200)
+    scores = reference["decoded_scores"]
+    scores[0, 0, 0], scores[0, 1, 1] = 0.8, 0.8 + 1e-7  # two of image 0's 3 objects tie to rounding
+    scores[1] = 0.01 + rng.uniform(0, 1e-7, scores[1].shape)  # image 1 like a barely trained network's: all alike
+    return reference
+
+
+def test_a_float32_export_whose_tied_scores_round_the_other_way_passes():
+    """Scores equal to rounding sort and suppress either way: a correct export is not refused for that."""
+    reference = _with_own_nms(_tied_scene())
+    export_side = {key: value.copy() for key, value in reference.items()}
+    rounding = np.random.default_rng(2).random(export_side["decoded_scores"].shape, dtype=np.float32)
+    export_side["decoded_scores"] += np.float32(1e-7) * rounding  # against the tolerance's 1e-4
+    # Its own NMS output: the same detections, two of them (scores apart by rounding) in the other order.
+    for key in ("boxes", "scores", "classes"):
+        export_side[key][0, [0, 1]] = export_side[key][0, [1, 0]]
+    export_side["scores"][0, 0] += np.float32(1e-8)
+    # The row-by-row comparison of before refused both: at the floor, the NMS of the export's scores keeps
+    # other boxes than the Keras model's (rounding chooses among overlapping boxes), and its own list is reordered.
+    from keras_yolo_mgpu.inference.export_formats import host_nms
+
+    at_floor = dict(score=0.005, iou=0.45, max_boxes=20, max_detections=100)
+    assert not compare_detection_lists(host_nms(reference, **at_floor), host_nms(export_side, **at_floor))["exact"]
+    assert not compare_detection_lists(reference, export_side)["exact"]
+
+    def judge(other):  # the export's own NMS output as given
+        return judge_outputs(reference, other, score=0.3, iou=0.45, source="arrays", tolerance=FLOAT_TOLERANCES)
+
+    result = judge(export_side)
+    assert result["at_floor"]["compared"] > 50 and result["at_floor"]["exact"]
+    own = result["own_nms"]
+    assert own["compared"] == 3 and own["paired"] and own["found"] == 3 and not own["exact"]
+    assert own["paired_max_box_diff"] == 0.0 and own["paired_max_score_diff"] < 2e-7
+    # A detection box the export's own NMS moves by 1 px is still refused, as is a detection of another class.
+    moved = {**export_side, "boxes": export_side["boxes"].copy()}
+    moved["boxes"][0, 1] += 1.0
+    with pytest.raises(ExportCheckError, match=r"own_nms: detection boxes differ by up to 1 px"):
+        judge(moved)
+    relabelled = {**export_side, "classes": export_side["classes"].copy()}
+    relabelled["classes"][0, 2] = 1 - relabelled["classes"][0, 2]
+    with pytest.raises(ExportCheckError, match=r"own_nms: detections differ in count or class"):
+        judge(relabelled)

@@ -397,7 +397,7 @@ def run_check(model, fmt: str, path: str, images: str | None, precision: str, ma
             tolerance=export_check.TOLERANCES[precision],
         )
     except export_check.ExportCheckError as error:
-        raise ExportError(f"{path}: {error}") from None
+        raise ExportError(f"{path}: {error} (the file is kept, to inspect; it is no export to use)") from None
 
 
 def _add_onnx_metadata(path: str, settings) -> None:
