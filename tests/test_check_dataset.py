@@ -201,6 +201,9 @@ def test_training_and_validation_that_share_images_are_named_with_counts(tmp_pat
     assert f"warning: 1 image(s) listed more than once in {train} (they weigh double): {tmp_path / '0.jpg'}" in out
     assert f"error: 2 image(s) in both {train} and {val}: {tmp_path / '1.jpg'}, {tmp_path / '2.jpg'}" in out
     assert "error: 1 image(s) of" in out and f"{tmp_path / 'copy_of_4.jpg'}" in out  # the same bytes, another name
+    # train.py's and evaluate.py's flag for the same files: the same check.
+    assert main(["--annotations", str(train), str(val), "--classes", _classes(tmp_path)]) == 1
+    assert capsys.readouterr().out == out
     assert main([str(train), "--classes", _classes(tmp_path)]) == 0  # a repeat alone is a warning
 
 

@@ -2,6 +2,7 @@
 
     python -m keras_yolo_mgpu.check_dataset --data my_dataset/data.yaml
     python -m keras_yolo_mgpu.check_dataset train.txt --classes model_data/voc_classes.txt
+    python -m keras_yolo_mgpu.check_dataset --annotations train.txt val.txt --classes my_classes.txt
 
 Prints `FILE:LINE: problem` lines and a summary per split, then, when a split
 has no box left or more than half of its images have no labels, where the
@@ -32,6 +33,15 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "annotations", nargs="*", help="dataset(s) of any kind --data takes, e.g. annotation files 'path x1,y1,...'"
+    )
+    parser.add_argument(
+        "--annotations",
+        dest="annotation_files",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="annotation file(s), as train.py and evaluate.py take them; the same as giving them as arguments",
     )
     add_data_args(parser, split=None)
     parser.add_argument(
@@ -95,9 +105,9 @@ def _reports(path: str, args):
 
 
 def run(args) -> int:
-    paths = list(args.annotations) + ([args.data] if args.data else [])
+    paths = [*args.annotations, *args.annotation_files] + ([args.data] if args.data else [])
     if not paths:
-        raise CommandError("give a dataset: --data PATH (or annotation files as arguments)")
+        raise CommandError("give a dataset: --data PATH, or annotation files (--annotations FILE, or as arguments)")
     any_problem = False
     images = {}  # split label -> its image paths, for the overlap check across all of them
     for path in paths:
