@@ -80,12 +80,19 @@ def test_a_resolved_run_cannot_be_changed():
 def test_the_commands_a_run_suggests_paste_into_a_shell_whatever_its_folder_is_named(tmp_path):
     folder = tmp_path / "my runs" / "001"
     best = str(folder / "best.weights.h5")
-    result = TrainResult(str(folder), str(folder / "last.weights.h5"), best_weights=best, best_epoch=2, best_value=0.5)
+    history = {"loss": [2.0, 1.0], "val_loss": [2.5, 1.5]}
+    result = TrainResult(
+        str(folder), str(folder / "last.weights.h5"), history, best_weights=best, best_epoch=2, best_value=0.5
+    )
     (line,) = [line for line in train.closing_lines(result) if line.startswith("next: ")]
     assert [shlex.split(command) for command in line.removeprefix("next: ").split("; ")] == [
         ["python", "evaluate.py", "--weights", best],
         ["python", "yolo_video.py", "--model", best, "--image"],
     ]
+    # A run that validated on no images: evaluate.py --weights alone has nothing to score, and the line says so.
+    result = dataclasses.replace(result, history={"loss": [2.0, 1.0]})
+    (line,) = [line for line in train.closing_lines(result) if line.startswith("next: ")]
+    assert f"evaluate.py --weights {shlex.quote(best)} --data VAL_DATASET (the run validated on no images)" in line
 
 
 def _weights(path):

@@ -1,6 +1,7 @@
 """The pieces of an exact resume: callback counters, the commit file, stale files, the history."""
 
 import dataclasses
+import json
 import math
 import os
 
@@ -14,6 +15,7 @@ from keras_yolo_mgpu.training.run_folder import (
     _trim_history,
     lock_run_folder,
     open_run_folder,
+    recorded_validation,
 )
 from keras_yolo_mgpu.training.trainer import _say_what_was_kept
 
@@ -188,3 +190,23 @@ def test_a_stopped_run_says_what_it_kept_only_when_resuming_would_continue_it(tm
     assert said(ValueError("the dataset changed"), 3) == []
     run_state.write_run_state(str(tmp_path), run_state.RunState(stage=1, epoch=10, stream_position=80, finished=True))
     assert said(KeyboardInterrupt(), 0) == []  # a finished run: nothing to resume
+
+
+def test_the_validation_a_run_recorded_is_what_evaluate_takes_for_its_weights(tmp_path):
+    """evaluate.py --weights RUN/W alone: the run's --val-annotations, or --data where the run scored its val split."""
+    run, data = tmp_path / "run", tmp_path / "data"
+    run.mkdir()
+    data.mkdir()
+    weights = str(run / "best.weights.h5")
+    assert recorded_validation(weights) is None  # no args.json: not a run's folder
+    val = tmp_path / "val.txt"
+    val.write_text("a.jpg 1,1,5,5,0\n")
+    (run / "args.json").write_text(json.dumps({"val_annotations": str(val), "data": None}))
+    assert recorded_validation(weights) == {"annotations": str(val)}
+    val.unlink()
+    assert recorded_validation(weights) is None  # the file is gone: nothing to score, nothing guessed
+    (run / "args.json").write_text(json.dumps({"val_annotations": None, "data": str(data), "image_dir": None}))
+    (run / "history.csv").write_text("epoch,loss\n1,2.0\n")
+    assert recorded_validation(weights) is None  # --data without a val split, and none drawn: no validation
+    (run / "history.csv").write_text("epoch,loss,val_loss\n1,2.0,2.5\n")
+    assert recorded_validation(weights) == {"data": str(data), "image_dir": None}

@@ -506,7 +506,11 @@ def closing_lines(result) -> list[str]:
         best = f" (epoch {result.best_epoch}, {result.monitor} {result.best_value:.4f})" if result.best_epoch else ""
         lines.append(f"best weights by {result.monitor}: {result.best_weights}{best}")
     weights = shlex.quote(weights)  # a command to paste, whatever the folder's name
-    lines.append(f"next: python evaluate.py --weights {weights}; python yolo_video.py --model {weights} --image")
+    # evaluate.py --weights alone scores what the run validated on; a run that validated on nothing needs images.
+    images = "" if "val_loss" in (result.history or {}) else " --data VAL_DATASET (the run validated on no images)"
+    lines.append(
+        f"next: python evaluate.py --weights {weights}{images}; python yolo_video.py --model {weights} --image"
+    )
     return lines
 
 

@@ -76,10 +76,9 @@ def recorded_validation(weights_path: str) -> dict[str, str] | None:
     of its --data; None when the folder has no readable args.json, the run had no validation images of its own
     (see `held_out_list` for those it drew), or the file or dataset is no longer there.
     """
+    run_dir = os.path.dirname(os.path.abspath(weights_path))
     try:
-        with open(
-            os.path.join(os.path.dirname(os.path.abspath(weights_path)), "args.json"), encoding="utf-8"
-        ) as handle:
+        with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as handle:
             recorded = json.load(handle)
     except (OSError, ValueError):
         return None
@@ -88,9 +87,19 @@ def recorded_validation(weights_path: str) -> dict[str, str] | None:
     if recorded.get("val_annotations"):
         found = os.path.isfile(recorded["val_annotations"])
         return {"annotations": recorded["val_annotations"]} if found else None
-    if recorded.get("data") and os.path.exists(recorded["data"]):
+    # --data validated on its own val split only where it has one: then its history has validation columns.
+    if recorded.get("data") and os.path.exists(recorded["data"]) and _validated(run_dir):
         return {"data": recorded["data"], "image_dir": recorded.get("image_dir")}
     return None
+
+
+def _validated(run_dir: str) -> bool:
+    """Whether the run in `run_dir` scored validation images (history.csv has a val_loss column)."""
+    try:
+        with open(os.path.join(run_dir, "history.csv"), newline="", encoding="utf-8") as handle:
+            return "val_loss" in next(csv.reader(handle), [])
+    except OSError:
+        return False
 
 
 def trained_on_list(weights_path: str) -> str | None:
