@@ -247,6 +247,7 @@ def test_a_rerun_replaces_its_own_export_checked_on_the_images_the_run_held_out(
     users.write_text('{"notes": "mine"}')
     assert outputs.written_here(unrecorded) and not outputs.written_here(users)
     # A dataset moved since the run: its list no longer names images here, and the generated scenes check instead.
-    assert export_cli._held_out_images(str(weights)) == str(run / "val_split.txt")
+    held_out = str(run / "val_split.txt")
+    assert export_cli._run_images(held_out, "checking") == held_out
     (run / "held_0.jpg").unlink()
-    assert export_cli._held_out_images(str(weights)) is None
+    assert export_cli._run_images(held_out, "checking") is None

@@ -62,6 +62,14 @@ def test_int8_and_float16_tflite_sizes_and_checks(setup, capsys):
         "decoded_boxes",
         "decoded_scores",
     }
+    # A run's weights: INT8 calibrates on the images the run trained on (its train_split.txt) without --images.
+    run = setup["folder"] / "run"
+    run.mkdir()
+    shutil.copy(setup["weights"], run / "best.weights.h5")
+    shutil.copy(data.train, run / "train_split.txt")
+    argv = ["--weights", str(run / "best.weights.h5"), "--format", "tflite", "--int8", "--calibration-images", "8"]
+    assert export_cli.main(argv) == 0
+    assert f"check on 8 images of {run / 'train_split.txt'}" in capsys.readouterr().out
     half = export_model(setup["weights"], "tflite", str(setup["folder"] / "half.tflite"), precision="float16")
     assert 0.45 < half["size"] / float_size < 0.55
     at_floor = half["check"]["at_floor"]

@@ -21,7 +21,7 @@ from keras_yolo_mgpu.inference.export import (  # light: TensorFlow loads later
 )
 from keras_yolo_mgpu.inference.export_check import format_check, image_paths
 from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
-from keras_yolo_mgpu.training.run_folder import held_out_list
+from keras_yolo_mgpu.training.run_folder import held_out_list, trained_on_list
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
@@ -57,7 +57,7 @@ def build_parser() -> cli.ArgumentParser:
         default=None,
         help="training images (a folder, or an annotation file's images): the self-check runs on 8 of them "
         "(default: the images a run held out, its val_split.txt beside --weights, else generated scenes with "
-        "objects) and --int8 calibrates on them",
+        "objects) and --int8 calibrates on them (default: the images a run trained on, its train_split.txt)",
     )
     _add_precision_args(parser)
     parser.add_argument(
@@ -114,7 +114,11 @@ def exported(args) -> dict:
     use_keras_on_tensorflow()  # before anything builds a model
     args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
     params = cli.detector_params(args, args.weights)
-    images = args.images if args.images or args.int8 or args.no_check else _held_out_images(args.weights)
+    images = args.images
+    if not images and args.int8:  # calibration: the images the run trained on
+        images = _run_images(trained_on_list(args.weights), "calibrating INT8 on the images the run trained on")
+    elif not images and not args.no_check:  # the self-check: photos like the ones the model will see
+        images = _run_images(held_out_list(args.weights), "checking the export on images the run held out")
     result = export_model(
         args.weights,
         args.format,
@@ -131,19 +135,16 @@ def exported(args) -> dict:
     return {**result, "settings": params["settings"]}
 
 
-def _held_out_images(weights: str) -> str | None:
-    """A run's weights: its held-out list, to check the export on photos like the ones it will see; else None."""
-    held_out = held_out_list(weights)
-    if held_out is None:
+def _run_images(listed: str | None, use: str) -> str | None:
+    """A run folder's image list (`held_out_list`, `trained_on_list`), when its images are all here; else None."""
+    if listed is None:
         return None
-    missing = [path for path in image_paths(held_out) if not os.path.isfile(path)]
-    if missing:  # the dataset moved since the run: the generated scenes still check the export
-        logger.info(
-            "%s lists %d image(s) not found here (%s): checking on generated scenes", held_out, len(missing), missing[0]
-        )
+    missing = [path for path in image_paths(listed) if not os.path.isfile(path)]
+    if missing:  # the dataset moved since the run
+        logger.info("%s lists %d image(s) not found here (%s): not using it", listed, len(missing), missing[0])
         return None
-    logger.info("checking the export on images the run held out (%s); --images chooses others", held_out)
-    return held_out
+    logger.info("%s (%s); --images chooses others", use, listed)
+    return listed
 
 
 def _compare_map(args, exported: str, settings) -> None:

@@ -356,7 +356,8 @@ def _check_precision(fmt: str, precision: str, images: str | None) -> None:
         raise ValueError(f"--int8 and --half quantise a TFLite export; use --format tflite (received {fmt})")
     if precision == "int8" and not images:
         raise ValueError(
-            "--int8 calibrates on training images: give --images FOLDER_OR_ANNOTATION_FILE (a few hundred images)"
+            "--int8 calibrates on training images: give --images FOLDER_OR_ANNOTATION_FILE (a few hundred images; "
+            "a run's weights take the images it trained on, its train_split.txt)"
         )
 
 
