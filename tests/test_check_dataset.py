@@ -120,6 +120,20 @@ def test_summary_counts(dataset):
     assert "unreadable-image 2" in text
 
 
+def test_class_ids_beyond_the_names_on_most_lines_say_the_names_are_not_the_labels(dataset):
+    """A few lines past the names are bad lines; most of them, a class list of another dataset."""
+    assert check_annotations(str(dataset), num_classes=20).class_list_mismatch("the 20 classes") is None
+    # One class: the lines with a class-1, class-20 or class--1 box (1, 6, 8, 9, 10, 13), half of the 12: bad lines.
+    one_class = check_annotations(str(dataset), num_classes=1)
+    assert len({p.line_number for p in one_class.problems if p.kind == "class-out-of-range"}) == 6
+    assert one_class.class_list_mismatch("the 1 classes") is None
+    other = dataset.parent / "other.txt"
+    other.write_text("images/good.jpg 1,2,30,40,3\nimages/good.jpg 1,2,30,40,0\nimages/good.jpg 5,5,9,9,2\n")
+    message = check_annotations(str(other), num_classes=2).class_list_mismatch("the 2 classes of two.txt")
+    assert message.startswith(f"{other}: 2 of the 3 lines have class ids beyond the 2 classes of two.txt (first: ")
+    assert message.endswith("Give this dataset's class names (--classes FILE)")
+
+
 def test_without_decoding_images_only_existence_is_checked(dataset):
     report = check_annotations(str(dataset), num_classes=20, check_images=False)
     kinds = [(p.line_number, p.kind) for p in report.problems]

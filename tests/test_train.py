@@ -98,6 +98,20 @@ def test_no_annotations_explains_how_to_start():
     assert "python train.py --data" in result.stdout
 
 
+def test_a_class_list_that_most_labels_overrun_is_refused_not_trained_on_the_rest(dataset, tmp_path):
+    """The synthetic labels count 4 classes; a list of 2 leaves class ids 2 and 3 on most lines."""
+    two = tmp_path / "two.txt"
+    two.write_text("circle\nsquare\n")
+    args = _small_run_args(dataset, tmp_path / "run", "--epochs", "1")
+    args[args.index("--classes") + 1] = str(two)
+    result = _run(args, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert f"lines have class ids beyond the 2 classes of {two} (first: " in error
+    assert "Give this dataset's class names (--classes FILE)" in error
+    assert not (tmp_path / "run").exists()
+
+
 def test_tiny_run_refuses_full_yolov3_weights_naming_the_layers(dataset, tmp_path):
     """Nothing trains on a half-loaded, frozen body: the run stops before its first step."""
     from keras_yolo_mgpu.model.yolo3 import build_body

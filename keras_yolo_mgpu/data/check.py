@@ -154,6 +154,19 @@ class CheckReport:
             text += f"; labels are looked for {self.labels_looked_for}"
         return text + ". They count as backgrounds (no object): if they hold objects, put their labels there"
 
+    def class_list_mismatch(self, class_list: str) -> str | None:
+        """An error when more than half of the entries have class ids beyond `class_list` (the names' source, as
+        the message names it): that list is not the one these labels index; None otherwise."""
+        lines = {(p.source, p.line_number) for p in self.problems if p.kind == "class-out-of-range"}
+        if len(lines) * 2 <= self.num_lines:
+            return None
+        first = next(p for p in self.problems if p.kind == "class-out-of-range")
+        return (
+            f"{self.source}: {len(lines)} of the {counted(self.num_lines, self.entry_word)} have class ids beyond "
+            f"{class_list} (first: {first}): those names are not the ones these labels count. Give this dataset's "
+            "class names (--classes FILE)"
+        )
+
     def write_problems(self, path: str) -> None:
         """Writes every problem, one `FILE:LINE: message` per line, then the summary."""
         with open(path, "w", encoding="utf-8") as f:

@@ -79,6 +79,10 @@ class TrainingData:
         name = split_name if path is None else os.path.splitext(os.path.basename(path))[0]
         where = report.source
         split_word = "training" if split_name == "train" else "validation"
+        count = f"the {len(self.class_names)} classes"
+        mismatch = report.class_list_mismatch(f"{count} of {self.config.classes}" if self.config.classes else count)
+        if mismatch:  # not a few bad lines to skip: most of the split would go
+            raise ValueError(mismatch)
         no_boxes = report.no_boxes_message(split_word)
         if no_boxes and need_boxes:
             raise ValueError(
