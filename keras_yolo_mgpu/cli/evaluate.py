@@ -187,7 +187,7 @@ def _say_if_trained_on(weights: str, records: list) -> None:
         logger.warning(
             "%d of the %d images scored here are images the run of %s trained on (the same file or the same bytes, "
             "listed in %s): the scores count images the model has learnt. evaluate.py --weights %s alone scores "
-            "the images the run held out",
+            "the images the run validated on",
             len(seen),
             len(set(scored)),
             weights,
