@@ -118,3 +118,15 @@ def test_cli_writes_no_plot_unless_asked(dataset, tmp_path, monkeypatch, capsys)
     assert main([*argv, "--detections", dataset["detections"]]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pr_curve"] is None
     assert os.listdir(workdir) == []  # nothing dropped in the current folder
+
+
+def test_weights_alone_take_the_runs_validation_only_for_the_val_split(dataset, tmp_path, capsys):
+    """--split test asks for a dataset's test split: the run's validation images are not scored in its place."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "args.json").write_text(json.dumps({"val_annotations": dataset["annotations"], "data": None}))
+    (run / "val_split.txt").write_text(Path(dataset["annotations"]).read_text())
+    with pytest.raises(SystemExit) as exited:
+        main(["--weights", str(run / "best.weights.h5"), "--split", "test"])
+    assert exited.value.code == 2
+    assert "--split test scores that split of a dataset: give it with --data" in capsys.readouterr().err

@@ -94,10 +94,12 @@ def evaluation(args) -> dict:
     """What the command does, returning its report (the JSON it prints last)."""
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
-    if args.weights and not args.annotations and not args.data:
+    if args.weights and not args.annotations and not args.data and args.split == "val":
         _use_the_runs_validation(args)
     elif args.weights and args.data and args.split == "val":
         _use_held_out_when_data_has_no_val(args)
+    if args.split != "val" and not args.data:
+        raise UsageError(f"--split {args.split} scores that split of a dataset: give it with --data")
     if bool(args.annotations) == bool(args.data):
         raise UsageError(
             "give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file); "
@@ -153,7 +155,7 @@ def _use_the_runs_validation(args) -> None:
         args.annotations = recorded["annotations"]
         source = f"--val-annotations {shlex.quote(args.annotations)}"
     else:
-        args.data, args.image_dir, args.split = recorded["data"], args.image_dir or recorded["image_dir"], "val"
+        args.data, args.image_dir = recorded["data"], args.image_dir or recorded["image_dir"]
         source = f"the val split of --data {shlex.quote(args.data)}"
     logger.info("scoring the images the run validated on: %s (its args.json)", source)
 
