@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -247,6 +248,13 @@ def test_a_rerun_replaces_its_own_export_checked_on_the_images_the_run_held_out(
     users.write_text('{"notes": "mine"}')
     assert outputs.written_here(unrecorded) and not outputs.written_here(users)
     # A dataset moved since the run: its list no longer names images here, and the generated scenes check instead.
+    # A run given --val-annotations: the check runs on those images.
+    given = tmp_path / "given"
+    given.mkdir()
+    shutil.copy(weights, given / "best.weights.h5")
+    (given / "args.json").write_text(json.dumps({"val_annotations": str(run / "val_split.txt")}))
+    assert main([*argv, "--weights", str(given / "best.weights.h5")]) == 0  # the later --weights wins
+    assert f"check on 3 images of {run / 'val_split.txt'}" in capsys.readouterr().out
     held_out = str(run / "val_split.txt")
     assert export_cli._run_images(held_out, "checking") == held_out
     (run / "held_0.jpg").unlink()

@@ -21,7 +21,7 @@ from keras_yolo_mgpu.inference.export import (  # light: TensorFlow loads later
 )
 from keras_yolo_mgpu.inference.export_check import format_check, image_paths
 from keras_yolo_mgpu.inference.quantize import DEFAULT_CALIBRATION_IMAGES
-from keras_yolo_mgpu.training.run_folder import held_out_list, trained_on_list
+from keras_yolo_mgpu.training.run_folder import held_out_list, recorded_validation, trained_on_list
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
@@ -56,8 +56,8 @@ def build_parser() -> cli.ArgumentParser:
         metavar="DIR_OR_ANNOTATION_FILE",
         default=None,
         help="training images (a folder, or an annotation file's images): the self-check runs on 8 of them "
-        "(default: the images a run held out, its val_split.txt beside --weights, else generated scenes with "
-        "objects) and --int8 calibrates on them (default: the images a run trained on, its train_split.txt)",
+        "(default: the images a run validated on, its val_split.txt or --val-annotations, else generated scenes "
+        "with objects) and --int8 calibrates on them (default: the images a run trained on, its train_split.txt)",
     )
     _add_precision_args(parser)
     parser.add_argument(
@@ -118,7 +118,8 @@ def exported(args) -> dict:
     if not images and args.int8:  # calibration: the images the run trained on
         images = _run_images(trained_on_list(args.weights), "calibrating INT8 on the images the run trained on")
     elif not images and not args.no_check:  # the self-check: photos like the ones the model will see
-        images = _run_images(held_out_list(args.weights), "checking the export on images the run held out")
+        validated_on = held_out_list(args.weights) or (recorded_validation(args.weights) or {}).get("annotations")
+        images = _run_images(validated_on, "checking the export on images the run validated on")
     result = export_model(
         args.weights,
         args.format,
