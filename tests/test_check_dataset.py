@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from keras_yolo_mgpu.cli.check_dataset import main
-from keras_yolo_mgpu.data.check import KINDS, check_annotations
+from keras_yolo_mgpu.data.check import KINDS, CheckReport, check_annotations
 from keras_yolo_mgpu.data.formats.records import Problem
 
 
@@ -132,6 +132,14 @@ def test_class_ids_beyond_the_names_on_most_lines_say_the_names_are_not_the_labe
     message = check_annotations(str(other), num_classes=2).class_list_mismatch("the 2 classes of two.txt")
     assert message.startswith(f"{other}: 2 of the 3 lines have class ids beyond the 2 classes of two.txt (first: ")
     assert message.endswith("Give this dataset's class names (--classes FILE)")
+    # A YOLO label file is one entry, however many of its lines go past the names: 1 image of 3 here.
+    past = [Problem("labels/a.txt", line, "class-out-of-range", "class id 5 not in [0, 2)") for line in (1, 2, 3)]
+    assert (
+        CheckReport([], past, num_lines=3, source="data.yaml", entry_word="images listed").class_list_mismatch(
+            "the 2 classes"
+        )
+        is None
+    )
 
 
 def test_without_decoding_images_only_existence_is_checked(dataset):

@@ -157,7 +157,12 @@ class CheckReport:
     def class_list_mismatch(self, class_list: str) -> str | None:
         """An error when more than half of the entries have class ids beyond `class_list` (the names' source, as
         the message names it): that list is not the one these labels index; None otherwise."""
-        lines = {(p.source, p.line_number) for p in self.problems if p.kind == "class-out-of-range"}
+        # An entry: a line of this annotation file, else a file of its own (a YOLO label file, a VOC XML, ...).
+        lines = {
+            (p.source, p.line_number) if p.source == self.source else p.source
+            for p in self.problems
+            if p.kind == "class-out-of-range"
+        }
         if len(lines) * 2 <= self.num_lines:
             return None
         first = next(p for p in self.problems if p.kind == "class-out-of-range")
