@@ -60,10 +60,8 @@ def held_out_list(weights_path: str, dataset: str | None = None) -> str | None:
         return None
     if dataset is None:
         return held_out
-    try:
-        with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as handle:
-            recorded = json.load(handle)
-    except (OSError, ValueError):
+    recorded = _recorded_args(run_dir)
+    if recorded is None:
         return None
     sources = [recorded.get("data"), recorded.get("annotations")]
     return held_out if os.path.abspath(dataset) in [os.path.abspath(s) for s in sources if s] else None
@@ -77,12 +75,8 @@ def recorded_validation(weights_path: str) -> dict[str, str] | None:
     (see `held_out_list` for those it drew), or the file or dataset is no longer there.
     """
     run_dir = os.path.dirname(os.path.abspath(weights_path))
-    try:
-        with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as handle:
-            recorded = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(recorded, dict):
+    recorded = _recorded_args(run_dir)
+    if recorded is None:
         return None
     if recorded.get("val_annotations"):
         found = os.path.isfile(recorded["val_annotations"])
@@ -91,6 +85,16 @@ def recorded_validation(weights_path: str) -> dict[str, str] | None:
     if recorded.get("data") and os.path.exists(recorded["data"]) and _validated(run_dir):
         return {"data": recorded["data"], "image_dir": recorded.get("image_dir")}
     return None
+
+
+def _recorded_args(run_dir: str) -> dict | None:
+    """The run's args.json as a dict, or None when it is missing or unreadable."""
+    try:
+        with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as handle:
+            recorded = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
 
 
 def _validated(run_dir: str) -> bool:
