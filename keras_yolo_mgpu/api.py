@@ -27,6 +27,11 @@ import argparse
 import contextlib
 import difflib
 import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 import types
 import warnings
 
@@ -37,6 +42,7 @@ from keras_yolo_mgpu.cli import export as export_command
 from keras_yolo_mgpu.cli import quiet
 from keras_yolo_mgpu.cli import train as train_command
 from keras_yolo_mgpu.cli.runner import LOG_FORMAT, CommandError, UsageError
+from keras_yolo_mgpu.inference.export import ExportError, keras_backend_in_use
 
 logger = logging.getLogger(__name__)
 
@@ -240,9 +246,65 @@ def detect(**flags) -> dict:
 
 
 def export(**flags) -> dict:
-    """`python -m keras_yolo_mgpu.export` as a function; returns what it wrote and its check."""
-    args, _ = _parse(export_command.build_parser, flags)
+    """`python -m keras_yolo_mgpu.export` as a function; returns what it wrote, its check and `map` (--validation).
+
+    Exports are written through TensorFlow: where this process's Keras runs
+    on another backend (a JAX run's script or notebook), the export runs in a
+    child Python on TensorFlow, its log lines shown here, its result or its
+    error returned or raised here.
+    """
+    args, argv = _parse(export_command.build_parser, flags)
+    backend = keras_backend_in_use() or quiet.keras_backend_name()
+    if backend != "tensorflow":
+        return _exported_by_tensorflow_child(argv, backend)
     return _refusals_as_value_errors(export_command.logger.name, export_command.exported, args)
+
+
+# The child's program: the library reads no argv, this line hands it over.
+_EXPORT_CHILD = "import sys; from keras_yolo_mgpu import api; api.export_to_file(sys.argv[1], sys.argv[2:])"
+
+
+def _exported_by_tensorflow_child(argv: list[str], backend: str) -> dict:
+    """`export` with the command line `argv` in a child Python whose Keras runs on TensorFlow."""
+    with _log_lines_shown(export_command.logger.name):
+        logger.info("Keras runs on %s here: the export runs on TensorFlow, in a child process", backend)
+    environment = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    if environment.get("TF_CPP_MIN_LOG_LEVEL") == "1":
+        # What JAX's import sets where it is unset; the child's TensorFlow is as quiet as the command's (cli.quiet).
+        del environment["TF_CPP_MIN_LOG_LEVEL"]
+    with tempfile.TemporaryDirectory(prefix="keras-yolo-mgpu-export-") as folder:
+        outcome_path = os.path.join(folder, "outcome.pickle")
+        child = subprocess.Popen(
+            [sys.executable, "-c", _EXPORT_CHILD, outcome_path, *argv],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for line in child.stderr:  # its log, here: a notebook shows this process's stderr, not the child's
+            sys.stderr.write(line)
+        status = child.wait()
+        if not os.path.exists(outcome_path):
+            raise ExportError(f"the export's process ended with status {status} before it finished (its log above)")
+        with open(outcome_path, "rb") as handle:
+            failed, value = pickle.load(handle)
+    if failed:
+        raise value
+    return value
+
+
+def export_to_file(outcome_path: str, argv: list[str]) -> None:
+    """The export child's work: `export` of the command line `argv`, pickled to `outcome_path` as
+    `(False, result)`, or `(True, error)` for an error of the function's own (ValueError, FileNotFoundError,
+    ExportError)."""
+    parser = export_command.build_parser()
+    try:
+        outcome = (False, _refusals_as_value_errors(export_command.logger.name, export_command.exported,
+                                                    parser.parse_args(argv)))  # fmt: skip
+    except (ValueError, OSError, ExportError) as error:
+        outcome = (True, error)
+    with open(outcome_path, "wb") as handle:
+        pickle.dump(outcome, handle)
 
 
 def check_dataset(**flags) -> bool:

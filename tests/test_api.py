@@ -223,9 +223,13 @@ def test_detect_evaluate_and_export_as_functions_write_what_their_commands_write
     for ending in ("pr", "pr_confusion_matrix", "pr_confidence_curves"):
         assert (tmp_path / f"command_{ending}.png").read_bytes() == (tmp_path / f"function_{ending}.png").read_bytes()
 
-    both(export_command, kym.export, lambda side: {
+    printed, exported = both(export_command, kym.export, lambda side: {
         "weights": weights, **model, "format": "tflite", "output": str(tmp_path / f"{side}.tflite"),
+        "validation": paths.train,
     })  # fmt: skip
+    for name in ("keras", "export"):  # --validation's comparison, printed by the command, returned by the function
+        row = exported["map"][name]
+        assert f"{name:>6}: mAP@.5 {row['mAP50']:.3f}   mAP@[.5:.95] {row['mAP']:.3f}" in printed
     assert (tmp_path / "command.tflite").read_bytes() == (tmp_path / "function.tflite").read_bytes()
     sidecars = [json.loads((tmp_path / f"{side}.tflite.metadata.json").read_text()) for side in ("command", "function")]
     assert sidecars[0] == sidecars[1]

@@ -223,6 +223,15 @@ def _on_jax(folder: str) -> dict:
     align_flags = ["--annotations", inputs["val"], "--classes", inputs["classes"], "--tiny", "--input-size", "64"]
     align_flags += ["--batch-size", "4", "--gpus", "2", "--simulate-devices", "--steps", "2"]
     results["align_status"] = align_cli.main(align_flags)
+    # The API's export from this process, whose Keras runs on JAX: a child Python on TensorFlow writes it.
+    import keras_yolo_mgpu as kym
+
+    exported = kym.export(weights=str(folder / "jax.weights.h5"), format="tflite", output=str(folder / "jax.tflite"))
+    results["export"] = {key: exported[key] for key in ("path", "format", "precision", "check")}
+    try:
+        kym.export(weights=str(folder / "no.weights.h5"), format="onnx")
+    except FileNotFoundError as error:  # the child's error, raised here as the function's own
+        results["export_refused"] = str(error)
     results["tensorflow_importers"] = blocker.importers
     return results
 
@@ -390,6 +399,21 @@ def test_video_and_pictures_on_jax(run):
     for got, want in zip(frames("jax_video.jsonl"), expected, strict=True):
         np.testing.assert_array_equal(np.sort(got[2]), np.sort(want[2]))
         np.testing.assert_allclose(np.sort(got[0], axis=0), np.sort(want[0], axis=0), atol=0.011)
+
+
+@pytest.mark.slow  # the JAX child: ~40 s on 2 cores, shared by these tests
+def test_export_from_a_jax_process_is_the_export_tensorflow_writes(run):
+    """`kym.export` where Keras runs on JAX: written by a TensorFlow child, the file this process would write."""
+    import keras_yolo_mgpu as kym
+
+    folder, jax = run["folder"], run["jax"]
+    here = kym.export(weights=str(folder / "jax.weights.h5"), format="tflite", output=str(folder / "tf.tflite"))
+    assert jax["export"]["path"] == str(folder / "jax.tflite") and jax["export"]["format"] == "tflite"
+    assert (folder / "jax.tflite").read_bytes() == (folder / "tf.tflite").read_bytes()
+    checked = [{key: check[key] for key in ("source", "images", "detections_compared")}
+               for check in (jax["export"]["check"], here["check"])]  # fmt: skip
+    assert checked[0] == checked[1] and checked[0]["detections_compared"] > 0
+    assert "no.weights.h5" in jax["export_refused"]
 
 
 @pytest.mark.slow  # the JAX child: ~40 s on 2 cores, shared by these tests

@@ -102,13 +102,17 @@ def run(args) -> int:
     if result["check"]:
         print(format_check(result["check"]))
     print(f"exported {result['format']} ({result['precision']}, {result['size'] / 1e6:.2f} MB): {result['path']}")
-    if args.validation:
-        _compare_map(args, result["path"], result["settings"])
+    for name in ("keras", "export") if result["map"] else ():
+        row = result["map"][name]
+        print(f"mAP on {args.validation}, {name:>6}: mAP@.5 {row['mAP50']:.3f}   mAP@[.5:.95] {row['mAP']:.3f}")
     return 0
 
 
 def exported(args) -> dict:
-    """What the command does, returning `inference.export.export_model`'s result and the model's `settings`."""
+    """What the command does: `inference.export.export_model`'s result, the model's `settings`, and `map`.
+
+    `map` is `evaluation.mean_ap.compare_map`'s comparison on `--validation`, None without it.
+    """
     if not args.weights:
         raise UsageError("--weights is required")
     use_keras_on_tensorflow()  # before anything builds a model
@@ -133,7 +137,8 @@ def exported(args) -> dict:
         images=images,
         calibration_images=args.calibration_images,
     )
-    return {**result, "settings": params["settings"]}
+    comparison = _compare_map(args, result["path"], params["settings"]) if args.validation else None
+    return {**result, "settings": params["settings"], "map": comparison}
 
 
 def _run_images(listed: str | None, use: str) -> str | None:
@@ -148,11 +153,8 @@ def _run_images(listed: str | None, use: str) -> str | None:
     return listed
 
 
-def _compare_map(args, exported: str, settings) -> None:
+def _compare_map(args, exported: str, settings) -> dict:
     comparison = compare_map(args.weights, exported, args.validation, settings, iou=args.iou)
-    for name in ("keras", "export"):
-        row = comparison[name]
-        print(f"mAP on {args.validation}, {name:>6}: mAP@.5 {row['mAP50']:.3f}   mAP@[.5:.95] {row['mAP']:.3f}")
     drop = comparison["drop50"]
     if drop > args.max_map_drop:
         logger.warning(
@@ -160,6 +162,7 @@ def _compare_map(args, exported: str, settings) -> None:
             drop,
             args.max_map_drop,
         )
+    return comparison
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,25 +60,34 @@ class ExportError(RuntimeError):
     """An export that cannot be made or does not match the Keras model."""
 
 
+def keras_backend_in_use() -> str | None:
+    """The backend this process's Keras runs on, None before Keras is imported (which fixes it)."""
+    if "keras" not in sys.modules:
+        return None
+    # Keras once it is imported: importing this module (the command's flags) starts no backend.
+    import keras
+
+    return keras.backend.backend()
+
+
 def use_keras_on_tensorflow() -> None:
     """Makes this process's Keras run on TensorFlow, whose formats every export is written through.
 
     Before Keras is imported, `KERAS_BACKEND` is set to tensorflow (a weights file of a JAX run loads as it
     is); once Keras runs on another backend, ExportError says to export from another process.
     """
-    if "keras" not in sys.modules:
+    backend = keras_backend_in_use()
+    if backend is None:
         if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
             logger.info("export runs Keras on TensorFlow, which writes SavedModel, TFLite and ONNX (not on %s)",
                         os.environ["KERAS_BACKEND"])  # fmt: skip
         os.environ["KERAS_BACKEND"] = "tensorflow"
         return
-    # Keras once it is imported: importing this module (the command's flags) starts no backend.
-    import keras
-
-    if keras.backend.backend() != "tensorflow":
+    if backend != "tensorflow":
         raise ExportError(
-            f"exports are written through TensorFlow, and Keras runs on {keras.backend.backend()} in this process: "
-            "export from a process with KERAS_BACKEND=tensorflow (the weights file loads there as it is)"
+            f"exports are written through TensorFlow, and Keras runs on {backend} in this process: "
+            "export from a process with KERAS_BACKEND=tensorflow (the weights file loads there as it is), or call "
+            "keras_yolo_mgpu.export(...), which does"
         )
 
 
