@@ -159,6 +159,8 @@ def test_yolo_format_folder_trains_without_classes_and_draws_the_run_pictures(tm
     assert result.returncode == 0, result.stderr[-3000:]
     assert "yolo dataset, classes ['circle', 'square']" in result.stderr
     assert "8 training and 2 validation images" in result.stderr  # the dataset's own split
+    assert "no --weights: the network starts from random values" in result.stderr
+    assert "--weights yolov3-tiny (downloaded once)" in result.stderr  # the official weights of --tiny, by name
     for name in ("results.png", "labels.jpg", "train_batch0.jpg", "train_batch2.jpg", "val_pred.jpg"):
         assert (log_dir / name).stat().st_size > 1000, name
     history = (log_dir / "history.csv").read_text().splitlines()

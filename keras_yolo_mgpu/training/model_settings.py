@@ -102,6 +102,12 @@ def _initial_weights(config: TrainConfig, anchors, num_classes: int, kind: str |
                 ", ".join(kept[:5]),
                 "" if len(kept) <= 5 else f" and {len(kept) - 5} more",
             )
+    else:
+        logger.info(
+            "no --weights: the network starts from random values (from scratch); to fine-tune the official "
+            "weights instead, as the README's quick start does: --weights %s (downloaded once)",
+            get_architecture(kind, len(anchors)).name,
+        )
     if config.objectness_prior:
         # Only output convolutions not loaded from `config.weights`.
         fresh = None if not config.weights else {s.layer for s in report.skipped}
