@@ -130,3 +130,25 @@ def test_weights_alone_take_the_runs_validation_only_for_the_val_split(dataset, 
         main(["--weights", str(run / "best.weights.h5"), "--split", "test"])
     assert exited.value.code == 2
     assert "--split test scores that split of a dataset: give it with --data" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("runs_validation", [False, True])
+def test_scoring_images_the_run_trained_on_says_what_to_score_instead(tmp_path, caplog, runs_validation):
+    """The way out depends on where the images came from: a dataset given here (score the run's own validation
+    instead), or the run's own validation, which overlapped its training images (the dataset needs its own)."""
+    from keras_yolo_mgpu.cli.evaluate import _say_if_trained_on
+    from keras_yolo_mgpu.data.annotations import read_annotations
+
+    for name in ("a.png", "b.png"):
+        (tmp_path / name).write_bytes(name.encode())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train_split.txt").write_text(f"{tmp_path / 'a.png'} 1,1,5,5,0\n")
+    scored = tmp_path / "scored.txt"
+    scored.write_text(f"{tmp_path / 'a.png'} 1,1,5,5,0\n{tmp_path / 'b.png'} 1,1,5,5,0\n")
+    weights = str(tmp_path / "run" / "best.weights.h5")
+    _say_if_trained_on(weights, read_annotations(str(scored)), runs_validation)
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert f"1 of the 2 images scored here are images the run of {weights} trained on" in warning
+    own_validation = "These are the images the run validated on, so its val_mAP and best.weights.h5 counted them"
+    assert (own_validation in warning) is runs_validation
+    assert ("alone scores the images the run validated on" in warning) is not runs_validation

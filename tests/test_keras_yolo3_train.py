@@ -217,6 +217,7 @@ def test_evaluate_scores_the_images_the_run_held_out_and_warns_on_a_dataset_with
     learnt = scored & {os.path.realpath(line.split()[0]) for line in trained_on}
     assert 0 < len(learnt) < len(scored)  # the held-out image is not counted
     assert f"{len(learnt)} of the {len(scored)} images scored here are images the run of {weights} trained on" in log
+    assert f"evaluate.py --weights {weights} alone scores the images the run validated on" in log
 
 
 def _data_limit():

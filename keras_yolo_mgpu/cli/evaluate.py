@@ -94,8 +94,9 @@ def evaluation(args) -> dict:
     """What the command does, returning its report (the JSON it prints last)."""
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
+    runs_validation = False  # scoring what the run itself validated on
     if args.weights and not args.annotations and not args.data and args.split == "val":
-        _use_the_runs_validation(args)
+        runs_validation = _use_the_runs_validation(args)
     elif args.weights and args.data and args.split == "val":
         _use_held_out_when_data_has_no_val(args)
     if args.split != "val" and not args.data:
@@ -127,7 +128,7 @@ def evaluation(args) -> dict:
             annotations, _ = _data_records(args, list(params["settings"].class_names))
         else:
             annotations = load_annotations(args.annotations, args.root)  # read once: the check below and the scores
-        _say_if_trained_on(args.weights, annotations)
+        _say_if_trained_on(args.weights, annotations, runs_validation)
         result = evaluate_weights(
             args.weights,
             annotations,
@@ -142,15 +143,18 @@ def evaluation(args) -> dict:
     return result
 
 
-def _use_the_runs_validation(args) -> None:
-    """A run's weights alone: the images that run validated on (those it held out, else those it was given)."""
+def _use_the_runs_validation(args) -> bool:
+    """A run's weights alone: the images that run validated on (those it held out, else those it was given).
+
+    Returns whether the run had any (False: `args` unchanged).
+    """
     args.annotations = held_out_list(args.weights)
     if args.annotations:
         logger.info("scoring the images the run held out for validation: %s", args.annotations)
-        return
+        return True
     recorded = recorded_validation(args.weights)
     if recorded is None:
-        return
+        return False
     if "annotations" in recorded:
         args.annotations = recorded["annotations"]
         source = f"--val-annotations {shlex.quote(args.annotations)}"
@@ -158,6 +162,7 @@ def _use_the_runs_validation(args) -> None:
         args.data, args.image_dir = recorded["data"], args.image_dir or recorded["image_dir"]
         source = f"the val split of --data {shlex.quote(args.data)}"
     logger.info("scoring the images the run validated on: %s (its args.json)", source)
+    return True
 
 
 def _use_held_out_when_data_has_no_val(args) -> None:
@@ -176,8 +181,11 @@ def _use_held_out_when_data_has_no_val(args) -> None:
         args.annotations, args.data = held_out, None
 
 
-def _say_if_trained_on(weights: str, records: list) -> None:
-    """Warns when images scored here are images the run of `weights` trained on (the same path or the same bytes)."""
+def _say_if_trained_on(weights: str, records: list, runs_validation: bool) -> None:
+    """Warns when images scored here are images the run of `weights` trained on (the same path or the same bytes).
+
+    `runs_validation`: `records` are the images the run validated on, so they cannot be chosen otherwise here.
+    """
     trained_on = trained_on_list(weights)
     if trained_on is None:
         return
@@ -185,17 +193,22 @@ def _say_if_trained_on(weights: str, records: list) -> None:
     overlap = find_overlap({"trained": [a.image_path for a in read_annotations(trained_on)], "scored": scored})
     seen = set(overlap.shared.get(("trained", "scored"), []))
     seen.update(path for _, path in overlap.same_content.get(("trained", "scored"), []))
-    if seen:
-        logger.warning(
-            "%d of the %d images scored here are images the run of %s trained on (the same file or the same bytes, "
-            "listed in %s): the scores count images the model has learnt. evaluate.py --weights %s alone scores "
-            "the images the run validated on",
-            len(seen),
-            len(set(scored)),
-            weights,
-            trained_on,
-            shlex.quote(weights),
-        )
+    if not seen:
+        return
+    if runs_validation:  # the run's own validation overlaps its training images: the dataset's doing
+        advice = "These are the images the run validated on, so its val_mAP and best.weights.h5 counted them too: "
+        advice += "give the dataset validation images of their own"
+    else:
+        advice = f"evaluate.py --weights {shlex.quote(weights)} alone scores the images the run validated on"
+    logger.warning(
+        "%d of the %d images scored here are images the run of %s trained on (the same file or the same bytes, "
+        "listed in %s): the scores count images the model has learnt. %s",
+        len(seen),
+        len(set(scored)),
+        weights,
+        trained_on,
+        advice,
+    )
 
 
 def _data_records(args, model_names: list[str] | None):
