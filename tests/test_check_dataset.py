@@ -207,7 +207,10 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     classes = tmp_path / "classes.txt"
     classes.write_text("a\n")
     assert main([str(tmp_path / "nope.txt"), "--classes", str(classes)]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert f"error: not found: {tmp_path / 'nope.txt'}" in capsys.readouterr().err
+    # An annotation file is named as one, not as --data (the dataset flag).
+    assert main(["--annotations", str(tmp_path / "nope.txt"), "--classes", str(classes)]) == 2
+    assert "--data" not in capsys.readouterr().err
 
 
 def test_training_and_validation_that_share_images_are_named_with_counts(tmp_path, capsys):

@@ -152,3 +152,19 @@ def test_scoring_images_the_run_trained_on_says_what_to_score_instead(tmp_path, 
     own_validation = "These are the images the run validated on, so its val_mAP and best.weights.h5 counted them"
     assert (own_validation in warning) is runs_validation
     assert ("alone scores the images the run validated on" in warning) is not runs_validation
+
+
+def test_missing_weights_are_named_before_their_classes_are_compared_with_the_dataset(tmp_path, capsys):
+    """A typo in --weights is "not found", not the default model's 80 COCO classes against the dataset's names."""
+    from dataset_writers import CLASSES as DATASET_CLASSES
+    from dataset_writers import write_yolo
+
+    from keras_yolo_mgpu.data.annotations import read_annotations
+    from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+
+    paths = make_synthetic_dataset(tmp_path / "data", num_train=0, num_val=2, image_size=64, classes=DATASET_CLASSES)
+    write_yolo(tmp_path / "data", {"val": read_annotations(paths.val)})
+    missing = str(tmp_path / "best.weigths.h5")
+    assert main(["--weights", missing, "--data", str(tmp_path / "data"), "--no-progress"]) == 1
+    error = capsys.readouterr().err
+    assert f"error: weights file not found: {missing}" in error and "detects ['person'" not in error

@@ -14,6 +14,7 @@ file; never imports TensorFlow. What was read and scanned is recorded
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from keras_yolo_mgpu.cli.args import ArgumentParser, positive_int
@@ -110,6 +111,9 @@ def run(args) -> int:
         raise CommandError("give a dataset: --data PATH, or annotation files (--annotations FILE, or as arguments)")
     any_problem = False
     images = {}  # split label -> its image paths, for the overlap check across all of them
+    missing = [path for path in paths if not os.path.exists(path)]
+    if missing:  # each named as given, whichever flag gave it
+        raise CommandError(f"not found: {', '.join(missing)}")
     for path in paths:
         try:
             for split, label, report in _reports(path, args):

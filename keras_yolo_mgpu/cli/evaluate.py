@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -120,9 +121,11 @@ def evaluation(args) -> dict:
             pr_curve=args.pr_curve or None,
         )
     else:
+        args.weights = resolve_weights(args.weights)  # an official net's name: its file, downloaded once
+        if not os.path.exists(args.weights):  # before the classes it would have are compared with the dataset's
+            raise FileNotFoundError(f"weights file not found: {args.weights}")
         quiet.import_tensorflow(args.verbose)  # only a model needs TensorFlow
-
-        args.weights = darknet_as_keras(resolve_weights(args.weights))  # an official name, Darknet files
+        args.weights = darknet_as_keras(args.weights)  # Darknet files, converted as convert.py does
         params = cli.detector_params(args, args.weights)
         if args.data:
             annotations, _ = _data_records(args, list(params["settings"].class_names))
