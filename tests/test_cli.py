@@ -261,3 +261,16 @@ def test_loader_noise_is_dropped_with_its_continuation_lines():
         "E0000 00:00:1795418741.3   24490 foo.cc:1] a real error",
         "something else printed",
     ]
+
+
+def test_train_refuses_a_cfg_it_would_not_read(tmp_path, capsys):
+    """--cfg is read only to convert Darknet --weights: without them it would be ignored in silence."""
+    from keras_yolo_mgpu.cli import train
+
+    cfg = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_data", "yolov3-tiny.cfg")
+    flags = ["--annotations", _one_image_dataset(tmp_path), "--classes", _write_classes(tmp_path), "--cfg", cfg]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*flags, "--log-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    assert f"--cfg {cfg} is read only to convert Darknet --weights" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -30,7 +30,7 @@ from keras_yolo_mgpu.data.multiscale import check_size_range
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
 from keras_yolo_mgpu.training.config import DEFAULT_BATCH_SIZE, TrainConfig
 from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPE_FIELDS, RECIPES, resolve_recipe
-from keras_yolo_mgpu.weights.download import resolve_weights
+from keras_yolo_mgpu.weights.download import DARKNET_SUFFIX, resolve_weights
 
 logger = logging.getLogger("train")
 
@@ -596,6 +596,7 @@ def _check_new_run_flags(args) -> None:
         ("--classes", args.classes),
         ("--anchors", None if args.anchors == "auto" else args.anchors),
         ("--weights", args.weights),
+        ("--cfg", args.cfg),
     ):
         if flag == "--weights" and path:
             # An official net's name (`yolov3-tiny`) is downloaded once; checked last, so a typo fails first.
@@ -605,6 +606,12 @@ def _check_new_run_flags(args) -> None:
                 args.weights = path
         if path and not os.path.isfile(path):
             raise UsageError(f"{flag}: file not found: {path}")
+    if args.cfg and not (args.weights or "").endswith(DARKNET_SUFFIX):
+        raise UsageError(
+            f"--cfg {args.cfg} is read only to convert Darknet --weights (a .weights file), and there are none: "
+            "the network is --model's (yolov3, yolov3-tiny, yolov4, yolov4-tiny); drop --cfg, or give the Darknet "
+            "weights it describes"
+        )
     if args.annotations and not args.classes:
         raise UsageError("--annotations needs --classes, the class names file of your dataset")
 
