@@ -274,3 +274,21 @@ def test_train_refuses_a_cfg_it_would_not_read(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert f"--cfg {cfg} is read only to convert Darknet --weights" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_train_warns_of_each_flag_the_run_will_not_read(tmp_path, caplog):
+    from keras_yolo_mgpu.cli import train
+
+    flags = ["--annotations", _one_image_dataset(tmp_path), "--classes", _write_classes(tmp_path)]
+    flags += ["--lr2", "1e-5", "--batch-size2", "2", "--memory-budget", "3", "--image-dir", str(tmp_path)]
+    config = train.config_for(train.build_parser().parse_args([*flags, "--log-dir", str(tmp_path / "run")]))
+    assert config.freeze_epochs == config.epochs  # the default recipe: one stage
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert [warning.split(" is not used: ")[0] for warning in warnings] == [
+        "--lr2", "--batch-size2", "--memory-budget", "--image-dir"
+    ]  # fmt: skip
+    assert "the batch is 32" in warnings[2]
+    caplog.clear()  # where the run reads them, nothing is said
+    flags = [*flags[:4], "--lr2", "1e-5", "--freeze-epochs", "2", "--epochs", "4", "--batch-size", "auto"]
+    train.config_for(train.build_parser().parse_args([*flags, "--memory-budget", "3", "--log-dir", str(tmp_path)]))
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]

@@ -223,9 +223,12 @@ def test_existing_run_is_not_overwritten_unless_asked(dataset, tmp_path):
     assert "already holds a run" in result.stderr and "--overwrite to start over there" in result.stderr
     assert (log_dir / "args.json").read_text() == "{}"
     # keras-yolo3's behaviour, asked for: the earlier run's files go, and the new run writes its own.
-    result = _run(_small_run_args(dataset, log_dir, "--epochs", "1", "--overwrite", "--no-pictures"), timeout=300)
+    unread = ("--val-split", "0.3", "--workers", "2")  # read by no part of this run: each warned of
+    result = _run(_small_run_args(dataset, log_dir, "--epochs", "1", "--overwrite", "--no-pictures", *unread), 300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"--overwrite: deleted the earlier run in {log_dir} (2 files and folders)" in result.stderr
+    assert f"--val-split 0.3 is not used: the run validates on --val-annotations {dataset.val}" in result.stderr
+    assert "--workers is not used: it sizes the JAX feed" in result.stderr
     assert json.loads((log_dir / "args.json").read_text())["epochs"] == 1
     assert (log_dir / "trained_weights_final.h5").read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"  # the new run's weights
     # The command the run's last line suggests scores the images the run validated on: its --val-annotations.

@@ -26,9 +26,10 @@ from keras_yolo_mgpu.cli.keras_yolo3_folder import apply_keras_yolo3_paths, is_k
 from keras_yolo_mgpu.cli.quiet import keras_backend_name
 from keras_yolo_mgpu.cli.runner import CommandError, UsageError
 from keras_yolo_mgpu.cli.script_settings import ScriptSettings, run_with_settings
+from keras_yolo_mgpu.data.dataset_source import detect_kind
 from keras_yolo_mgpu.data.multiscale import check_size_range
 from keras_yolo_mgpu.model.architectures import BOX_LOSSES
-from keras_yolo_mgpu.training.config import DEFAULT_BATCH_SIZE, TrainConfig
+from keras_yolo_mgpu.training.config import DEFAULT_BATCH_SIZE, DEFAULT_VAL_SPLIT, TrainConfig
 from keras_yolo_mgpu.training.named_recipes import DEFAULT_RECIPE, RECIPE_FIELDS, RECIPES, resolve_recipe
 from keras_yolo_mgpu.weights.download import DARKNET_SUFFIX, resolve_weights
 
@@ -97,7 +98,9 @@ def _add_data_group(data) -> None:
         default=None,
         help="validation annotation file (default: split --val-split off --annotations)",
     )
-    data.add_argument("--val-split", type=cli.unit_float, default=0.1, help="fraction held out for validation")
+    data.add_argument(
+        "--val-split", type=cli.unit_float, default=DEFAULT_VAL_SPLIT, help="fraction held out for validation"
+    )
     data.add_argument("--no-augment", action="store_true", help="turn training augmentation off")
     data.add_argument(
         "--cache",
@@ -539,7 +542,9 @@ def config_for(args, given: dict | None = None, settings: ScriptSettings | None 
                 "mAP: docs/training.md); --recipe keras-yolo3 trains keras-yolo3's two stages exactly"
             )
     _check_new_run_flags(args)
-    return config_from_args(args)
+    config = config_from_args(args)
+    _warn_of_unread_flags(args, config)
+    return config
 
 
 def _run_to_resume(args) -> str:
@@ -614,6 +619,20 @@ def _check_new_run_flags(args) -> None:
         )
     if args.annotations and not args.classes:
         raise UsageError("--annotations needs --classes, the class names file of your dataset")
+
+
+def _warn_of_unread_flags(args, config) -> None:
+    """A warning for each flag given that this run will not read: ignored in silence, it would look applied."""
+    unread = []  # (flag, why)
+    if config.freeze_epochs >= config.epochs:
+        why = "the run has one stage, which takes every epoch (--freeze-epochs below --epochs makes a stage 2)"
+        unread += [(flag, why) for flag in ("--lr2", "--batch-size2") if getattr(args, flag[2:].replace("-", "_"))]
+    if args.memory_budget is not None and config.batch_size != "auto":
+        unread.append(("--memory-budget", f"it sizes --batch-size auto; the batch is {config.batch_size}"))
+    if args.image_dir and (args.annotations or detect_kind(args.data) != "coco"):
+        unread.append(("--image-dir", "it is the folder of a COCO JSON's images; this dataset names its images"))
+    for flag, why in unread:
+        logger.warning("%s is not used: %s", flag, why)
 
 
 def run_training(config):

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from keras_yolo_mgpu.model.architectures import model_name
 
+# The fraction of the training images held out for validation where no validation split is given.
+DEFAULT_VAL_SPLIT = 0.1
+
 # JAX input feeds (TrainConfig.feed).
 FEEDS = ("auto", "threads", "processes")
 # The global batch of a run that names none (keras-yolo3's), and the largest `--batch-size auto` takes: the
@@ -42,7 +45,7 @@ class TrainConfig:
     cfg: str | None = None
     weights_partial: bool = False
     val_annotations: str | None = None
-    val_split: float = 0.1
+    val_split: float = DEFAULT_VAL_SPLIT
     # The global batch, or "auto": the largest up to DEFAULT_BATCH_SIZE that fits each device's memory
     # (`training.batch_fit`), recorded.
     batch_size: int | str = DEFAULT_BATCH_SIZE

@@ -155,6 +155,8 @@ def _check_backend(config: TrainConfig) -> TrainConfig:
 def _choose_feed(config: TrainConfig, engine) -> TrainConfig:
     """`config` with JAX's feed chosen (`data.streams.choose_feed`) and said; TensorFlow's is tf.data."""
     if distribution.INPUT_PIPELINE == "tf.data":
+        if config.workers is not None:
+            logger.warning("--workers is not used: it sizes the JAX feed; tf.data sizes its own threads (AUTOTUNE)")
         return config
     feed, why = choose_feed(config.feed, config.workers, training_device_kind(engine.devices) == "GPU")
     logger.info("feed: worker %s (%s)", feed, why)

@@ -26,6 +26,7 @@ from keras_yolo_mgpu.data.overlap import find_overlap
 from keras_yolo_mgpu.data.scan import cache_dir
 from keras_yolo_mgpu.fileio import write_lines_atomic
 from keras_yolo_mgpu.resources import get_classes
+from keras_yolo_mgpu.training.config import DEFAULT_VAL_SPLIT
 from keras_yolo_mgpu.training.recipe_options import MAP_MONITORS
 from keras_yolo_mgpu.training.run_folder import HELD_OUT_FILE, TRAINED_ON_FILE
 
@@ -151,6 +152,7 @@ class TrainingData:
         config = self.config
         # mAP over a validation split without a box is 0 at every epoch: nothing to select weights by.
         val_boxes = config.monitor in MAP_MONITORS
+        given_val = None  # the validation split given, which --val-split does not draw
         if self.dataset is not None:
             train = self._checked("train", None, run_dir)
             if "val" in self.dataset.splits:
@@ -159,13 +161,18 @@ class TrainingData:
                         f"--data {config.data} has its own val split; --val-annotations {config.val_annotations} "
                         "would replace it: drop one"
                     )
-                return train, self._checked("val", None, run_dir, need_boxes=val_boxes), False
+                given_val = f"the val split of --data {config.data}"
             source = config.data
         else:
             train = self._checked("train", config.annotations, run_dir)
             source = config.annotations
         if config.val_annotations:
-            return train, self._checked("val", config.val_annotations, run_dir, need_boxes=val_boxes), False
+            given_val = f"--val-annotations {config.val_annotations}"
+        if given_val:
+            if config.val_split != DEFAULT_VAL_SPLIT:
+                logger.warning("--val-split %s is not used: the run validates on %s", config.val_split, given_val)
+            val = self._checked("val", config.val_annotations or None, run_dir, need_boxes=val_boxes)
+            return train, val, False
         train, val = _split_off_validation(train, config.val_split, config.seed, source)
         if val_boxes and val and not any(len(a.boxes) for a in val):
             raise ValueError(
