@@ -129,7 +129,7 @@ def test_weights_alone_take_the_runs_validation_only_for_the_val_split(dataset, 
     with pytest.raises(SystemExit) as exited:
         main(["--weights", str(run / "best.weights.h5"), "--split", "test"])
     assert exited.value.code == 2
-    assert "--split test scores that split of a dataset: give it with --data" in capsys.readouterr().err
+    assert "--split test scores that split of a dataset, and the run of --weights named none" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("runs_validation", [False, True])
@@ -168,3 +168,32 @@ def test_missing_weights_are_named_before_their_classes_are_compared_with_the_da
     assert main(["--weights", missing, "--data", str(tmp_path / "data"), "--no-progress"]) == 1
     error = capsys.readouterr().err
     assert f"error: weights file not found: {missing}" in error and "detects ['person'" not in error
+
+
+def test_weights_alone_score_another_split_of_the_dataset_the_run_trained_on(tmp_path, capsys, caplog):
+    """--split test with a run's weights: the test split of the run's --data (its args.json), as its log says."""
+    from dataset_writers import CLASSES as DATASET_CLASSES
+    from dataset_writers import write_yolo
+    from inference_helpers import TINY_ANCHORS, make_body
+
+    from keras_yolo_mgpu.data.annotations import read_annotations
+    from keras_yolo_mgpu.data.synthetic import make_synthetic_dataset
+    from keras_yolo_mgpu.training.checkpoint import save_weights_atomic
+    from keras_yolo_mgpu.weights.metadata import make_metadata
+
+    data = tmp_path / "data"
+    paths = make_synthetic_dataset(data, num_train=2, num_val=3, image_size=64, classes=DATASET_CLASSES)
+    write_yolo(data, {"train": read_annotations(paths.train), "val": read_annotations(paths.val)})
+    (data / "labels" / "test").symlink_to(data / "labels" / "val")  # a test split: the val images, under test/
+    (data / "images" / "test").symlink_to(data / "images" / "val")
+    (data / "data.yaml").write_text((data / "data.yaml").read_text() + "test: images/test\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "args.json").write_text(json.dumps({"data": str(data), "image_dir": None, "val_annotations": None}))
+    weights = str(run / "best.weights.h5")
+    metadata = make_metadata(TINY_ANCHORS, DATASET_CLASSES, (64, 64))
+    save_weights_atomic(make_body(num_classes=len(DATASET_CLASSES)), weights, metadata)
+    caplog.set_level("INFO")
+    assert main(["--weights", weights, "--split", "test", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_listed"] == 3
+    assert f"scoring the test split of the run's --data {data} (its args.json)" in caplog.text

@@ -26,7 +26,12 @@ from keras_yolo_mgpu.evaluation.mean_ap import evaluate_detections, evaluate_wei
 from keras_yolo_mgpu.outputs import check_output
 from keras_yolo_mgpu.plots.evaluation import evaluation_picture_paths
 from keras_yolo_mgpu.resources import resolve_resource
-from keras_yolo_mgpu.training.run_folder import held_out_list, recorded_validation, trained_on_list
+from keras_yolo_mgpu.training.run_folder import (
+    held_out_list,
+    recorded_dataset,
+    recorded_validation,
+    trained_on_list,
+)
 from keras_yolo_mgpu.weights.download import resolve_weights
 from keras_yolo_mgpu.weights.start_weights import darknet_as_keras
 
@@ -100,8 +105,16 @@ def evaluation(args) -> dict:
         runs_validation = _use_the_runs_validation(args)
     elif args.weights and args.data and args.split == "val":
         _use_held_out_when_data_has_no_val(args)
+    elif args.weights and not args.annotations and not args.data:  # --split test or train: of the run's --data
+        recorded = recorded_dataset(args.weights)
+        if recorded is not None:
+            args.data, args.image_dir = recorded["data"], args.image_dir or recorded["image_dir"]
+            logger.info("scoring the %s split of the run's --data %s (its args.json)", args.split, args.data)
     if args.split != "val" and not args.data:
-        raise UsageError(f"--split {args.split} scores that split of a dataset: give it with --data")
+        raise UsageError(
+            f"--split {args.split} scores that split of a dataset, and the run of --weights named none: give it "
+            "with --data"
+        )
     if bool(args.annotations) == bool(args.data):
         raise UsageError(
             "give exactly one of --data (a dataset of any kind) or --annotations (keras-yolo3 file); "

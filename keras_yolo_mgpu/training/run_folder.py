@@ -82,9 +82,18 @@ def recorded_validation(weights_path: str) -> dict[str, str] | None:
         found = os.path.isfile(recorded["val_annotations"])
         return {"annotations": recorded["val_annotations"]} if found else None
     # --data validated on its own val split only where it has one: then its history has validation columns.
-    if recorded.get("data") and os.path.exists(recorded["data"]) and _validated(run_dir):
-        return {"data": recorded["data"], "image_dir": recorded.get("image_dir")}
-    return None
+    return recorded_dataset(weights_path) if _validated(run_dir) else None
+
+
+def recorded_dataset(weights_path: str) -> dict[str, str] | None:
+    """The --data of the run whose folder holds `weights_path`, as evaluate.py's settings (`{"data", "image_dir"}`).
+
+    None when the folder has no readable args.json, the run was given no --data, or the dataset is no longer there.
+    """
+    recorded = _recorded_args(os.path.dirname(os.path.abspath(weights_path)))
+    if recorded is None or not recorded.get("data") or not os.path.exists(recorded["data"]):
+        return None
+    return {"data": recorded["data"], "image_dir": recorded.get("image_dir")}
 
 
 def _recorded_args(run_dir: str) -> dict | None:
