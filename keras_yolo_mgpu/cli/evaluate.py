@@ -100,16 +100,7 @@ def evaluation(args) -> dict:
     """What the command does, returning its report (the JSON it prints last)."""
     if bool(args.weights) == bool(args.detections):
         raise UsageError("give exactly one of --weights (run a model) or --detections (score saved detections)")
-    runs_validation = False  # scoring what the run itself validated on
-    if args.weights and not args.annotations and not args.data and args.split == "val":
-        runs_validation = _use_the_runs_validation(args)
-    elif args.weights and args.data and args.split == "val":
-        _use_held_out_when_data_has_no_val(args)
-    elif args.weights and not args.annotations and not args.data:  # --split test or train: of the run's --data
-        recorded = recorded_dataset(args.weights)
-        if recorded is not None:
-            args.data, args.image_dir = recorded["data"], args.image_dir or recorded["image_dir"]
-            logger.info("scoring the %s split of the run's --data %s (its args.json)", args.split, args.data)
+    runs_validation = _use_the_runs_images(args)
     if args.split != "val" and not args.data:
         raise UsageError(
             f"--split {args.split} scores that split of a dataset, and the run of --weights named none: give it "
@@ -157,6 +148,25 @@ def evaluation(args) -> dict:
             progress=not args.no_progress,
         )
     return result
+
+
+def _use_the_runs_images(args) -> bool:
+    """The images a run's --weights are scored on where no dataset is given, or where the one given has no val split.
+
+    Returns whether they are the ones the run itself validated on.
+    """
+    if not args.weights or args.annotations:
+        return False
+    if args.split == "val":
+        if args.data:
+            _use_held_out_when_data_has_no_val(args)
+            return False
+        return _use_the_runs_validation(args)
+    recorded = None if args.data else recorded_dataset(args.weights)  # --split test or train: of the run's --data
+    if recorded is not None:
+        args.data, args.image_dir = recorded["data"], args.image_dir or recorded["image_dir"]
+        logger.info("scoring the %s split of the run's --data %s (its args.json)", args.split, args.data)
+    return False
 
 
 def _use_the_runs_validation(args) -> bool:
