@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body, write_classes
+from inference_helpers import CLASS_NAMES, TINY_ANCHORS, make_body
 
 from keras_yolo_mgpu.cli import detect, evaluate
 from keras_yolo_mgpu.cli import export as export_cli
@@ -125,8 +125,8 @@ def test_yolo_video_runs_an_export_and_needs_its_metadata(setup, capsys, tmp_pat
 
 
 def test_bench_infer_times_an_export_beside_the_keras_path_on_jax(setup, tmp_path):
-    classes = write_classes(tmp_path / "classes.txt")
-    flags = ["--weights", setup["weights"], "--classes", classes, "--input-size", "64", "--frames", "4"]
+    # The weights' classes and anchors from the file's metadata, as every command reads them.
+    flags = ["--weights", setup["weights"], "--input-size", "64", "--frames", "4"]
     flags += ["--batch-size", "2", "--repeats", "1", "--exported", setup["tflite"]["path"]]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="jax")
     command = [sys.executable, "-m", "keras_yolo_mgpu.bench", "infer", *flags]

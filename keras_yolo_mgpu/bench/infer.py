@@ -37,7 +37,8 @@ from keras_yolo_mgpu.data.letterbox import letterbox_array
 from keras_yolo_mgpu.data.synthetic import make_synthetic_video
 from keras_yolo_mgpu.inference.media import process_video
 from keras_yolo_mgpu.inference.video import VideoReader
-from keras_yolo_mgpu.resources import get_anchors, get_classes, resolve_resource
+from keras_yolo_mgpu.resources import get_anchors, resolve_resource
+from keras_yolo_mgpu.weights.metadata import settings_for
 
 logger = logging.getLogger(__name__)
 
@@ -118,12 +119,18 @@ def run_infer_benchmark(
         if export_format(path) is None:
             raise ValueError(f"{path} is not an exported model (a SavedModel folder, .tflite or .onnx file)")
 
-    kind = model or ("yolov3" if full else "yolov3-tiny")
-    anchors_array = get_anchors(resolve_resource(anchors, "anchors", model=kind))
-    if weights:
-        class_names = get_classes(classes) if classes else [f"class_{i}" for i in range(num_classes)]
+    masks = None
+    if weights:  # the network, classes, anchors and masks the file records; a flag given must agree with it
+        if not os.path.exists(weights):
+            raise FileNotFoundError(f"weights file not found: {weights}")
+        chosen = model or ("yolov3" if full else None)
+        settings = settings_for(weights, classes_path=classes, anchors_path=anchors, model=chosen)
+        kind, anchors_array, masks = settings.kind, np.asarray(settings.anchors, np.float32), settings.masks_list
+        class_names = list(settings.class_names)
         body = load_body(weights, anchors_array, len(class_names), kind)
     else:
+        kind = model or ("yolov3" if full else "yolov3-tiny")
+        anchors_array = get_anchors(resolve_resource(anchors, "anchors", model=kind))
         class_names = [f"class_{i}" for i in range(num_classes)]
         body = _random_body(anchors_array, len(class_names), output_gain=output_gain, model=kind)
     body = fold_batch_norm(body)  # as `YOLO` runs a weights file
@@ -134,6 +141,7 @@ def run_infer_benchmark(
         score=score,
         model_image_size=input_size,
         batch_size=batch_size,
+        masks=masks,
         kind=kind,
     )
     # Each export as the Keras side is measured: its runtime's call on the batches, and the full video path.

@@ -50,10 +50,12 @@ def build_parser() -> ArgumentParser:
         help="random model: scale of the output kernels, sets the boxes per frame (default: 4.5)",
     )
     parser.add_argument(
-        "--weights", default=None, help="trained weights instead of a random model (with --anchors and --classes)"
+        "--weights",
+        default=None,
+        help="trained weights instead of a random model (their network, classes and anchors from the file)",
     )
-    parser.add_argument("--anchors", default=None, help="anchors file for --weights")
-    parser.add_argument("--classes", default=None, help="classes file for --weights")
+    parser.add_argument("--anchors", default=None, help="anchors file for --weights without metadata")
+    parser.add_argument("--classes", default=None, help="classes file for --weights without metadata")
     parser.add_argument("--score", type=float, default=0.3, help="detection score threshold (default: 0.3)")
     parser.add_argument(
         "--repeats",
