@@ -497,6 +497,12 @@ def test_outputs_that_are_inputs_or_not_ours_are_refused_before_anything_is_read
     result = yolo_video(folder, "--image", "a.jpg", "b.jpg", "--output", "annotated")
     assert result.returncode == 1 and "annotated image annotated/b.jpg already exists" in result.stderr
     assert sorted(os.listdir(out)) == ["b.jpg"] and (out / "b.jpg").read_bytes() == b"the user's own picture"
+    (folder / "results.txt").write_text("the user's own notes")  # a file where the folder would go
+    result = yolo_video(folder, "--image", "a.jpg", "b.jpg", "--output", "results.txt")
+    assert result.returncode == 1 and "--output results.txt is a file: the annotated images go into a folder" in (
+        result.stderr
+    )
+    assert (folder / "results.txt").read_text() == "the user's own notes"
 
     notes = folder / "notes.txt"
     notes.write_text((REPO / "README.md").read_text(encoding="utf-8"), encoding="utf-8")

@@ -467,6 +467,7 @@ def check_image_outputs(
     Raises:
         outputs.OutputIsInputError, outputs.OutputExistsError: see `outputs.check_output`.
         ValueError: two images would be annotated into the same file.
+        FileExistsError: `output_dir` is a file (not an image to replace).
     """
     rule.add_inputs(paths)
     out = Path(output_dir) if output_dir else None
@@ -479,6 +480,11 @@ def check_image_outputs(
             )
         targets = {paths[0]: out}
     else:
+        if out is not None and out.exists() and not out.is_dir():
+            raise FileExistsError(
+                f"--output {output_dir} is a file: the annotated images go into a folder (or, for one image, "
+                "a file with an image ending)"
+            )
         targets = {path: _output_image_path(path, out) for path in paths} if out is not None else {}
     seen: dict[Path, str] = {}
     for path, target in targets.items():
