@@ -458,11 +458,14 @@ def test_image_prompt_annotates_each_name_until_end_of_input(folder):
     detections.mkdir(exist_ok=True)
     (detections / "mine.jpg").write_bytes(b"the user's own file")
     (folder / "mine.jpg").write_bytes((folder / "a.jpg").read_bytes())
-    typed = "a.jpg\nmissing.jpg\n\nmine.jpg\n  b.jpg  \n"
+    (folder / "c d.jpg").write_bytes((folder / "b.jpg").read_bytes())
+    # A file dropped on a terminal comes quoted, or with its spaces escaped (macOS's Terminal).
+    typed = "a.jpg\nmissing.jpg\n\nmine.jpg\n  b.jpg  \n'c d.jpg'\nc\\ d.jpg\n"
     result = yolo_video(folder, "--image", stdin=typed)
 
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("Input image filename:") == 6  # 5 lines, then the end of input
+    assert result.stdout.count("Input image filename:") == 8  # 7 lines, then the end of input
+    assert result.stderr.count("annotated image detections/c d.jpg") == 2  # the second replaces its own output
     # Names from a pipe are echoed as a terminal shows them, so each prompt's line ends.
     assert result.stdout.splitlines()[:2] == ["Input image filename:a.jpg", "Input image filename:missing.jpg"]
     for name in ("a.jpg", "b.jpg"):

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -520,10 +521,21 @@ def _image_record(path: str, image: np.ndarray, found, class_names) -> dict:
 
 
 def _typed_path(name: str) -> str:
-    """A file name as typed: surrounding spaces and the quotes a terminal adds to a dropped file removed."""
+    """A file name as typed: surrounding spaces and the quotes a terminal adds to a dropped file removed.
+
+    Where no file has the name as typed, a shell's reading of it (`with\\ space.jpg`, as macOS's Terminal drops
+    a file) is taken when that names one.
+    """
     name = name.strip()
     if len(name) >= 2 and name[0] == name[-1] and name[0] in "'\"":
-        name = name[1:-1]
+        return name[1:-1]
+    if "\\" in name and not os.path.exists(name):
+        try:
+            words = shlex.split(name)
+        except ValueError:  # an unclosed quote: the name as typed
+            return name
+        if len(words) == 1 and os.path.exists(words[0]):
+            return words[0]
     return name
 
 
