@@ -268,7 +268,10 @@ def _exported_by_tensorflow_child(argv: list[str], backend: str) -> dict:
     """`export` with the command line `argv` in a child Python whose Keras runs on TensorFlow."""
     with _log_lines_shown(export_command.logger.name):
         logger.info("Keras runs on %s here: the export runs on TensorFlow, in a child process", backend)
-    environment = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    # This copy of the package, wherever this process found it (a checkout beside a script, not installed).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    search_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": search_path}
     if environment.get("TF_CPP_MIN_LOG_LEVEL") == "1":
         # What JAX's import sets where it is unset; the child's TensorFlow is as quiet as the command's (cli.quiet).
         del environment["TF_CPP_MIN_LOG_LEVEL"]
