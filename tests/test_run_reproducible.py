@@ -183,3 +183,32 @@ def test_killed_in_stage_two_and_resumed_ends_with_the_uninterrupted_weights(dat
     _check_run_folder_opens(killed_dir)
     history = (killed_dir / "history.csv").read_text().splitlines()
     assert [int(row.split(",")[0]) for row in history[1:]] == [1, 2, 3, 4]  # each epoch once, as the logs number them
+
+
+# train.py with a SIGTERM sent to itself as stage 2 begins: after stage 1's fit has ended, before stage 2's starts,
+# where no Keras callback runs.
+SIGTERM_BETWEEN_STAGES = """
+import os, runpy, signal, sys
+from keras_yolo_mgpu.training import trainer
+def run_stage2(self, *args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return stage2(self, *args)
+stage2, trainer._TrainingRun.run_stage2 = trainer._TrainingRun.run_stage2, run_stage2
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_sigterm_between_stages_stops_the_run_as_ctrl_c_does(dataset, float64_home, tmp_path):
+    """SIGTERM outside a `fit` (here between the stages) stops the run as inside one: status 143, what it kept."""
+    log_dir = tmp_path / "run"
+    command = _command(dataset, log_dir, "--epochs", "2", "--freeze-epochs", "1", "--seed", "3")
+    process = _start([sys.executable, "-c", SIGTERM_BETWEEN_STAGES, *command[1:]], float64_home)
+    output = process.communicate(timeout=600)[0]
+    assert process.returncode == 143 and output.rstrip().endswith("terminated (SIGTERM)"), output[-3000:]
+    assert f"python train.py --resume {log_dir} continues it from epoch 2 of 2" in output, output[-3000:]
+    state = json.loads((log_dir / "run_state.json").read_text())
+    assert state["epoch"] == 1 and not state["finished"]
+    assert (log_dir / "trained_weights_stage_1.weights.h5").is_file()
+    assert not (log_dir / FINAL).exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import logging
@@ -31,6 +32,30 @@ class Terminated(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return "terminated (SIGTERM)"
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_stops_the_run():
+    """While the block runs, SIGTERM raises `Terminated` in the main thread, as Ctrl-C raises KeyboardInterrupt.
+
+    For a whole run: between its stages, while it sets up and while it saves
+    its final weights, where no `fit` (and so no `StopOnInterrupt`) is
+    running. SIGTERM's default there would end the process at once, saying
+    nothing, and a new run's unstarted folder would stay. A handler the
+    user's program set is kept.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class StopOnInterrupt(keras.callbacks.Callback):
@@ -65,8 +90,9 @@ class StopOnInterrupt(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
-            if signal.getsignal(signum) is default:
+        defaults = {signal.SIGINT: (signal.default_int_handler,), signal.SIGTERM: (signal.SIG_DFL, _raise_terminated)}
+        for signum, replaceable in defaults.items():
+            if signal.getsignal(signum) in replaceable:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def on_train_end(self, logs=None):

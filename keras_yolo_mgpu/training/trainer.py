@@ -40,7 +40,7 @@ from keras_yolo_mgpu.model.yolo3 import freeze_layers
 from keras_yolo_mgpu.parallel.engine import build_engine, is_chief
 from keras_yolo_mgpu.progress import is_interactive
 from keras_yolo_mgpu.training import bottleneck, run_state
-from keras_yolo_mgpu.training.callbacks import best_epoch, read_history
+from keras_yolo_mgpu.training.callbacks import best_epoch, read_history, sigterm_stops_the_run
 from keras_yolo_mgpu.training.checkpoint import link_keras_yolo3_name, save_weights_atomic
 from keras_yolo_mgpu.training.config import TrainConfig, TrainResult, draw_seed
 from keras_yolo_mgpu.training.pictures import write_prediction_pictures
@@ -64,7 +64,12 @@ def fit_verbosity(verbose: int) -> int:
 
 
 def train(config: TrainConfig) -> TrainResult:
-    """Runs both stages into `config.log_dir`."""
+    """Runs both stages into `config.log_dir`; SIGTERM stops it at any point as Ctrl-C does (`Terminated`)."""
+    with sigterm_stops_the_run():
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> TrainResult:
     config.validate()
     config = _check_backend(config)
     limit_arenas()  # before the feed's and the engine's threads first allocate
