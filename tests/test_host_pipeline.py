@@ -236,6 +236,35 @@ def test_tensorflow_free_pipeline_and_device_side_on_jax(jax_checks):
         np.testing.assert_array_equal(ours, theirs)
 
 
+# A process that ends while a MirroredStrategy iterator's map is still making batches: a `fit` stopped by Ctrl-C
+# or SIGTERM leaves one so. Each map call in flight when Python shut down waited for a GIL it never got.
+EXIT_WITH_BATCHES_IN_FLIGHT = """
+import sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from keras_yolo_mgpu.data.annotations import read_annotations
+from keras_yolo_mgpu.data.tf_dataset import make_dataset
+from keras_yolo_mgpu.resources import get_anchors, model_data_path
+anchors = get_anchors(model_data_path("tiny_yolo_anchors.txt"))
+dataset = make_dataset(read_annotations(sys.argv[1]), (256, 256), anchors, 4, 8, training=True, seed=0)
+iterator = iter(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).experimental_distribute_dataset(dataset))
+next(iterator)
+print("leaving", flush=True)
+"""
+
+
+def test_a_process_that_ends_mid_stream_exits_at_once(tmp_path):
+    """The pipelines are stopped at exit: before, the process hung or aborted ("terminate called without ...")."""
+    paths = make_synthetic_dataset(tmp_path, num_train=8, num_val=0, image_size=256, seed=0)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", KERAS_BACKEND="tensorflow")
+    command = [sys.executable, "-c", EXIT_WITH_BATCHES_IN_FLIGHT, paths.train]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0 and result.stdout == "leaving\n", result.stderr[-3000:]
+    # The batches refused at exit are empty arrays, not exceptions TensorFlow would log.
+    assert "Traceback" not in result.stderr and "terminate called" not in result.stderr, result.stderr[-3000:]
+
+
 # --- the cache ------------------------------------------------------------------------
 
 

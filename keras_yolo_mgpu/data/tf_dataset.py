@@ -11,9 +11,17 @@ MirroredStrategy and multi-worker training take as they are. Elements are
 host's batch (`data.host_processes.batch_arrays`), `y` float32 zeros (B, 1)
 (the model's output is its loss). Batches always hold exactly `batch_size`
 (the global batch) samples, so every replica gets the same share.
+
+At exit, `stop_pipelines()` ends the pipelines before Python shuts down:
+see its docstring for the hang it prevents.
 """
 
 from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -22,7 +30,10 @@ from keras_yolo_mgpu.data.annotations import Annotation
 from keras_yolo_mgpu.data.host import HSV_PARAMS, HostBatches, steps_per_epoch
 from keras_yolo_mgpu.model.boxes import resolve_masks
 
-__all__ = ["DatasetBuilder", "distribute_training_dataset", "make_dataset", "steps_per_epoch"]
+__all__ = ["DatasetBuilder", "distribute_training_dataset", "make_dataset", "steps_per_epoch", "stop_pipelines"]
+
+# Every builder whose pipeline may still make batches (`stop_pipelines`).
+_LIVE_BUILDERS: weakref.WeakSet = weakref.WeakSet()
 
 
 class DatasetBuilder:
@@ -41,12 +52,45 @@ class DatasetBuilder:
             raise ValueError(f"`iou_thresh` must be in (0, 1] (1: best anchor only). Received: {iou_thresh}")
         resolve_masks(masks, len(np.asarray(anchors)))  # also validates the anchor count
         self.host = HostBatches(annotations, input_shape, num_classes, batch_size, **options)
+        self._calls = threading.Lock()
+        self._started = 0  # calls begun, refused ones included
+        self._running = 0
+        self._stopped = False
+        _LIVE_BUILDERS.add(self)
 
     def _numpy_batch(self, k):
         """The `tf.numpy_function` body: batch `k` as arrays."""
-        batch = self.host.batch(int(k))
+        with self._calls:
+            self._started += 1
+            if self._stopped:
+                return self._no_batch()
+            self._running += 1
+        try:
+            batch = self.host.batch(int(k))
+        finally:
+            with self._calls:
+                self._running -= 1
         arrays = (batch.images, batch.boxes, batch.hsv.astype(np.float32))
         return arrays if batch.weights is None else (*arrays, batch.weights)
+
+    def _no_batch(self):
+        """What a call returns once the pipeline is stopped: arrays of no image, made at once (nothing reads them).
+
+        Not an exception: TensorFlow would log each one's traceback.
+        """
+        side = self.host.input_shape
+        arrays = (
+            np.zeros((0, *side, 3), np.uint8),
+            np.zeros((0, self.host.max_boxes, 5), np.float32),
+            np.zeros((0, HSV_PARAMS), np.float32),
+        )
+        return arrays if self.host.training else (*arrays, np.zeros(0, np.float32))
+
+    def refuse_batches(self) -> tuple[int, int]:
+        """From now on every call returns `_no_batch()`. Returns (calls begun, calls running) (`stop_pipelines`)."""
+        with self._calls:
+            self._stopped = True
+            return self._started, self._running
 
     def load_batch(self, k):
         """Batch `k` (int64 scalar) -> (images, boxes, hsv[, weights]) tensors with their static shapes."""
@@ -76,6 +120,37 @@ class DatasetBuilder:
         dataset = numbers.map(_graph_only(self.load_batch), num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.map(_graph_only(self.to_model_inputs), num_parallel_calls=tf.data.AUTOTUNE)
         return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def stop_pipelines(quiet_for: float = 0.05, timeout: float = 30.0) -> None:
+    """Ends every pipeline built in this process; runs when the interpreter exits.
+
+    An iterator still alive then (a `fit` ended by Ctrl-C, SIGTERM or an
+    error keeps its own in the exception's frames) is deleted while Python
+    shuts down. A map call that then asks for the GIL ends its thread
+    (`pthread_exit`), so the iterator's destructor waited for it forever (the
+    process hung) or the C++ runtime aborted it ("terminate called without an
+    active exception"). Here every builder refuses further batches, and this
+    waits, without the GIL, until no call runs or is about to: a call
+    tf.data has started may still wait for the GIL before it enters
+    `_numpy_batch`, so the pipelines are taken as idle once no call began for
+    `quiet_for` seconds and none runs. Refused calls end at once, so each map
+    fills its buffers with empty batches nobody reads, and stops calling.
+    """
+    builders = list(_LIVE_BUILDERS)
+    deadline = time.monotonic() + timeout
+    seen = None
+    while builders and time.monotonic() < deadline:
+        counts = [builder.refuse_batches() for builder in builders]
+        if counts == seen and not any(running for _, running in counts):
+            break
+        seen = counts
+        time.sleep(quiet_for)
+
+
+# atexit runs before the interpreter begins to shut down, and, registered after TensorFlow's import, before
+# TensorFlow's own exit handlers.
+atexit.register(stop_pipelines)
 
 
 def _graph_only(function):
